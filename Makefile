@@ -1,0 +1,29 @@
+# Two commands from a fresh clone: `make run-cluster` and `make test`.
+# Both create .venv on first use through `make install`, which is idempotent.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+ARGS   ?=
+
+.PHONY: install run-cluster test soak clean
+
+install: $(STAMP)
+
+# Reinstall when the package metadata changes; the package itself is installed editable.
+$(STAMP): setup.py setup.cfg
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $(STAMP)
+
+run-cluster: install
+	$(BIN)/sync-mnist-cluster $(ARGS)
+
+test: install
+	$(BIN)/python -m pytest -q
+
+soak: install
+	$(BIN)/python -m pytest -q -m soak
+
+clean:
+	rm -rf $(VENV) build *.egg-info

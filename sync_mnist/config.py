@@ -1,0 +1,100 @@
+"""Typed configuration, validated once at the edge and passed down unchanged.
+
+Only `cli.py` turns flags into these objects; every other module takes them as arguments and
+never reads argparse, `sys.argv` or the environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from sync_mnist.cluster import ClusterLayout
+
+MODES = ("sync", "async")
+OPTIMIZERS = ("adam", "sgd", "momentum")
+SETUPS = ("fixed",)
+
+# Exit codes, documented in the README. Every process (task or launcher) uses the same table.
+EXIT_OK = 0
+EXIT_FAILED = 1  # a task crashed, or the launcher saw a task fail
+EXIT_USAGE = 2  # bad input: flags, cluster layout, data files, ports, an unreachable ps
+EXIT_NOT_SYNCHRONOUS = 3  # training ran to the end, but the counters show it was not synchronous
+EXIT_TIMEOUT = 4  # a bounded wait expired: a peer is missing, dead or stuck
+EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM
+
+
+class ConfigError(ValueError):
+    """A value the user gave cannot work; the message names it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """What every task of one cluster must agree on."""
+
+    train_steps: int | None = None  # updates (global steps) to run; exclusive with epochs
+    epochs: int | None = None  # passes over each worker's shard; exclusive with train_steps
+    batch_size: int = 100  # examples per worker per step, as in the question
+    learning_rate: float = 0.001  # Adam's default, as in the question
+    optimizer: str = "adam"  # wrapped by SyncReplicasOptimizer in sync mode
+    seed: int = 0  # model init, shard partition and per-epoch reshuffle all derive from it
+    dataset: str = "auto"  # auto | mnist | mnist-sample | synthetic
+    data_dir: Path = Path("~/.cache/sync_mnist").expanduser()
+    logdir: Path | None = None  # checkpoints and TensorBoard summaries (chief only); None: none
+    timeout: float = 300.0  # seconds; the bound on every blocking wait
+    mode: str = "sync"  # sync: SyncReplicasOptimizer; async: the plain optimizer, for comparison
+    replicas_to_aggregate: int | None = None  # None: one gradient from every worker per update
+    log_every: int = 20  # local steps between progress lines
+    save_steps: int = 100  # global steps between checkpoints (chief, with a logdir)
+
+    def __post_init__(self) -> None:
+        if (self.train_steps is None) == (self.epochs is None):
+            raise ConfigError("give exactly one of --train-steps and --epochs")
+        for name in ("train_steps", "epochs", "batch_size", "log_every", "save_steps"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+        if not self.learning_rate > 0:
+            raise ConfigError(f"--learning-rate must be positive, got {self.learning_rate}")
+        if not self.timeout > 0:
+            raise ConfigError(f"--timeout must be positive, got {self.timeout}")
+        _check_choice("--mode", self.mode, MODES)
+        _check_choice("--optimizer", self.optimizer, OPTIMIZERS)
+
+    def aggregate(self, num_workers: int) -> int:
+        """Gradients averaged per update: every worker's unless fewer are asked for."""
+        r = num_workers if self.replicas_to_aggregate is None else self.replicas_to_aggregate
+        if not 1 <= r <= num_workers:
+            raise ConfigError(
+                f"--replicas-to-aggregate {r} is outside 1-{num_workers} ({num_workers} workers)"
+            )
+        return r
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+    """One task's identity in the cluster plus the shared training settings."""
+
+    role: str  # "ps" or "worker"
+    index: int
+    cluster: ClusterLayout
+    train: TrainConfig
+    summary_json: Path | None = None
+
+    def __post_init__(self) -> None:
+        self.cluster.check_task(self.role, self.index)
+        self.train.aggregate(self.cluster.num_workers)
+
+    @property
+    def is_chief(self) -> bool:
+        # Worker 0 initialises variables, runs the update loop, writes checkpoints and summaries.
+        return self.role == "worker" and self.index == 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.role} {self.index}"
+
+
+def _check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{flag} {value!r} is not one of: {', '.join(choices)}")

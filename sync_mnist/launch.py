@@ -1,0 +1,246 @@
+"""The localhost cluster behind `make run-cluster`: P ps + N workers as child processes.
+
+Each task is a real `python -m sync_mnist` process, exactly what a user runs on each host. The
+launcher prefixes their output, stops every child when one fails or on Ctrl-C (children also
+die with the launcher, through PR_SET_PDEATHSIG), and ends with a table built from the result
+records the tasks wrote.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from sync_mnist import cluster as cluster_lib
+from sync_mnist import config as config_lib
+from sync_mnist import data, report
+from sync_mnist.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+KILL_GRACE_SECS = 5.0  # between SIGTERM and SIGKILL when stopping the cluster
+_PR_SET_PDEATHSIG = 1
+
+
+class _Task:
+    def __init__(self, role: str, index: int, argv: list[str], summary: Path):
+        self.role, self.index, self.summary = role, index, summary
+        self.tag = f"{role} {index}"
+        self.exited_at: float | None = None
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group, so stopping it stops its children
+            preexec_fn=_die_with_parent, text=True, bufsize=1)
+        self.reader = threading.Thread(target=self._forward, daemon=True)
+        self.reader.start()
+
+    def _forward(self) -> None:
+        for line in self.proc.stdout:
+            line = line.rstrip("\n")
+            _print(line if f"[{self.tag}]" in line else f"[{self.tag}] {line}")
+
+    def poll(self) -> int | None:
+        code = self.proc.poll()
+        if code is not None and self.exited_at is None:
+            self.exited_at = time.time()
+        return code
+
+    def signal_group(self, signum: int) -> None:
+        try:
+            os.killpg(self.proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def result(self) -> report.TaskResult:
+        try:
+            fields = json.loads(self.summary.read_text())
+        except (OSError, ValueError):
+            fields = {"role": self.role, "index": self.index, "mode": "?",
+                      "error": "wrote no result record"}
+        result = report.TaskResult(**fields)
+        result.exit_code = self.proc.returncode if self.proc.returncode is not None else -1
+        return result
+
+
+_print_lock = threading.Lock()
+
+
+def _print(line: str) -> None:
+    with _print_lock:
+        print(line, flush=True)
+
+
+def _die_with_parent() -> None:
+    # Children get SIGKILL if the launcher dies, even by SIGKILL: no orphans, ever.
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def choose_hosts(num_ps: int, num_workers: int, base_port: int):
+    """The default consecutive ports when they are all free, else ports the kernel picks."""
+    if base_port:
+        ps_hosts, worker_hosts = cluster_lib.default_hosts(num_ps, num_workers, base_port)
+        try:
+            for address in ps_hosts + worker_hosts:
+                cluster_lib.check_port_free(address, "launcher")
+            return ps_hosts, worker_hosts
+        except cluster_lib.ClusterError as e:
+            log.info("%s; choosing free ports instead", e)
+    ports = cluster_lib.free_ports(num_ps + num_workers)
+    addresses = tuple(f"localhost:{p}" for p in ports)
+    return addresses[:num_ps], addresses[num_ps:]
+
+
+def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainConfig,
+                task_args: list[str], summary_json: Path | None = None,
+                verbose: bool = False) -> int:
+    """Runs the cluster to the end; returns the launcher's exit code (see config.EXIT_*)."""
+    started = time.time()
+    try:
+        # Resolve "auto" once, here, so every task trains on the same data and only one process
+        # ever downloads.
+        dataset = data.resolve_dataset(train.dataset, train.data_dir)
+    except data.DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return config_lib.EXIT_USAGE
+    ps_hosts, worker_hosts = choose_hosts(num_ps, num_workers, base_port)
+    log.info("cluster: ps %s, workers %s; dataset %s; mode %s", ",".join(ps_hosts),
+             ",".join(worker_hosts), dataset, train.mode)
+    tasks: list[_Task] = []
+    interrupted = False
+    previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    with tempfile.TemporaryDirectory(prefix="sync-mnist-") as tmp:
+        try:
+            for role, count in (("ps", num_ps), ("worker", num_workers)):
+                for index in range(count):
+                    summary = Path(tmp) / f"{role}-{index}.json"
+                    argv = [sys.executable, "-m", "sync_mnist", "--role", role,
+                            "--index", str(index), "--ps-hosts", ",".join(ps_hosts),
+                            "--worker-hosts", ",".join(worker_hosts), *task_args,
+                            "--dataset", dataset, "--summary-json", str(summary)]
+                    tasks.append(_Task(role, index, argv, summary))
+            failed = _wait(tasks)
+        except KeyboardInterrupt:
+            interrupted, failed = True, None
+            log.error("interrupted; stopping every task")
+        finally:
+            _stop(tasks)
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        results = [t.result() for t in tasks]
+    wall = time.time() - started
+    summary = cluster_summary(results, tasks, wall)
+    _print(report.format_table(results))
+    _print(_closing_lines(summary))
+    if summary_json:
+        path = Path(summary_json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(summary, indent=2) + "\n")
+    if interrupted:
+        return config_lib.EXIT_INTERRUPTED
+    if failed is not None or any(r.exit_code not in (0, config_lib.EXIT_NOT_SYNCHRONOUS)
+                                 for r in results):
+        return config_lib.EXIT_FAILED
+    if train.mode == "sync" and not summary["synchronous"]:
+        return config_lib.EXIT_NOT_SYNCHRONOUS
+    return config_lib.EXIT_OK
+
+
+def _wait(tasks: list[_Task]) -> _Task | None:
+    """Waits for every task; on the first failure, returns that task (the caller stops the rest).
+
+    Each task bounds its own waits with --timeout, so this loop ends.
+    """
+    while True:
+        running = False
+        for task in tasks:
+            code = task.poll()
+            if code is None:
+                running = True
+            elif code not in (config_lib.EXIT_OK, config_lib.EXIT_NOT_SYNCHRONOUS):
+                log.error("%s exited with code %d; stopping the cluster", task.tag, code)
+                return task
+        if not running:
+            return None
+        time.sleep(0.1)
+
+
+def _stop(tasks: list[_Task]) -> None:
+    """SIGTERM every live task's process group, then SIGKILL what is left after a grace period."""
+    live = [t for t in tasks if t.poll() is None]
+    for t in live:
+        t.signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + KILL_GRACE_SECS
+    for t in live:
+        try:
+            t.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            t.signal_group(signal.SIGKILL)
+            t.proc.wait()
+        t.poll()
+    for t in tasks:
+        t.reader.join(timeout=5)
+
+
+def cluster_summary(results: list[report.TaskResult], tasks: list[_Task],
+                    wall: float) -> dict:
+    """The whole cluster's record: the task keys (from the chief's reading) plus wall_s, tasks."""
+    workers = sorted((r for r in results if r.role == "worker"), key=lambda r: r.index)
+    chief = next((r for r in workers if r.index == 0), None)
+    readers = [r for r in results if r.contributions is not None]
+    reading = chief if chief and chief.contributions is not None else (
+        readers[0] if readers else None)
+    verdicts = {r.verdict for r in workers if r.verdict}
+    ready = [r.ready_at for r in workers if r.ready_at]
+    finished = [r.finished_at for r in workers if r.finished_at]
+    exits = [t.exited_at for t in tasks if t.exited_at]
+    return {
+        "role": "cluster", "index": None,
+        "mode": chief.mode if chief else None,
+        "global_step": reading.global_step if reading else None,
+        "target_steps": reading.target_steps if reading else None,
+        "local_steps": [r.local_steps for r in workers],
+        "contributions": reading.contributions if reading else None,
+        "pushed": reading.pushed if reading else None,
+        "dropped": reading.dropped if reading else None,
+        "synchronous": bool(workers) and all(r.synchronous for r in workers)
+        and len(verdicts) == 1,
+        "verdict": verdicts.pop() if len(verdicts) == 1 else sorted(verdicts) or None,
+        "test_accuracy": chief.test_accuracy if chief else None,
+        "dataset": chief.dataset if chief else None,
+        "dataset_description": chief.dataset_description if chief else None,
+        "startup_s": max((r.startup_s for r in workers if r.startup_s), default=None),
+        "train_s": max((r.train_s for r in workers if r.train_s), default=None),
+        "examples_per_sec": sum(r.examples_per_sec or 0 for r in workers),
+        # Sync: how long after the chief the last worker was ready, and how long after the
+        # last step the last process exited.
+        "ready_lag_s": max(ready) - ready[0] if chief and chief.ready_at and ready else None,
+        "exit_lag_s": max(exits) - max(finished) if exits and finished else None,
+        "wall_s": wall,
+        "tasks": [r.to_dict() for r in results],
+    }
+
+
+def _closing_lines(s: dict) -> str:
+    acc = "-" if s["test_accuracy"] is None else f"{s['test_accuracy']:.4f}"
+    lag = "-" if s["ready_lag_s"] is None else f"{s['ready_lag_s']:.2f} s"
+    exit_lag = "-" if s["exit_lag_s"] is None else f"{s['exit_lag_s']:.2f} s"
+    verdict = s["verdict"] if isinstance(s["verdict"], str) else (
+        f"tasks disagree: {s['verdict']}" if s["verdict"] else "no verdict (training did not end)")
+    return (f"global_step={s['global_step']} test_accuracy={acc} dataset={s['dataset']} "
+            f"examples_per_sec={s['examples_per_sec']:.0f} wall={s['wall_s']:.1f} s "
+            f"ready_lag={lag} exit_lag={exit_lag}\n"
+            f"verification: {verdict}")
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt

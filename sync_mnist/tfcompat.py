@@ -1,0 +1,43 @@
+"""TensorFlow 1 graph mode on TensorFlow 2, and quiet logs unless asked for."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import warnings
+
+
+def graph_mode(verbose: bool) -> None:
+    """Switches TensorFlow to tf.compat.v1 graph mode; hides deprecation noise unless verbose.
+
+    SyncReplicasOptimizer, QueueRunner, Supervisor and replica_device_setter are all deprecated
+    tf.compat.v1 APIs; their warnings are expected and say nothing useful to a user.
+    """
+    with contextlib.nullcontext() if verbose else _stderr_silenced():
+        import tensorflow as tf
+    from tensorflow.python.util import deprecation
+
+    tf.compat.v1.disable_eager_execution()
+    if not verbose:
+        deprecation._PRINT_DEPRECATION_WARNINGS = False  # no public switch exists
+        tf.get_logger().setLevel(logging.ERROR)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", category=UserWarning, module="tensorflow")
+
+
+@contextlib.contextmanager
+def _stderr_silenced():
+    """Points file descriptor 2 at /dev/null while TensorFlow loads.
+
+    Its native libraries print start-up notes (absl's "log messages before InitializeLog",
+    "Could not find cuda drivers") straight to fd 2, before TF_CPP_MIN_LOG_LEVEL applies.
+    """
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)

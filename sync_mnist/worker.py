@@ -1,0 +1,206 @@
+"""One worker's life: join the cluster, train its shard in lockstep, verify, report done.
+
+Lines that exist only because training is distributed and synchronous carry a `# Sync:` tag.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import NamedTuple
+
+import tensorflow as tf
+
+from sync_mnist import cluster as cluster_lib
+from sync_mnist import data, model, report, session, sync
+from sync_mnist.config import TaskConfig
+from sync_mnist.ps import TaskTimeout, done_queue, finished_queue
+
+tf1 = tf.compat.v1
+log = logging.getLogger(__name__)
+
+EVAL_BATCH = 1000  # test examples per evaluation run on the chief
+
+
+class _Graph(NamedTuple):
+    images: tf.Tensor
+    labels: tf.Tensor
+    outputs: model.ModelOutputs
+    state: sync.SharedState
+    training: sync.SyncTraining
+    finish: tf.Operation  # Sync: enter the finish barrier
+    finished_count: tf.Tensor  # Sync: workers in the barrier so far
+    report_done: tf.Operation  # Sync: one entry in every ps's done-queue
+
+
+def build_graph(config: TaskConfig) -> _Graph:
+    """This worker's graph: variables on the ps tasks, computation on this worker."""
+    n, i = config.cluster.num_workers, config.index
+    # Sync: between-graph replication. Variables go round-robin onto the ps tasks; every other
+    # op stays on this worker.
+    with tf1.device(tf1.train.replica_device_setter(
+            worker_device=f"/job:worker/task:{i}", cluster=config.cluster.spec())):
+        state = sync.build_shared_state(n)  # Sync: first, so every task places it the same way
+        images = tf1.placeholder(tf.float32, [None, model.IMAGE_PIXELS], name="images")
+        labels = tf1.placeholder(tf.int64, [None], name="labels")
+        outputs = model.build_model(images, labels)
+        training = sync.build_train_op(
+            outputs.loss, state, model.make_optimizer(config.train.optimizer,
+                                                      config.train.learning_rate),
+            worker_index=i, num_workers=n, replicas_to_aggregate=config.train.aggregate(n),
+            is_chief=config.is_chief, mode=config.train.mode)
+    barrier = finished_queue(n)
+    report_done = tf.group(*[done_queue(p, n).enqueue(i)
+                             for p in range(config.cluster.num_ps)])
+    return _Graph(images, labels, outputs, state, training, barrier.enqueue(i), barrier.size(),
+                  report_done)
+
+
+def run_worker(config: TaskConfig, *, dataset: data.Dataset | None = None,
+               server=None) -> report.TaskResult:
+    """Trains this worker's shard to the end and returns its result record.
+
+    Args:
+      config: the task and training configuration.
+      dataset: data to train on; loaded from config.train when None (tests pass their own).
+      server: an already started tf.distribute.Server for this task (tests); started if None.
+    """
+    started = time.monotonic()
+    train, n, i = config.train, config.cluster.num_workers, config.index
+    timeout_ms = int(train.timeout * 1000)
+    bounded = tf1.RunOptions(timeout_in_ms=timeout_ms)
+    if server is None:
+        cluster_lib.check_port_free(config.cluster.address("worker", i), config.name)
+        server = tf.distribute.Server(config.cluster.spec(), job_name="worker", task_index=i,
+                                      start=True)
+    if dataset is None:
+        dataset = data.load_dataset(train.dataset, train.data_dir, seed=train.seed)
+    log.info("dataset %s", dataset.description)
+    # Sync: a disjoint shard per worker, equal in length, so every worker runs as many batches.
+    shard = data.Shard(dataset.train_images, dataset.train_labels, index=i, num_workers=n,
+                       batch_size=train.batch_size, seed=train.seed)
+    target = train.train_steps or train.epochs * shard.batches_per_epoch
+    for p, address in enumerate(config.cluster.ps_hosts):
+        cluster_lib.wait_reachable(address, f"ps {p}", train.timeout)
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(train.seed)
+        g = build_graph(config)
+    result = report.TaskResult(role="worker", index=i, mode=train.mode, target_steps=target,
+                               replicas_to_aggregate=train.aggregate(n), dataset=dataset.name,
+                               dataset_description=dataset.description)
+    tf_config = session.session_config(config.cluster.device_filters("worker", i))
+    logdir = str(train.logdir) if train.logdir and config.is_chief else None
+    writer = tf1.summary.FileWriter(logdir, graph) if logdir else None
+
+    with graph.as_default(), session.monitored_session(
+            server.target, is_chief=config.is_chief, hooks=g.training.hooks, config=tf_config,
+            timeout=train.timeout, checkpoint_dir=logdir, save_steps=train.save_steps) as sess, \
+            tf1.Session(server.target, graph=graph, config=tf_config) as side:
+        result.ready_at = time.time()
+        result.startup_s = time.monotonic() - started
+        start_step = int(side.run(g.state.global_step, options=bounded))
+        # Sync: each worker runs the same number of local steps and stops on its own count. In
+        # lockstep each local step joins exactly one update, so `target - start_step` local
+        # steps end exactly at global_step == target, and nobody reads global_step to decide.
+        planned = target if train.mode == "async" else target - start_step
+        log.info("ready after %.2f s; %d local steps planned (global_step %d of %d)",
+                 result.startup_s, planned, start_step, target)
+        train_started, last_log = time.monotonic(), time.monotonic()
+        local = 0
+        while local < planned:
+            x, y = shard.batch(start_step + local)
+            try:
+                token, loss, accuracy = sess.run(
+                    [g.training.train_op, g.outputs.loss, g.outputs.accuracy],
+                    {g.images: x, g.labels: y}, options=bounded)
+            except tf.errors.DeadlineExceededError:
+                raise TaskTimeout(
+                    f"worker {i}: waited {train.timeout:g} s for an update after local step "
+                    f"{local}; contributions so far {_contributions(side, g.state)}") from None
+            local += 1
+            if local % train.log_every == 0 or local == planned:
+                now = time.monotonic()
+                rate = train.batch_size * min(train.log_every, local) / (now - last_log)
+                last_log = now
+                counters = sync.Counters.read(side, g.state, options=bounded)
+                log.info("step=%d/%d global_step=%d loss=%.4f accuracy=%.3f "
+                         "examples_per_sec=%.0f contributions=%s", local, planned,
+                         counters.global_step, loss, accuracy, rate, counters.accepted)
+                if writer:
+                    _write_summaries(writer, counters, loss=loss, accuracy=accuracy, rate=rate)
+        result.finished_at = time.time()
+        result.local_steps = local
+        result.train_s = time.monotonic() - train_started
+        result.examples_per_sec = train.batch_size * local / max(result.train_s, 1e-9)
+        result.global_step = int(token) if planned else start_step
+
+        # Sync: wait until every worker has pushed its last gradient, so that every task reads
+        # the same, final counters and so reaches the same verdict.
+        side.run(g.finish, options=bounded)
+        _wait_for(side, g.finished_count, n, train.timeout,
+                  f"worker {i}: waited {train.timeout:g} s for the other workers to finish")
+        counters = sync.Counters.read(side, g.state, options=bounded)
+        verdict = sync.verify(counters, mode=train.mode, target_steps=target,
+                              replicas_to_aggregate=train.aggregate(n))
+        result.global_step = counters.global_step
+        result.contributions, result.pushed = counters.accepted, counters.pushed
+        result.dropped = counters.unused
+        result.synchronous, result.verdict = verdict.synchronous, verdict.line
+        if config.is_chief:
+            result.test_accuracy = _evaluate(side, g, dataset, bounded)
+            log.info("test_accuracy=%.4f on %d test examples of %s", result.test_accuracy,
+                     len(dataset.test_labels), dataset.name)
+            if writer:
+                _write_summaries(writer, counters, test_accuracy=result.test_accuracy)
+    if writer:
+        writer.close()
+    # Sync: only now may the ps tasks exit: the chief has read everything it needs from them.
+    with graph.as_default(), tf1.Session(server.target, config=tf_config) as side:
+        side.run(g.report_done, options=bounded)
+    log.info("verdict: %s", verdict.line)
+    return result
+
+
+def _contributions(side, state: sync.SharedState) -> str:
+    try:
+        return str(sync.Counters.read(side, state,
+                                      options=tf1.RunOptions(timeout_in_ms=5000)).accepted)
+    except tf.errors.OpError:
+        return "unreadable (the ps is unreachable)"
+
+
+def _wait_for(side, size: tf.Tensor, expected: int, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    seen = 0
+    while time.monotonic() < deadline:
+        seen = int(side.run(size, options=tf1.RunOptions(timeout_in_ms=5000)))
+        if seen >= expected:
+            return
+        time.sleep(0.05)
+    raise TaskTimeout(f"{what}; {seen} of {expected} finished")
+
+
+def _evaluate(side, g: _Graph, dataset: data.Dataset, options) -> float:
+    correct = 0.0
+    for start in range(0, len(dataset.test_labels), EVAL_BATCH):
+        x = dataset.test_images[start:start + EVAL_BATCH]
+        y = dataset.test_labels[start:start + EVAL_BATCH]
+        correct += side.run(g.outputs.accuracy, {g.images: x, g.labels: y},
+                            options=options) * len(y)
+    return float(correct / len(dataset.test_labels))
+
+
+def _write_summaries(writer, counters: sync.Counters, **scalars) -> None:
+    values = [tf1.Summary.Value(tag=name, simple_value=float(v))
+              for name, v in scalars.items() if v is not None]
+    for w, (pushed, accepted) in enumerate(zip(counters.pushed, counters.accepted)):
+        values.append(tf1.Summary.Value(tag=f"sync/accepted/worker{w}", simple_value=accepted))
+        values.append(tf1.Summary.Value(tag=f"sync/unused/worker{w}",
+                                        simple_value=pushed - accepted))
+    values.append(tf1.Summary.Value(tag="sync/repeat_updates",
+                                    simple_value=counters.repeat_updates))
+    writer.add_summary(tf1.Summary(value=values), counters.global_step)
+    writer.flush()
+

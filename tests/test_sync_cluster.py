@@ -1,0 +1,121 @@
+"""In-process cluster tests: exact SyncReplicasOptimizer arithmetic and the counters.
+
+Modelled on TensorFlow's sync_replicas_optimizer_test: an in-process cluster, one graph per
+worker, constant gradients, and exact arithmetic on the averaged update. Workers run in
+threads; every run has a timeout so a protocol bug fails the test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from sync_mnist import session, sync
+from sync_mnist.cluster import free_ports
+
+tf1 = tf.compat.v1
+pytestmark = pytest.mark.cluster
+
+TIMEOUT_MS = 60_000
+LEARNING_RATE = 2.0
+# Worker w's loss is sum(GRADS[w] * x), so its gradient is the constant GRADS[w].
+GRADS = [np.float32(0.1), np.float32(0.3), np.float32(0.5), np.float32(0.7)]
+
+
+class _Worker:
+    def __init__(self, cluster, index, num_workers, replicas, mode="sync"):
+        self.index = index
+        self.graph = tf.Graph()
+        with self.graph.as_default(), tf1.device(tf1.train.replica_device_setter(
+                worker_device=f"/job:worker/task:{index}", cluster=cluster)):
+            self.state = sync.build_shared_state(num_workers)
+            self.x = tf1.get_variable("x", initializer=tf.zeros([2]))
+            loss = tf.reduce_sum(GRADS[index] * self.x)
+            self.training = sync.build_train_op(
+                loss, self.state, tf1.train.GradientDescentOptimizer(LEARNING_RATE),
+                worker_index=index, num_workers=num_workers, replicas_to_aggregate=replicas,
+                is_chief=index == 0, mode=mode)
+        self.tokens: list[int] = []
+        self.error: BaseException | None = None
+
+    def run(self, target, steps, *, before_step=None):
+        try:
+            with self.graph.as_default(), session.monitored_session(
+                    target, is_chief=self.index == 0, hooks=self.training.hooks,
+                    config=session.session_config(["/job:ps", f"/job:worker/task:{self.index}"]),
+                    timeout=60) as sess:
+                for step in range(steps):
+                    if before_step:
+                        before_step(self.index, step)
+                    self.tokens.append(int(sess.run(
+                        self.training.train_op,
+                        options=tf1.RunOptions(timeout_in_ms=TIMEOUT_MS))))
+        except BaseException as e:  # reported by the test's main thread
+            self.error = e
+
+    def read(self, target):
+        with self.graph.as_default(), tf1.Session(target) as sess:
+            return sync.Counters.read(sess, self.state), sess.run(self.x)
+
+
+def _train(num_workers, replicas, steps, mode="sync", before_step=None):
+    servers, cluster = _local_cluster(num_workers)
+    workers = [_Worker(cluster, i, num_workers, replicas, mode) for i in range(num_workers)]
+    threads = [threading.Thread(target=w.run, args=(servers[w.index].target, steps),
+                                kwargs={"before_step": before_step}, daemon=True)
+               for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=TIMEOUT_MS / 1000 * 2)
+    for w in workers:
+        assert w.error is None, f"worker {w.index} failed: {w.error!r}"
+    counters, x = workers[0].read(servers[0].target)
+    return workers, counters, x
+
+
+def _local_cluster(num_workers):
+    """In-process servers on free ports: 1 ps and num_workers workers (create_local_cluster
+    needs the portpicker package, which TensorFlow does not install)."""
+    ports = free_ports(num_workers + 1)
+    cluster = tf.train.ClusterSpec({"ps": [f"localhost:{ports[0]}"],
+                                    "worker": [f"localhost:{p}" for p in ports[1:]]})
+    tf.distribute.Server(cluster, job_name="ps", task_index=0, start=True)
+    workers = [tf.distribute.Server(cluster, job_name="worker", task_index=i, start=True)
+               for i in range(num_workers)]
+    return workers, cluster
+
+
+def test_lockstep_update_averages_one_gradient_per_worker():
+    steps = 3
+    workers, counters, x = _train(num_workers=3, replicas=3, steps=steps)
+
+    # global_step advances once per 3 replica steps: 9 pushes, 3 updates.
+    assert counters.global_step == steps
+    assert counters.pushed == [steps] * 3
+    assert counters.accepted == [steps] * 3
+    assert counters.repeat_updates == 0 and counters.solo_updates == 0
+    # Each update is 0 - mean(0.1, 0.3, 0.5) * 2.0, applied `steps` times.
+    per_update = (GRADS[0] + GRADS[1] + GRADS[2]) / 3 * LEARNING_RATE
+    np.testing.assert_allclose(x, [-per_update * steps] * 2, rtol=1e-6)
+    # The token a worker gets back is the global step after the update its push joined.
+    for w in workers:
+        assert w.tokens == [1, 2, 3]
+    verdict = sync.verify(counters, mode="sync", target_steps=steps, replicas_to_aggregate=3)
+    assert verdict.synchronous and verdict.as_promised, verdict.line
+
+
+def test_async_mode_shows_the_async_signature():
+    steps = 4
+    _, counters, x = _train(num_workers=3, replicas=3, steps=steps, mode="async")
+
+    # Every push is an update of its own: global_step is the total of local steps.
+    assert counters.global_step == 3 * steps
+    assert counters.pushed == counters.accepted == [steps] * 3
+    expected = -(GRADS[0] + GRADS[1] + GRADS[2]) * steps * LEARNING_RATE
+    np.testing.assert_allclose(x, [expected] * 2, rtol=1e-5)
+    verdict = sync.verify(counters, mode="async", target_steps=steps, replicas_to_aggregate=3)
+    assert not verdict.synchronous and verdict.as_promised, verdict.line
