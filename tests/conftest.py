@@ -12,3 +12,18 @@ def pytest_configure(config):
     from sync_mnist import tfcompat
 
     tfcompat.graph_mode(verbose=False)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def processes():
+    """Starts processes for a test; kills each one's process group when the test ends."""
+    from procs import Processes
+
+    procs = Processes()
+    try:
+        yield procs
+    finally:
+        procs.kill_all()

@@ -1,0 +1,119 @@
+"""Processes for tests that go through the real command line.
+
+Every process gets its own process group; `Processes.kill_all` (called from a fixture's
+finally) kills each group, so a failing test leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
+
+
+class Proc:
+    """A child process whose combined output is collected line by line as it arrives."""
+
+    def __init__(self, argv: list[str], name: str):
+        self.name = name
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self.popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, text=True, env=ENV, cwd=ROOT,
+                                      start_new_session=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.popen.stdout:
+            with self._changed:
+                self.lines.append(line.rstrip("\n"))
+                self._changed.notify_all()
+
+    def wait_for_line(self, pattern: str, timeout: float) -> re.Match:
+        """Blocks until a line matches `pattern` (a regex); fails the test after `timeout` s."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self._changed:
+            while True:
+                for line in self.lines[seen:]:
+                    match = regex.search(line)
+                    if match:
+                        return match
+                seen = len(self.lines)
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.popen.poll() is not None and not self._reader.is_alive()):
+                    raise AssertionError(f"{self.name}: no line matching {pattern!r} within "
+                                         f"{timeout} s; output:\n{self.output}")
+                self._changed.wait(min(left, 0.5))
+
+    def wait(self, timeout: float) -> int:
+        try:
+            code = self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.name} still running after {timeout} s; output:\n"
+                                 f"{self.output}") from None
+        self._reader.join(timeout=5)
+        return code
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.popen.wait()
+
+
+class Processes:
+    def __init__(self):
+        self.procs: list[Proc] = []
+
+    def start(self, argv: list[str], name: str) -> Proc:
+        proc = Proc(argv, name)
+        self.procs.append(proc)
+        return proc
+
+    def task(self, role: str, index: int, *args: str) -> Proc:
+        return self.start([sys.executable, "-m", "sync_mnist", "--role", role,
+                           "--index", str(index), *args], f"{role} {index}")
+
+    def launcher(self, *args: str) -> Proc:
+        return self.start([sys.executable, str(ROOT / "bin" / "sync-mnist-cluster"), *args],
+                          "launcher")
+
+    def kill_all(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes whose argv contains `text` (to prove none is left)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in argv:
+            found.append(f"{entry.name}: {argv}")
+    return found

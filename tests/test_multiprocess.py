@@ -1,0 +1,81 @@
+"""Whole clusters through the real command line: separate processes, free ports, synthetic data."""
+
+from __future__ import annotations
+
+import pytest
+
+from procs import processes_mentioning, read_json
+from sync_mnist.cluster import free_ports
+
+pytestmark = pytest.mark.cluster
+
+STEPS = 30
+BOUND = 180  # seconds a whole small cluster run may take on a loaded 2-core machine
+COMMON = ("--dataset", "synthetic", "--train-steps", str(STEPS), "--timeout", "60",
+          "--log-every", "10")
+
+
+def _worker_records(summary: dict) -> list[dict]:
+    return sorted((t for t in summary["tasks"] if t["role"] == "worker"),
+                  key=lambda t: t["index"])
+
+
+def test_launcher_runs_in_lockstep_and_leaves_nothing_behind(processes, tmp_path):
+    marker = str(tmp_path / "data")  # passed to every task, so their command lines show it
+    launcher = processes.launcher("--base-port", "0", *COMMON, "--data-dir", marker,
+                                  "--summary-json", str(tmp_path / "cluster.json"))
+    assert launcher.wait(BOUND) == 0, launcher.output
+
+    summary = read_json(tmp_path / "cluster.json")
+    assert summary["global_step"] == STEPS
+    assert summary["contributions"] == [STEPS] * 3
+    assert summary["local_steps"] == [STEPS] * 3
+    assert summary["dropped"] == [0, 0, 0]
+    assert summary["synchronous"] is True
+    assert [t["exit_code"] for t in summary["tasks"]] == [0, 0, 0, 0]
+    assert summary["test_accuracy"] > 0.9  # synthetic data is easy; chance is 0.1
+    assert "verification: synchronous: each of 30 updates" in launcher.output
+    # Each task's output is tagged with its identity.
+    for tag in ("[ps 0]", "[worker 0]", "[worker 1]", "[worker 2]"):
+        assert tag in launcher.output
+    assert processes_mentioning(marker) == []
+
+
+def test_async_mode_shows_the_async_signature(processes, tmp_path):
+    launcher = processes.launcher("--base-port", "0", *COMMON, "--mode", "async",
+                                  "--summary-json", str(tmp_path / "cluster.json"))
+    assert launcher.wait(BOUND) == 0, launcher.output
+
+    summary = read_json(tmp_path / "cluster.json")
+    # Every push is an update of its own: global_step is the total of the local steps.
+    assert summary["local_steps"] == [STEPS] * 3
+    assert summary["global_step"] == 3 * STEPS == sum(summary["pushed"])
+    assert summary["synchronous"] is False
+    assert "asynchronous (--mode async)" in summary["verdict"]
+
+
+def test_tasks_by_hand_with_a_late_worker_stay_in_lockstep(processes, tmp_path):
+    ports = free_ports(4)
+    hosts = ("--ps-hosts", f"localhost:{ports[0]}",
+             "--worker-hosts", ",".join(f"localhost:{p}" for p in ports[1:]))
+    tasks = {}
+    for role, index in (("ps", 0), ("worker", 0), ("worker", 1)):
+        tasks[role, index] = processes.task(
+            role, index, *hosts, *COMMON, "--summary-json", str(tmp_path / f"{role}{index}.json"))
+    # Worker 2 joins only after the chief has started training: the others must wait for it.
+    tasks["worker", 0].wait_for_line(r"\[worker 0\] ready after", BOUND)
+    tasks["worker", 2] = processes.task(
+        "worker", 2, *hosts, *COMMON, "--summary-json", str(tmp_path / "worker2.json"))
+
+    for (role, index), proc in tasks.items():
+        assert proc.wait(BOUND) == 0, proc.output
+    workers = [read_json(tmp_path / f"worker{i}.json") for i in range(3)]
+    for w in workers:
+        assert w["global_step"] == STEPS
+        assert w["contributions"] == [STEPS] * 3
+        assert w["local_steps"] == STEPS
+        assert w["synchronous"] is True
+    # The chief was ready before the late worker started, so the others really waited.
+    assert workers[2]["ready_at"] > workers[0]["ready_at"]
+    ps = read_json(tmp_path / "ps0.json")
+    assert ps["contributions"] == [STEPS] * 3 and ps["exit_code"] == 0
