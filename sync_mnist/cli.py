@@ -22,7 +22,7 @@ from sync_mnist import cluster as cluster_lib
 from sync_mnist import config as config_lib
 from sync_mnist.config import TaskConfig, TrainConfig
 
-DEFAULT_EPOCHS = 2
+DEFAULT_EPOCHS = 5
 
 
 class _Parser(argparse.ArgumentParser):
