@@ -1,0 +1,135 @@
+"""The pure graph builders: shapes, dtypes, initial scale, and that the model learns.
+
+Each test builds in a fresh tf.Graph() with no cluster (graph mode is on: see conftest.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from sync_mnist import model
+
+tf1 = tf.compat.v1
+
+LAYER_SHAPES = [[784, 256], [256], [256, 256], [256], [256, 10], [10]]
+
+
+def _build(seed: int = 0):
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(seed)
+        images = tf1.placeholder(tf.float32, [None, model.IMAGE_PIXELS])
+        labels = tf1.placeholder(tf.int64, [None])
+        outputs = model.build_model(images, labels)
+    return graph, images, labels, outputs
+
+
+def _batch(size: int = 20):
+    rng = np.random.RandomState(0)
+    images = rng.uniform(0.0, 1.0, (size, model.IMAGE_PIXELS)).astype(np.float32)
+    labels = (np.arange(size) % model.NUM_CLASSES).astype(np.int64)
+    return images, labels
+
+
+def test_outputs_have_the_documented_shapes_and_dtypes():
+    _, _, _, outputs = _build()
+    assert outputs.logits.shape.as_list() == [None, 10]
+    assert outputs.logits.dtype == tf.float32
+    for scalar in (outputs.loss, outputs.accuracy):
+        assert scalar.shape.as_list() == []
+        assert scalar.dtype == tf.float32
+
+
+def test_model_has_three_layers_of_weights_and_biases():
+    graph, _, _, _ = _build()
+    with graph.as_default():
+        variables = tf1.trainable_variables()
+    assert [v.shape.as_list() for v in variables] == LAYER_SHAPES
+    assert [v.op.name for v in variables] == [
+        f"layer{i}/{kind}" for i in range(3) for kind in ("weights", "biases")]
+
+
+def test_glorot_init_keeps_weights_small_and_biases_zero():
+    graph, _, _, _ = _build()
+    with graph.as_default():
+        variables = tf1.trainable_variables()
+        init = tf1.global_variables_initializer()
+    with tf1.Session(graph=graph) as sess:
+        sess.run(init)
+        values = sess.run(variables)
+    for weights, (fan_in, fan_out) in zip(values[0::2], [(784, 256), (256, 256), (256, 10)]):
+        # Glorot uniform: U(-a, a) with a = sqrt(6 / (fan_in + fan_out)), so std = a / sqrt(3).
+        limit = np.sqrt(6.0 / (fan_in + fan_out))
+        assert np.abs(weights).max() <= limit
+        assert weights.std() == pytest.approx(limit / np.sqrt(3.0), rel=0.1)
+        assert weights.std() < 0.2  # far below the question's random_normal(stddev=1)
+    for biases in values[1::2]:
+        assert not biases.any()
+
+
+def test_a_few_sgd_steps_on_a_fixed_batch_reduce_the_loss():
+    graph, images, labels, outputs = _build()
+    with graph.as_default():
+        train = model.make_optimizer("sgd", 0.05).minimize(outputs.loss)
+        init = tf1.global_variables_initializer()
+    feed = dict(zip((images, labels), _batch()))
+    with tf1.Session(graph=graph) as sess:
+        sess.run(init)
+        first_loss, first_accuracy = sess.run([outputs.loss, outputs.accuracy], feed)
+        losses = [first_loss]
+        for _ in range(12):
+            sess.run(train, feed)
+            losses.append(sess.run(outputs.loss, feed))
+        last_accuracy = sess.run(outputs.accuracy, feed)
+    # 10 classes at random: the loss starts near ln 10 ~ 2.3, then 20 examples are memorised.
+    assert first_loss == pytest.approx(np.log(10.0), abs=0.5)
+    assert all(b < a for a, b in zip(losses, losses[1:])), losses
+    assert losses[-1] < 0.5 * first_loss
+    assert first_accuracy < 0.5
+    assert last_accuracy == 1.0
+
+
+def test_loss_and_accuracy_are_the_batch_means():
+    graph, images, labels, outputs = _build()
+    x, y = _batch(7)
+    with graph.as_default():
+        init = tf1.global_variables_initializer()
+    with tf1.Session(graph=graph) as sess:
+        sess.run(init)
+        logits, loss, accuracy = sess.run(outputs, {images: x, labels: y})
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_softmax = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    assert loss == pytest.approx(-log_softmax[np.arange(7), y].mean(), rel=1e-5)
+    assert accuracy == pytest.approx((logits.argmax(axis=1) == y).mean())
+
+
+# Two steps on x = 0 with the constant gradient 2 and learning rate 0.5:
+#   sgd:      x -= 0.5 * 2 twice                                  -> -2.0
+#   momentum: v = 2, x = -1; then v = 0.9 * 2 + 2 = 3.8, x -= 1.9 -> -2.9
+#   adam:     a constant gradient normalises to 1, so x -= 0.5 twice -> -1.0
+@pytest.mark.parametrize("name, cls, after_two_steps", [
+    ("sgd", tf1.train.GradientDescentOptimizer, -2.0),
+    ("momentum", tf1.train.MomentumOptimizer, -2.9),
+    ("adam", tf1.train.AdamOptimizer, -1.0),
+])
+def test_make_optimizer_builds_the_named_optimizer(name, cls, after_two_steps):
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.get_variable("x", initializer=0.0)
+        optimizer = model.make_optimizer(name, 0.5)
+        step = optimizer.minimize(2.0 * x)
+        init = tf1.global_variables_initializer()
+    assert type(optimizer) is cls
+    with tf1.Session(graph=graph) as sess:
+        sess.run(init)
+        sess.run(step)
+        sess.run(step)
+        assert sess.run(x) == pytest.approx(after_two_steps, abs=1e-5)
+
+
+def test_make_optimizer_rejects_an_unknown_name():
+    with pytest.raises(ValueError) as raised:
+        model.make_optimizer("rmsprop", 0.1)
+    assert str(raised.value) == "unknown optimizer 'rmsprop'"
