@@ -116,8 +116,9 @@ def _cluster_layout(args: argparse.Namespace) -> cluster_lib.ClusterLayout:
         return layout
     ps_default, worker_default = cluster_lib.default_hosts(cluster_lib.DEFAULT_NUM_PS,
                                                            cluster_lib.DEFAULT_NUM_WORKERS)
-    return cluster_lib.ClusterLayout.parse(args.ps_hosts or ",".join(ps_default),
-                                           args.worker_hosts or ",".join(worker_default))
+    return cluster_lib.ClusterLayout.parse(
+        ",".join(ps_default) if args.ps_hosts is None else args.ps_hosts,
+        ",".join(worker_default) if args.worker_hosts is None else args.worker_hosts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,7 +150,8 @@ def _run_task(config: TaskConfig, verbose: bool) -> int:
             result = worker.run_worker(config)
         code = report.exit_code_for(result)
     except (ValueError, data.DataError) as e:  # ConfigError, ClusterError, DataError
-        return _usage_error(e)
+        _usage_error(e)
+        result.error, code = _first_line(e), config_lib.EXIT_USAGE
     except ps.TaskTimeout as e:
         log.error("%s", e)
         result.error, code = str(e), config_lib.EXIT_TIMEOUT

@@ -42,14 +42,14 @@ class ClusterLayout:
             raise ClusterError("the cluster needs at least one ps task")
         if not self.worker_hosts:
             raise ClusterError("the cluster needs at least one worker task")
-        seen: dict[str, str] = {}
+        seen: dict[tuple[str, int], str] = {}
         for role, hosts in (("ps", self.ps_hosts), ("worker", self.worker_hosts)):
             for index, address in enumerate(hosts):
-                parse_address(address)
-                if address in seen:
+                key = parse_address(address)  # so that h:2222 and h:02222 are one address
+                if key in seen:
                     raise ClusterError(
-                        f"{address} is given twice ({seen[address]} and {role} {index})")
-                seen[address] = f"{role} {index}"
+                        f"{address} is given twice ({seen[key]} and {role} {index})")
+                seen[key] = f"{role} {index}"
 
     @classmethod
     def parse(cls, ps_hosts: str, worker_hosts: str) -> ClusterLayout:
@@ -97,7 +97,7 @@ class ClusterLayout:
 def parse_address(address: str) -> tuple[str, int]:
     """'host:port' -> (host, port); anything else is a ClusterError naming the value."""
     host, sep, port_text = address.rpartition(":")
-    if not sep or not host or not port_text.isdigit():
+    if not sep or not host or not (port_text.isascii() and port_text.isdigit()):
         raise ClusterError(f"malformed host:port {address!r}")
     port = int(port_text)
     if not 1 <= port <= 65535:
@@ -146,6 +146,8 @@ def check_port_free(address: str, label: str) -> None:
     """Fail early and clearly if this task's own port is taken (TF only logs a gRPC error)."""
     _, port = parse_address(address)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # As gRPC does: a port whose last connection is in TIME_WAIT can be served on again.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("", port))
         except OSError as e:

@@ -2,23 +2,25 @@
 
 How one synchronous update works (SyncReplicasOptimizer, between-graph replication):
   1. Each worker computes gradients and pushes them into one ConditionalAccumulator per
-     variable, on that variable's ps, tagged with the worker's local step.
+     variable, on that variable's ps, tagged with the worker's local step. An accumulator
+     silently drops a gradient whose local step is older than its own (a stale gradient).
   2. The worker then blocks on the token queue.
-  3. The chief's queue runner waits until every accumulator holds R gradients, applies their
-     average with the real optimizer (global_step += 1), and enqueues one token per worker.
+  3. The chief's queue runner waits until every accumulator holds at least R gradients, applies
+     their average with the real optimizer (global_step += 1), and enqueues one token per
+     worker; a token's value is the new global step, and becomes the worker's local step.
 
 Counting is done on the ps, never assumed:
-  * `pushed[w]`   += 1 in worker w's own step, just before its gradients are pushed.
-  * `accepted[w]` is written by the update itself. Each worker also pushes one_hot(w) into an
-    accumulator of its own, next to the gradients, so the update receives the mean of the R
-    one-hot vectors it averaged; times R that is exactly how many gradients of each worker went
-    into this update. A gradient the accumulator drops as stale never reaches it.
+  * `pushed[w]` += 1 in worker w's own step, just before its gradients are pushed.
+  * `accepted[w]` is written by the update itself. Each worker pushes one_hot(w) into a summing
+    accumulator of its own, just before its gradients and with the same local step, so it is
+    accepted or dropped exactly as they are. The update takes that sum with the gradients:
+    how many gradients of each worker this update averaged.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple
 
 import tensorflow as tf
 
@@ -31,13 +33,15 @@ class SharedState(NamedTuple):
     global_step: tf.Variable
     pushed: tf.Variable  # int64 [workers]: gradients each worker pushed
     accepted: tf.Variable  # int64 [workers]: gradients of each worker that some update averaged
-    repeat_updates: tf.Variable  # updates that averaged two gradients of one worker
+    repeat_updates: tf.Variable  # updates that averaged two or more gradients of one worker
     solo_updates: tf.Variable  # updates whose gradients all came from a single worker (R > 1)
+    over_aggregated: tf.Variable  # updates that averaged more than R gradients
 
 
 class SyncTraining(NamedTuple):
-    train_op: tf.Tensor  # its value: the global step after the update this push belongs to
+    train_op: tf.Tensor  # its value (the token): the global step after the update this push joined
     hooks: list
+    optimizer: tf1.train.Optimizer  # the SyncReplicasOptimizer (or the plain one in async mode)
 
 
 def build_shared_state(num_workers: int) -> SharedState:
@@ -54,12 +58,12 @@ def build_shared_state(num_workers: int) -> SharedState:
 
         return SharedState(global_step, counter("pushed", [num_workers]),
                            counter("accepted", [num_workers]), counter("repeat_updates"),
-                           counter("solo_updates"))
+                           counter("solo_updates"), counter("over_aggregated"))
 
 
 def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Optimizer, *,
                    worker_index: int, num_workers: int, replicas_to_aggregate: int,
-                   is_chief: bool, mode: str = "sync") -> SyncTraining:
+                   is_chief: bool, mode: str = "sync", num_tokens: int = 0) -> SyncTraining:
     """Builds one worker's training step.
 
     Args:
@@ -71,89 +75,94 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
       replicas_to_aggregate: gradients averaged per update; num_workers for strict lockstep.
       is_chief: whether this worker runs the update loop.
       mode: "sync", or "async" for the plain optimizer (every push is an update of its own).
+      num_tokens: tokens the chief preloads; 0 is the fix, -1 the stock default (R tokens).
 
     Returns:
       SyncTraining with the op to run each step and the hooks the session needs.
     """
     grads_and_vars = optimizer.compute_gradients(loss)
-    count_push = tf1.scatter_add(state.pushed, [worker_index], tf.ones([1], tf.int64))
-    with tf.control_dependencies([count_push]):
+    one = tf.ones([1], tf.int64)
+    if mode == "async":
+        with tf.control_dependencies([tf1.scatter_add(state.pushed, [worker_index], one)]):
+            apply = optimizer.apply_gradients(grads_and_vars, state.global_step)
+        with tf.control_dependencies([apply]):
+            count = tf1.scatter_add(state.accepted, [worker_index], one)
+        with tf.control_dependencies([count]):
+            return SyncTraining(tf.identity(state.global_step.read_value()), [], optimizer)
+
+    # Sync: who contributed. A summing accumulator beside the gradient accumulators, and this
+    # worker's copy of the optimizer's local step, so both are judged stale or fresh alike.
+    with tf1.device(state.global_step.device):
+        who = tf1.ConditionalAccumulator(tf.float32, shape=[num_workers], reduction_type="SUM",
+                                         shared_name="sync_counters/who_accumulator",
+                                         name="who_accumulator")
+    # A variable's name is shared across the cluster, and replica_device_setter puts every
+    # variable on a ps; colocating with an op of this worker keeps this one private, as
+    # SyncReplicasOptimizer does for its own local step.
+    with tf1.colocate_with(tf.no_op(name="local_anchor")):
+        local_step = tf1.get_local_variable("sync_counters/local_step", shape=[],
+                                            dtype=tf.int64, initializer=tf1.zeros_initializer())
+    counted = [tf1.scatter_add(state.pushed, [worker_index], one),
+               who.apply_grad(tf.one_hot(worker_index, num_workers), local_step=local_step)]
+    with tf.control_dependencies(counted):  # Sync: count first, then push the gradients
         grads_and_vars = [(tf.identity(g), v) for g, v in grads_and_vars]
 
-    if mode == "async":
-        apply = optimizer.apply_gradients(grads_and_vars, state.global_step)
-        with tf.control_dependencies([apply]):
-            count = tf1.scatter_add(state.accepted, [worker_index], tf.ones([1], tf.int64))
-        with tf.control_dependencies([count]):
-            return SyncTraining(tf.identity(state.global_step.read_value()), [])
-
-    # Sync: the pseudo-gradient one_hot(worker) rides along with the real gradients, in an
-    # accumulator of its own, and _AcceptanceCounter turns its average into per-worker counts.
-    who = tf.one_hot(worker_index, num_workers, dtype=tf.float32)
-    counting = _AcceptanceCounter(optimizer, state, replicas_to_aggregate)
     sync_optimizer = tf1.train.SyncReplicasOptimizer(
-        counting, replicas_to_aggregate=replicas_to_aggregate, total_num_replicas=num_workers)
-    train_op = sync_optimizer.apply_gradients(grads_and_vars + [(who, state.accepted)],
-                                              global_step=state.global_step)
+        _AcceptanceCounter(optimizer, state, who, replicas_to_aggregate),
+        replicas_to_aggregate=replicas_to_aggregate, total_num_replicas=num_workers)
+    token = sync_optimizer.apply_gradients(grads_and_vars, global_step=state.global_step)
+    # Sync: keep our copy of the local step equal to the optimizer's: set from the value its
+    # init op assigns, and from every token. (Both init ops are public attributes the session
+    # hook reads in begin(), so replacing them here is enough.)
+    copy_init = tf1.assign(local_step, sync_optimizer.local_step_init_op)
+    sync_optimizer.local_step_init_op = copy_init
+    sync_optimizer.chief_init_op = tf.group(sync_optimizer.chief_init_op, copy_init,
+                                            who.set_global_step(state.global_step))
+    train_op = tf1.assign(local_step, token)
     # Sync: num_tokens=0 is the fix for the question's asynchrony. The default preloads R
     # tokens that any worker may take, so one fast worker can supply every gradient of an
     # update. With no preloaded tokens, a worker gets its next token only from the update its
     # last gradient joined, so with R = N each update holds exactly one gradient per worker.
-    hook = sync_optimizer.make_session_run_hook(is_chief, num_tokens=0)
+    hook = sync_optimizer.make_session_run_hook(is_chief, num_tokens=num_tokens)
     _quiet_queue_runner_at_close(sync_optimizer)
-    return SyncTraining(train_op, [hook])
-
-
-def _quiet_queue_runner_at_close(sync_optimizer) -> None:
-    """Lets the chief's queue runner end quietly when its session closes.
-
-    After the last update the queue runner is blocked waiting for gradients that will never
-    come; closing the session cancels that wait. The stock runner treats the CancelledError as
-    a failure and prints a traceback from its thread, so rebuild it with the same op and
-    CancelledError counted as a normal end, like a closed queue. (Private attributes: the
-    optimizer offers no public way to configure its runner.)
-    """
-    stock = sync_optimizer._chief_queue_runner  # pylint: disable=protected-access
-    sync_optimizer._chief_queue_runner = tf1.train.QueueRunner(  # pylint: disable=protected-access
-        stock.queue, stock.enqueue_ops,
-        queue_closed_exception_types=(tf.errors.OutOfRangeError, tf.errors.CancelledError))
+    return SyncTraining(train_op, [hook], sync_optimizer)
 
 
 class _AcceptanceCounter(tf1.train.Optimizer):
     """The real optimizer plus bookkeeping, as SyncReplicasOptimizer's inner optimizer.
 
-    SyncReplicasOptimizer hands the averaged gradients of each update to this object; the
-    `accepted` pair among them is the mean of the one-hot worker vectors of that update.
+    SyncReplicasOptimizer hands it the averaged gradients of each update; it applies them with
+    the real optimizer and, in the same op, takes the who-accumulator's sum into the counters.
     """
 
-    def __init__(self, optimizer: tf1.train.Optimizer, state: SharedState, replicas: int):
+    def __init__(self, optimizer: tf1.train.Optimizer, state: SharedState, who, replicas: int):
         super().__init__(use_locking=False, name=optimizer.get_name())
-        self._optimizer = optimizer
-        self._state = state
-        self._replicas = replicas
+        self._optimizer, self._state, self._who, self._replicas = optimizer, state, who, replicas
 
     def compute_gradients(self, *args, **kwargs):
         return self._optimizer.compute_gradients(*args, **kwargs)
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
-        model_grads, mean_one_hot = [], None
-        for grad, var in grads_and_vars:
-            if var is self._state.accepted:
-                mean_one_hot = grad
-            else:
-                model_grads.append((grad, var))
-        update = self._optimizer.apply_gradients(model_grads, global_step, name=name)
-        # Gradients of each worker in this update: the mean of R one-hot vectors, times R.
-        per_worker = tf.cast(tf.round(mean_one_hot * self._replicas), tf.int64)
-        most = tf.reduce_max(per_worker)
-        bookkeeping = [
-            tf1.assign_add(self._state.accepted, per_worker),
-            tf1.assign_add(self._state.repeat_updates, tf.cast(most > 1, tf.int64)),
-            tf1.assign_add(self._state.solo_updates,
-                           tf.cast(tf.logical_and(most == self._replicas, self._replicas > 1),
-                                   tf.int64)),
-        ]
-        return tf.group(update, *bookkeeping)
+        grads_and_vars = list(grads_and_vars)
+        # Gradients of each worker in this update. take_grad(R) waits for R but sums all that
+        # arrived, as the gradient accumulators average all that arrived. The who-push precedes
+        # the gradient push; the who-take follows the gradient take and precedes the update
+        # (and so global_step += 1). Both accumulators thus see the same pushes, unless one
+        # worker's two pushes straddle the take, microseconds apart.
+        with tf.control_dependencies([g for g, _ in grads_and_vars if g is not None]):
+            per_worker = tf.cast(tf.round(self._who.take_grad(self._replicas)), tf.int64)
+        with tf.control_dependencies([per_worker]):
+            update = self._optimizer.apply_gradients(grads_and_vars, global_step, name=name)
+        most, total = tf.reduce_max(per_worker), tf.reduce_sum(per_worker)
+        state, r = self._state, self._replicas
+
+        def count_if(var, condition):
+            return tf1.assign_add(var, tf.cast(condition, tf.int64))
+
+        return tf.group(update, tf1.assign_add(state.accepted, per_worker),
+                        count_if(state.repeat_updates, most > 1),
+                        count_if(state.solo_updates, tf.logical_and(most == total, r > 1)),
+                        count_if(state.over_aggregated, total > r))
 
     def get_slot(self, *args, **kwargs):
         return self._optimizer.get_slot(*args, **kwargs)
@@ -165,6 +174,46 @@ class _AcceptanceCounter(tf1.train.Optimizer):
         return self._optimizer.variables()
 
 
+def _quiet_queue_runner_at_close(sync_optimizer) -> None:
+    """Lets the chief's queue runner end quietly when its session closes.
+
+    After the last update the queue runner is blocked waiting for gradients that will never
+    come; closing the session cancels that wait. The stock runner treats the CancelledError as
+    a failure and prints a traceback from its thread, so rebuild it with the same op and
+    CancelledError counted as a normal end, like a closed queue. (Private attribute: the
+    optimizer offers no public way to configure its runner.)
+    """
+    stock = sync_optimizer._chief_queue_runner  # pylint: disable=protected-access
+    sync_optimizer._chief_queue_runner = tf1.train.QueueRunner(  # pylint: disable=protected-access
+        stock.queue, stock.enqueue_ops,
+        queue_closed_exception_types=(tf.errors.OutOfRangeError, tf.errors.CancelledError))
+
+
+def train_loop(run_step: Callable[[int], int], *, start_step: int, planned: int, target: int,
+               stop_on_token: bool) -> int:
+    """Runs one worker's steps until it is done; returns how many it ran.
+
+    Args:
+      run_step: run_step(local_step) pushes one gradient and returns the token it was handed.
+      start_step: global_step when this worker's session became ready.
+      planned: local steps to run when stopping on the local count.
+      target: the global step training ends at, when stopping on tokens.
+      stop_on_token: stop once a token reaches `target` (backup workers, R < N) instead of
+        after `planned` local steps.
+    """
+    # Sync: with R = N every local step joins exactly one update, so every worker stops on its
+    # own count and nobody decides by reading global_step (a read in the same run as the train
+    # op may land before or after the update, which is how the question's workers disagreed
+    # about when to stop). With backups local counts differ by design; the token a worker is
+    # handed, the global step after the update its push joined, is then its stop signal. After
+    # the last update there is one such token per worker, and a worker takes only one.
+    local, token = 0, start_step
+    while (token < target) if stop_on_token else (local < planned):
+        token = run_step(local)
+        local += 1
+    return local
+
+
 @dataclasses.dataclass(frozen=True)
 class Counters:
     """A reading of SharedState, as plain numbers."""
@@ -174,6 +223,7 @@ class Counters:
     accepted: list[int]
     repeat_updates: int
     solo_updates: int
+    over_aggregated: int = 0
 
     @property
     def unused(self) -> list[int]:
@@ -185,7 +235,7 @@ class Counters:
         values = session.run(state, **run_kwargs)
         return cls(int(values.global_step), [int(v) for v in values.pushed],
                    [int(v) for v in values.accepted], int(values.repeat_updates),
-                   int(values.solo_updates))
+                   int(values.solo_updates), int(values.over_aggregated))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,18 +261,27 @@ def verify(counters: Counters, *, mode: str, target_steps: int,
     problems = []
     if c.global_step != target_steps:
         problems.append(f"global_step {c.global_step} != {target_steps} planned")
-    if sum(c.accepted) != r * c.global_step:
-        problems.append(f"{sum(c.accepted)} gradients averaged, not {r} x {c.global_step}")
+    averaged = sum(c.accepted)
+    # Each update averages R gradients, or more in the updates counted as over-aggregated
+    # (with backups only: with R = N, more than N means some worker gave two).
+    consistent = (averaged == r * c.global_step) == (c.over_aggregated == 0) and \
+        averaged >= r * c.global_step + c.over_aggregated
+    if not consistent or (r == n and averaged != r * c.global_step):
+        problems.append(f"{averaged} gradients averaged, not {r} x {c.global_step}"
+                        + (f" (+{c.over_aggregated} over-aggregated updates)"
+                           if c.over_aggregated else ""))
     if r == n:
         off = [w for w, a in enumerate(c.accepted) if a != c.global_step]
         if off:
             problems.append(f"contributions {c.accepted} are not {c.global_step} for every worker "
                             f"(off: worker{'s' if len(off) > 1 else ''} "
                             f"{', '.join(map(str, off))})")
-    if c.repeat_updates:
+    if r == n and c.repeat_updates:
+        # Lockstep promises one gradient per worker per update. With backups, SyncReplicas-
+        # Optimizer averages the first R fresh gradients, whoever sent them: reported, not failed.
         problems.append(f"{c.repeat_updates} of {c.global_step} updates averaged more than one "
                         f"gradient of the same worker")
-    if c.solo_updates:
+    if r == n and c.solo_updates:
         problems.append(f"{c.solo_updates} updates were made of a single worker's gradients")
     if problems:
         return Verdict(False, False, "NOT synchronous: " + "; ".join(problems))
@@ -231,7 +290,14 @@ def verify(counters: Counters, *, mode: str, target_steps: int,
                 f"from each of {n} workers; contributions {c.accepted}")
     else:
         unused = ", ".join(f"w{w} {u}" for w, u in enumerate(c.unused))
+        # SyncReplicasOptimizer waits for R gradients but averages every fresh one that has
+        # arrived by then, so an update can average more than R; say how often, not "exactly".
+        extra = (f" ({c.over_aggregated} averaged more than {r}: {averaged} in all)"
+                 if c.over_aggregated else "")
+        repeats = (f"; {c.repeat_updates} updates took two or more gradients from one worker"
+                   if c.repeat_updates else "")
         line = (f"synchronous with {n - r} backup worker{'s' if n - r > 1 else ''}: each of "
-                f"{c.global_step} updates averaged exactly {r} fresh gradients from distinct "
-                f"workers; {sum(c.unused)} gradients unused ({unused})")
+                f"{c.global_step} updates averaged {'exactly' if not extra else 'at least'} "
+                f"{r} fresh gradients{extra}; {sum(c.unused)} stale or left-over gradients "
+                f"dropped ({unused}){repeats}")
     return Verdict(True, True, line)

@@ -101,15 +101,14 @@ def run_worker(config: TaskConfig, *, dataset: data.Dataset | None = None,
         result.ready_at = time.time()
         result.startup_s = time.monotonic() - started
         start_step = int(side.run(g.state.global_step, options=bounded))
-        # Sync: each worker runs the same number of local steps and stops on its own count. In
-        # lockstep each local step joins exactly one update, so `target - start_step` local
-        # steps end exactly at global_step == target, and nobody reads global_step to decide.
+        stop_on_token = train.mode == "sync" and train.aggregate(n) < n
         planned = target if train.mode == "async" else target - start_step
-        log.info("ready after %.2f s; %d local steps planned (global_step %d of %d)",
-                 result.startup_s, planned, start_step, target)
-        train_started, last_log = time.monotonic(), time.monotonic()
-        local = 0
-        while local < planned:
+        log.info("ready after %.2f s; %s (global_step %d)", result.startup_s,
+                 f"training until global_step {target}" if stop_on_token else
+                 f"{planned} local steps planned", start_step)
+        progress = _Progress(config, side, g.state, writer, target)
+
+        def run_step(local: int) -> int:
             x, y = shard.batch(start_step + local)
             try:
                 token, loss, accuracy = sess.run(
@@ -119,22 +118,16 @@ def run_worker(config: TaskConfig, *, dataset: data.Dataset | None = None,
                 raise TaskTimeout(
                     f"worker {i}: waited {train.timeout:g} s for an update after local step "
                     f"{local}; contributions so far {_contributions(side, g.state)}") from None
-            local += 1
-            if local % train.log_every == 0 or local == planned:
-                now = time.monotonic()
-                rate = train.batch_size * min(train.log_every, local) / (now - last_log)
-                last_log = now
-                counters = sync.Counters.read(side, g.state, options=bounded)
-                log.info("step=%d/%d global_step=%d loss=%.4f accuracy=%.3f "
-                         "examples_per_sec=%.0f contributions=%s", local, planned,
-                         counters.global_step, loss, accuracy, rate, counters.accepted)
-                if writer:
-                    _write_summaries(writer, counters, loss=loss, accuracy=accuracy, rate=rate)
+            progress.step(local + 1, loss, accuracy)
+            return int(token)
+
+        train_started = time.monotonic()
+        local = sync.train_loop(run_step, start_step=start_step, planned=planned,
+                                target=target, stop_on_token=stop_on_token)
         result.finished_at = time.time()
         result.local_steps = local
         result.train_s = time.monotonic() - train_started
         result.examples_per_sec = train.batch_size * local / max(result.train_s, 1e-9)
-        result.global_step = int(token) if planned else start_step
 
         # Sync: wait until every worker has pushed its last gradient, so that every task reads
         # the same, final counters and so reaches the same verdict.
@@ -161,6 +154,31 @@ def run_worker(config: TaskConfig, *, dataset: data.Dataset | None = None,
         side.run(g.report_done, options=bounded)
     log.info("verdict: %s", verdict.line)
     return result
+
+
+class _Progress:
+    """One key=value line every --log-every local steps; the chief also writes summaries."""
+
+    def __init__(self, config: TaskConfig, side, state: sync.SharedState, writer, target: int):
+        self._config, self._side, self._state = config, side, state
+        self._writer, self._target = writer, target
+        self._since, self._last_logged = time.monotonic(), 0
+
+    def step(self, local: int, loss: float, accuracy: float) -> None:
+        train = self._config.train
+        if local % train.log_every:
+            return
+        now = time.monotonic()
+        rate = train.batch_size * (local - self._last_logged) / max(now - self._since, 1e-9)
+        self._since, self._last_logged = now, local
+        counters = sync.Counters.read(self._side, self._state,
+                                      options=tf1.RunOptions(timeout_in_ms=5000))
+        log.info("step=%d global_step=%d/%d loss=%.4f accuracy=%.3f examples_per_sec=%.0f "
+                 "contributions=%s", local, counters.global_step, self._target, loss, accuracy,
+                 rate, counters.accepted)
+        if self._writer:
+            _write_summaries(self._writer, counters, loss=loss, accuracy=accuracy,
+                             examples_per_sec=rate)
 
 
 def _contributions(side, state: sync.SharedState) -> str:

@@ -92,8 +92,7 @@ class Processes:
                            "--index", str(index), *args], f"{role} {index}")
 
     def launcher(self, *args: str) -> Proc:
-        return self.start([sys.executable, str(ROOT / "bin" / "sync-mnist-cluster"), *args],
-                          "launcher")
+        return self.start([str(ROOT / "bin" / "sync-mnist-cluster"), *args], "launcher")
 
     def kill_all(self) -> None:
         for proc in self.procs:

@@ -186,11 +186,6 @@ def test_task_argparse_errors_are_one_line_without_usage(argv, fragment, hosts, 
     assert fragment in lines[0]
 
 
-@pytest.mark.xfail(
-    raises=AssertionError, strict=True,
-    reason="BUG: cli._cluster_layout uses `args.ps_hosts or <default>`, so an empty "
-           "--ps-hosts '' (e.g. an unset shell variable) silently becomes localhost:2222 "
-           "instead of the 'has an empty entry' error that ClusterLayout.parse gives")
 def test_task_rejects_an_empty_ps_hosts_value(hosts, recorders, capsys):
     code = cli.main(["--role", "worker", "--index", "0", "--ps-hosts", "",
                      "--worker-hosts", hosts["workers"]])

@@ -47,11 +47,6 @@ def test_parse_address_rejects_malformed_naming_the_value(address, message):
     assert str(raised.value) == message
 
 
-@pytest.mark.xfail(
-    raises=ValueError, strict=True,
-    reason="BUG: parse_address checks the port with str.isdigit(), which is true for '²', "
-           "then int('²') raises a bare ValueError ('invalid literal for int()') instead of "
-           "the ClusterError naming the address that its docstring promises")
 def test_parse_address_rejects_a_non_ascii_digit_as_cluster_error():
     with pytest.raises(ClusterError, match=r"malformed host:port 'host:²'"):
         cluster.parse_address("host:²")
@@ -87,10 +82,6 @@ def test_layout_rejects_a_duplicate_address_naming_both_tasks(ps, workers, messa
     assert str(raised.value) == message
 
 
-@pytest.mark.xfail(
-    raises=pytest.fail.Exception, strict=True,
-    reason="BUG: ClusterLayout detects duplicates by comparing address strings, so h:2222 "
-           "and h:02222 (the same host and port) are both accepted")
 def test_layout_rejects_the_same_port_written_with_a_leading_zero():
     with pytest.raises(ClusterError, match="given twice"):
         ClusterLayout(("h:2222",), ("h:02222", "h:2223"))
@@ -217,12 +208,6 @@ def test_check_port_free_names_a_port_someone_listens_on():
     assert str(raised.value) == f"port {port} (worker 1, 127.0.0.1:{port}) is already in use"
 
 
-@pytest.mark.xfail(
-    raises=ClusterError, strict=True,
-    reason="BUG: check_port_free binds without SO_REUSEADDR, so a port whose last "
-           "connection is in TIME_WAIT (for ~60 s after a task that served on it exits) is "
-           "reported 'already in use', though gRPC, which sets SO_REUSEADDR, binds it fine: "
-           "re-running a task right after a run fails with exit 2")
 def test_check_port_free_accepts_a_port_left_in_time_wait():
     (port,) = cluster.free_ports(1)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:

@@ -8,6 +8,7 @@ threads; every run has a timeout so a protocol bug fails the test instead of han
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from sync_mnist.cluster import free_ports
 tf1 = tf.compat.v1
 pytestmark = pytest.mark.cluster
 
-TIMEOUT_MS = 60_000
+TIMEOUT_MS = 15_000
 LEARNING_RATE = 2.0
 # Worker w's loss is sum(GRADS[w] * x), so its gradient is the constant GRADS[w].
 GRADS = [np.float32(0.1), np.float32(0.3), np.float32(0.5), np.float32(0.7)]
@@ -38,21 +39,30 @@ class _Worker:
                 loss, self.state, tf1.train.GradientDescentOptimizer(LEARNING_RATE),
                 worker_index=index, num_workers=num_workers, replicas_to_aggregate=replicas,
                 is_chief=index == 0, mode=mode)
+        # SyncReplicasOptimizer's per-worker local step: the step this worker's next push is for.
+        self.local_step = next((v for v in self.graph.get_collection(tf1.GraphKeys.LOCAL_VARIABLES)
+                                if "sync_rep_local_step" in v.name), None)
         self.tokens: list[int] = []
         self.error: BaseException | None = None
 
-    def run(self, target, steps, *, before_step=None):
+    def run(self, target, steps, *, stop_on_token=False, before_push=None):
+        self.target = target
         try:
             with self.graph.as_default(), session.monitored_session(
                     target, is_chief=self.index == 0, hooks=self.training.hooks,
                     config=session.session_config(["/job:ps", f"/job:worker/task:{self.index}"]),
                     timeout=60) as sess:
-                for step in range(steps):
-                    if before_step:
-                        before_step(self.index, step)
-                    self.tokens.append(int(sess.run(
-                        self.training.train_op,
-                        options=tf1.RunOptions(timeout_in_ms=TIMEOUT_MS))))
+                options = tf1.RunOptions(timeout_in_ms=TIMEOUT_MS)
+
+                def run_step(local):
+                    if before_push:
+                        before_push(self)
+                    self.tokens.append(int(sess.run(self.training.train_op, options=options)))
+                    return self.tokens[-1]
+
+                start = 0 if self.local_step is None else int(sess.run(self.local_step))
+                self.local_steps = sync.train_loop(run_step, start_step=start, planned=steps,
+                                                   target=steps, stop_on_token=stop_on_token)
         except BaseException as e:  # reported by the test's main thread
             self.error = e
 
@@ -61,18 +71,21 @@ class _Worker:
             return sync.Counters.read(sess, self.state), sess.run(self.x)
 
 
-def _train(num_workers, replicas, steps, mode="sync", before_step=None):
+def _train(num_workers, replicas, steps, mode="sync", before_push=None):
     servers, cluster = _local_cluster(num_workers)
     workers = [_Worker(cluster, i, num_workers, replicas, mode) for i in range(num_workers)]
     threads = [threading.Thread(target=w.run, args=(servers[w.index].target, steps),
-                                kwargs={"before_step": before_step}, daemon=True)
+                                kwargs={"before_push": before_push,
+                                        "stop_on_token": replicas < num_workers},
+                                daemon=True)
                for w in workers]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=TIMEOUT_MS / 1000 * 2)
+        assert not t.is_alive(), "a worker thread is still blocked"
     for w in workers:
-        assert w.error is None, f"worker {w.index} failed: {w.error!r}"
+        assert w.error is None, f"worker {w.index} failed: {w.error!r}; tokens {[v.tokens for v in workers]}"
     counters, x = workers[0].read(servers[0].target)
     return workers, counters, x
 
@@ -98,6 +111,7 @@ def test_lockstep_update_averages_one_gradient_per_worker():
     assert counters.pushed == [steps] * 3
     assert counters.accepted == [steps] * 3
     assert counters.repeat_updates == 0 and counters.solo_updates == 0
+    assert counters.over_aggregated == 0
     # Each update is 0 - mean(0.1, 0.3, 0.5) * 2.0, applied `steps` times.
     per_update = (GRADS[0] + GRADS[1] + GRADS[2]) / 3 * LEARNING_RATE
     np.testing.assert_allclose(x, [-per_update * steps] * 2, rtol=1e-6)
@@ -119,3 +133,44 @@ def test_async_mode_shows_the_async_signature():
     np.testing.assert_allclose(x, [expected] * 2, rtol=1e-5)
     verdict = sync.verify(counters, mode="async", target_steps=steps, replicas_to_aggregate=3)
     assert not verdict.synchronous and verdict.as_promised, verdict.line
+
+
+def test_backup_worker_updates_average_r_fresh_gradients_and_drop_the_stale_one():
+    target, replicas = 4, 2
+
+    straggler_joined = threading.Event()
+
+    def straggle(worker):
+        # Workers 0 and 1 start once worker 2 has joined. Worker 2 pushes only once the update
+        # its local step points at has been made by the other two, so each of its gradients is
+        # stale on arrival: dropped, never averaged.
+        if worker.index != 2:
+            assert straggler_joined.wait(TIMEOUT_MS / 1000), "worker 2 never joined"
+            return
+        straggler_joined.set()
+        deadline = time.monotonic() + TIMEOUT_MS / 1000
+        with worker.graph.as_default(), tf1.Session(worker.target) as s:
+            while time.monotonic() < deadline:
+                step, mine = s.run([worker.state.global_step, worker.local_step])
+                if step > mine or step >= target:
+                    return
+                time.sleep(0.01)  # polling a condition, bounded by the deadline
+        raise AssertionError("global_step never passed worker 2's local step")
+
+    workers, counters, x = _train(num_workers=3, replicas=replicas, steps=target,
+                                  before_push=straggle)
+
+    assert counters.global_step == target
+    # Every update averaged at least R = 2 fresh gradients, none of them worker 2's; those that
+    # averaged more are counted.
+    assert sum(counters.accepted) >= replicas * target
+    assert (sum(counters.accepted) > replicas * target) == (counters.over_aggregated > 0)
+    assert counters.accepted[2] == 0
+    # Worker 2 pushed every step, and every one of its gradients is counted as unused.
+    assert counters.pushed[2] == workers[2].local_steps >= 1
+    assert counters.unused[2] == counters.pushed[2]
+    verdict = sync.verify(counters, mode="sync", target_steps=target,
+                          replicas_to_aggregate=replicas)
+    assert verdict.synchronous, verdict.line
+    assert "synchronous with 1 backup worker" in verdict.line
+    assert f"w2 {counters.pushed[2]}" in verdict.line
