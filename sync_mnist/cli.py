@@ -68,12 +68,27 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--mode", default="sync", choices=config_lib.MODES,
                    help="sync: SyncReplicasOptimizer; async: the plain optimizer, to compare "
                         "(default: sync)")
+    g.add_argument("--replicas-to-aggregate", type=_whole_number, default=None,
+                   help="gradients averaged per update; fewer than the workers makes the rest "
+                        "backup workers, whose late gradients are dropped (default: every "
+                        "worker's)")
+    g.add_argument("--setup", default="fixed", choices=config_lib.SETUPS,
+                   help="fixed: this project's design; question: replay the question's "
+                        "Supervisor + init tokens design, which is not synchronous "
+                        "(default: fixed)")
     g.add_argument("--log-every", type=int, default=20,
                    help="local steps between progress lines (default: 20)")
     parser.add_argument("--summary-json", type=Path, default=None,
                         help="write the result record here as JSON (default: none)")
     parser.add_argument("--verbose", action="store_true",
                         help="show TensorFlow's C++ and deprecation logs (default: hidden)")
+
+
+def _whole_number(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
 
 
 def _train_config(args: argparse.Namespace) -> TrainConfig:
@@ -85,7 +100,8 @@ def _train_config(args: argparse.Namespace) -> TrainConfig:
                        batch_size=args.batch_size, learning_rate=args.learning_rate,
                        optimizer=args.optimizer, seed=args.seed, dataset=args.dataset,
                        data_dir=data_dir, logdir=args.logdir, timeout=args.timeout,
-                       mode=args.mode, log_every=args.log_every, save_steps=args.save_steps)
+                       mode=args.mode, log_every=args.log_every, save_steps=args.save_steps,
+                       replicas_to_aggregate=args.replicas_to_aggregate, setup=args.setup)
 
 
 def task_parser() -> argparse.ArgumentParser:
@@ -144,7 +160,13 @@ def _run_task(config: TaskConfig, verbose: bool) -> int:
     log = logging.getLogger("sync_mnist")
     result = report.TaskResult(role=config.role, index=config.index, mode=config.train.mode)
     try:
-        if config.role == "ps":
+        if config.train.setup == "question":
+            from sync_mnist import question  # the specimen; nothing else imports it
+
+            if config.role == "ps":
+                question.run_question_ps(config)
+            result = question.run_question_worker(config)
+        elif config.role == "ps":
             result = ps.run_ps(config)
         else:
             result = worker.run_worker(config)

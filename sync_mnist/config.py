@@ -13,7 +13,7 @@ from sync_mnist.cluster import ClusterLayout
 
 MODES = ("sync", "async")
 OPTIMIZERS = ("adam", "sgd", "momentum")
-SETUPS = ("fixed",)
+SETUPS = ("fixed", "question")
 
 # Exit codes, documented in the README. Every process (task or launcher) uses the same table.
 EXIT_OK = 0
@@ -44,6 +44,7 @@ class TrainConfig:
     timeout: float = 300.0  # seconds; the bound on every blocking wait
     mode: str = "sync"  # sync: SyncReplicasOptimizer; async: the plain optimizer, for comparison
     replicas_to_aggregate: int | None = None  # None: one gradient from every worker per update
+    setup: str = "fixed"  # fixed: this project's design; question: the question's, replayed
     log_every: int = 20  # local steps between progress lines
     save_steps: int = 100  # global steps between checkpoints (chief, with a logdir)
 
@@ -60,6 +61,9 @@ class TrainConfig:
             raise ConfigError(f"--timeout must be positive, got {self.timeout}")
         _check_choice("--mode", self.mode, MODES)
         _check_choice("--optimizer", self.optimizer, OPTIMIZERS)
+        _check_choice("--setup", self.setup, SETUPS)
+        if self.setup == "question" and self.mode != "sync":
+            raise ConfigError("--setup question replays SyncReplicasOptimizer: use --mode sync")
 
     def aggregate(self, num_workers: int) -> int:
         """Gradients averaged per update: every worker's unless fewer are asked for."""

@@ -36,6 +36,8 @@ class _Task:
         self.role, self.index, self.summary = role, index, summary
         self.tag = f"{role} {index}"
         self.exited_at: float | None = None
+        self.stopped = False  # still running when the launcher stopped the cluster
+        self.waiting_for_chief = threading.Event()
         self.proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,  # its own process group, so stopping it stops its children
@@ -46,6 +48,8 @@ class _Task:
     def _forward(self) -> None:
         for line in self.proc.stdout:
             line = line.rstrip("\n")
+            if report.WAITING_FOR_CHIEF in line:
+                self.waiting_for_chief.set()
             _print(line if f"[{self.tag}]" in line else f"[{self.tag}] {line}")
 
     def poll(self) -> int | None:
@@ -68,6 +72,9 @@ class _Task:
                       "error": "wrote no result record"}
         result = report.TaskResult(**fields)
         result.exit_code = self.proc.returncode if self.proc.returncode is not None else -1
+        if self.stopped:
+            result.blocked = True
+            result.error = "still running at the end; stopped by the launcher"
         return result
 
 
@@ -120,15 +127,24 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
     previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     with tempfile.TemporaryDirectory(prefix="sync-mnist-") as tmp:
         try:
-            for role, count in (("ps", num_ps), ("worker", num_workers)):
-                for index in range(count):
-                    summary = Path(tmp) / f"{role}-{index}.json"
-                    argv = [sys.executable, "-m", "sync_mnist", "--role", role,
-                            "--index", str(index), "--ps-hosts", ",".join(ps_hosts),
-                            "--worker-hosts", ",".join(worker_hosts), *task_args,
-                            "--dataset", dataset, "--summary-json", str(summary)]
-                    tasks.append(_Task(role, index, argv, summary))
-            failed = _wait(tasks)
+            def start(role: str, index: int) -> _Task:
+                summary = Path(tmp) / f"{role}-{index}.json"
+                argv = [sys.executable, "-m", "sync_mnist", "--role", role,
+                        "--index", str(index), "--ps-hosts", ",".join(ps_hosts),
+                        "--worker-hosts", ",".join(worker_hosts), *task_args,
+                        "--dataset", dataset, "--summary-json", str(summary)]
+                tasks.append(_Task(role, index, argv, summary))
+                return tasks[-1]
+
+            for index in range(num_ps):
+                start("ps", index)
+            # The chief starts last, once every other worker waits for it: the start order in
+            # which the question's 30 s readiness poll bites, and the same for both setups.
+            others = [start("worker", index) for index in range(1, num_workers)]
+            failed = _wait_until_waiting(tasks, others, train.timeout)
+            if failed is None:
+                start("worker", 0)
+                failed = _wait(tasks, ps_serve_forever=train.setup == "question")
         except KeyboardInterrupt:
             interrupted, failed = True, None
             log.error("interrupted; stopping every task")
@@ -147,25 +163,47 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
         path.write_text(json.dumps(summary, indent=2) + "\n")
     if interrupted:
         return config_lib.EXIT_INTERRUPTED
+    # The question's ps never exits by itself: stopping it is expected, not a failure.
+    expected_stop = {("ps", t.index) for t in tasks if t.role == "ps" and t.stopped
+                     and train.setup == "question" and failed is None}
     if failed is not None or any(r.exit_code not in (0, config_lib.EXIT_NOT_SYNCHRONOUS)
-                                 for r in results):
+                                 for r in results if (r.role, r.index) not in expected_stop):
         return config_lib.EXIT_FAILED
     if train.mode == "sync" and not summary["synchronous"]:
         return config_lib.EXIT_NOT_SYNCHRONOUS
     return config_lib.EXIT_OK
 
 
-def _wait(tasks: list[_Task]) -> _Task | None:
+def _wait_until_waiting(tasks: list[_Task], others: list[_Task],
+                        timeout: float) -> _Task | None:
+    """Waits until each of `others` has logged that it waits for the chief (bounded)."""
+    deadline = time.monotonic() + timeout
+    for task in others:
+        while not task.waiting_for_chief.wait(0.1):
+            failed = next((t for t in tasks if t.poll() is not None), None)
+            if failed is not None:
+                log.error("%s exited with code %d before the chief started; stopping the "
+                          "cluster", failed.tag, failed.proc.returncode)
+                return failed
+            if time.monotonic() > deadline:
+                log.error("%s did not start waiting for the chief within %g s; stopping the "
+                          "cluster", task.tag, timeout)
+                return task
+    return None
+
+
+def _wait(tasks: list[_Task], *, ps_serve_forever: bool) -> _Task | None:
     """Waits for every task; on the first failure, returns that task (the caller stops the rest).
 
-    Each task bounds its own waits with --timeout, so this loop ends.
+    Each task bounds its own waits with --timeout, so this loop ends. With ps_serve_forever
+    (the question's server.join()), it ends when every worker has.
     """
     while True:
         running = False
         for task in tasks:
             code = task.poll()
             if code is None:
-                running = True
+                running = running or not (ps_serve_forever and task.role == "ps")
             elif code not in (config_lib.EXIT_OK, config_lib.EXIT_NOT_SYNCHRONOUS):
                 log.error("%s exited with code %d; stopping the cluster", task.tag, code)
                 return task
@@ -178,6 +216,7 @@ def _stop(tasks: list[_Task]) -> None:
     """SIGTERM every live task's process group, then SIGKILL what is left after a grace period."""
     live = [t for t in tasks if t.poll() is None]
     for t in live:
+        t.stopped = True
         t.signal_group(signal.SIGTERM)
     deadline = time.monotonic() + KILL_GRACE_SECS
     for t in live:
@@ -196,9 +235,7 @@ def cluster_summary(results: list[report.TaskResult], tasks: list[_Task],
     """The whole cluster's record: the task keys (from the chief's reading) plus wall_s, tasks."""
     workers = sorted((r for r in results if r.role == "worker"), key=lambda r: r.index)
     chief = next((r for r in workers if r.index == 0), None)
-    readers = [r for r in results if r.contributions is not None]
-    reading = chief if chief and chief.contributions is not None else (
-        readers[0] if readers else None)
+    reading = report.latest_reading(results)
     verdicts = {r.verdict for r in workers if r.verdict}
     ready = [r.ready_at for r in workers if r.ready_at]
     finished = [r.finished_at for r in workers if r.finished_at]
@@ -212,9 +249,11 @@ def cluster_summary(results: list[report.TaskResult], tasks: list[_Task],
         "contributions": reading.contributions if reading else None,
         "pushed": reading.pushed if reading else None,
         "dropped": reading.dropped if reading else None,
-        "synchronous": bool(workers) and all(r.synchronous for r in workers)
-        and len(verdicts) == 1,
-        "verdict": verdicts.pop() if len(verdicts) == 1 else sorted(verdicts) or None,
+        # The verdict of the latest reading; the fixed setup's workers all read the same final
+        # counters, so there a disagreement between tasks is itself a failure.
+        "synchronous": bool(workers) and all(r.synchronous for r in workers),
+        "verdict": reading.verdict if reading else None,
+        "verdicts_agree": len(verdicts) <= 1,
         "test_accuracy": chief.test_accuracy if chief else None,
         "dataset": chief.dataset if chief else None,
         "dataset_description": chief.dataset_description if chief else None,
@@ -223,7 +262,11 @@ def cluster_summary(results: list[report.TaskResult], tasks: list[_Task],
         "examples_per_sec": sum(r.examples_per_sec or 0 for r in workers),
         # Sync: how long after the chief the last worker was ready, and how long after the
         # last step the last process exited.
-        "ready_lag_s": max(ready) - ready[0] if chief and chief.ready_at and ready else None,
+        "ready_lag_s": max(ready) - chief.ready_at if chief and chief.ready_at else None,
+        "ready_after_chief_s": [r.ready_at - chief.ready_at if r.ready_at else None
+                                for r in workers] if chief and chief.ready_at else None,
+        "solo_updates": reading.solo_updates if reading else None,
+        "blocked": [f"{r.role} {r.index}" for r in results if r.blocked],
         "exit_lag_s": max(exits) - max(finished) if exits and finished else None,
         "wall_s": wall,
         "tasks": [r.to_dict() for r in results],
@@ -234,8 +277,7 @@ def _closing_lines(s: dict) -> str:
     acc = "-" if s["test_accuracy"] is None else f"{s['test_accuracy']:.4f}"
     lag = "-" if s["ready_lag_s"] is None else f"{s['ready_lag_s']:.2f} s"
     exit_lag = "-" if s["exit_lag_s"] is None else f"{s['exit_lag_s']:.2f} s"
-    verdict = s["verdict"] if isinstance(s["verdict"], str) else (
-        f"tasks disagree: {s['verdict']}" if s["verdict"] else "no verdict (training did not end)")
+    verdict = s["verdict"] or "no verdict (training did not end)"
     return (f"global_step={s['global_step']} test_accuracy={acc} dataset={s['dataset']} "
             f"examples_per_sec={s['examples_per_sec']:.0f} wall={s['wall_s']:.1f} s "
             f"ready_lag={lag} exit_lag={exit_lag}\n"

@@ -10,6 +10,10 @@ from typing import Any
 
 from sync_mnist import config as config_lib
 
+# Logged by a non-chief worker just before it waits for the chief; the launcher starts the chief
+# only once every other worker has said it, so both setups face the same start order.
+WAITING_FOR_CHIEF = "waiting for the chief"
+
 
 @dataclasses.dataclass
 class TaskResult:
@@ -23,6 +27,7 @@ class TaskResult:
     contributions: list[int] | None = None  # accepted gradients per worker, read on the ps
     pushed: list[int] | None = None  # gradients each worker pushed
     dropped: list[int] | None = None  # pushed but never averaged (stale, or left at the end)
+    solo_updates: int | None = None  # updates made of a single worker's gradients
     synchronous: bool | None = None
     verdict: str | None = None
     test_accuracy: float | None = None  # chief only
@@ -33,6 +38,7 @@ class TaskResult:
     startup_s: float | None = None  # process start to session ready
     train_s: float | None = None  # session ready to last step
     examples_per_sec: float | None = None
+    blocked: bool = False  # still blocked at the end: released by its timeout, or stopped
     exit_code: int = config_lib.EXIT_OK
     error: str | None = None
 
@@ -58,24 +64,40 @@ def exit_code_for(result: TaskResult) -> int:
 
 
 def format_table(results: list[TaskResult]) -> str:
-    """Per-worker table: local steps, pushed, accepted and unused gradients."""
+    """Per-task table: when each worker was ready, its steps, and the counters read on the ps."""
     workers = sorted((r for r in results if r.role == "worker"), key=lambda r: r.index)
-    lines = [f"{'task':<10}{'exit':>5}{'local steps':>13}{'pushed':>9}{'accepted':>10}"
-             f"{'unused':>8}{'examples/s':>12}"]
-    # Every task reads the same counters on the ps after the finish barrier; take the chief's
-    # reading (or any task's) for the per-worker columns.
-    reading = next((r for r in results if r.contributions is not None), None)
+    chief_ready = next((r.ready_at for r in workers if r.index == 0), None)
+    lines = [f"{'task':<10}{'exit':>5}{'ready':>9}{'local steps':>13}{'pushed':>9}"
+             f"{'accepted':>10}{'unused':>8}{'examples/s':>12}  note"]
+    reading = latest_reading(results)
     for w in workers:
         i = w.index
+        ready = (f"+{w.ready_at - chief_ready:.1f}s" if w.ready_at and chief_ready else "-")
         pushed = reading.pushed[i] if reading else None
         accepted = reading.contributions[i] if reading else None
         dropped = reading.dropped[i] if reading else None
-        lines.append(f"{f'worker {i}':<10}{w.exit_code:>5}{_fmt(w.local_steps):>13}"
+        lines.append(f"{f'worker {i}':<10}{w.exit_code:>5}{ready:>9}{_fmt(w.local_steps):>13}"
                      f"{_fmt(pushed):>9}{_fmt(accepted):>10}{_fmt(dropped):>8}"
-                     f"{_fmt(w.examples_per_sec, '.0f'):>12}")
+                     f"{_fmt(w.examples_per_sec, '.0f'):>12}  {_note(w)}")
     for p in sorted((r for r in results if r.role == "ps"), key=lambda r: r.index):
-        lines.append(f"{f'ps {p.index}':<10}{p.exit_code:>5}")
+        lines.append(f"{f'ps {p.index}':<10}{p.exit_code:>5}{'':>61}  {_note(p)}")
     return "\n".join(lines)
+
+
+def latest_reading(results: list[TaskResult]) -> TaskResult | None:
+    """The worker whose counter reading came last, so saw the most.
+
+    In the fixed setup every worker reads after the finish barrier, so all readings agree; in
+    the question's setup the chief reads long before the blocked workers do.
+    """
+    readers = [r for r in results if r.role == "worker" and r.contributions is not None]
+    return max(readers, key=lambda r: (r.finished_at or 0.0, -r.index), default=None)
+
+
+def _note(result: TaskResult) -> str:
+    if result.blocked:
+        return f"BLOCKED: {result.error}" if result.error else "BLOCKED"
+    return f"error: {result.error}" if result.error else ""
 
 
 def _fmt(value, spec: str = "") -> str:

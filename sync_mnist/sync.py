@@ -161,7 +161,7 @@ class _AcceptanceCounter(tf1.train.Optimizer):
 
         return tf.group(update, tf1.assign_add(state.accepted, per_worker),
                         count_if(state.repeat_updates, most > 1),
-                        count_if(state.solo_updates, tf.logical_and(most == total, r > 1)),
+                        count_if(state.solo_updates, tf.logical_and(tf.equal(most, total), r > 1)),
                         count_if(state.over_aggregated, total > r))
 
     def get_slot(self, *args, **kwargs):

@@ -33,8 +33,11 @@ class _Graph(NamedTuple):
     report_done: tf.Operation  # Sync: one entry in every ps's done-queue
 
 
-def build_graph(config: TaskConfig) -> _Graph:
-    """This worker's graph: variables on the ps tasks, computation on this worker."""
+def build_graph(config: TaskConfig, num_tokens: int = 0) -> _Graph:
+    """This worker's graph: variables on the ps tasks, computation on this worker.
+
+    num_tokens is 0 for the fixed setup; question.py passes -1, the stock default.
+    """
     n, i = config.cluster.num_workers, config.index
     # Sync: between-graph replication. Variables go round-robin onto the ps tasks; every other
     # op stays on this worker.
@@ -48,7 +51,7 @@ def build_graph(config: TaskConfig) -> _Graph:
             outputs.loss, state, model.make_optimizer(config.train.optimizer,
                                                       config.train.learning_rate),
             worker_index=i, num_workers=n, replicas_to_aggregate=config.train.aggregate(n),
-            is_chief=config.is_chief, mode=config.train.mode)
+            is_chief=config.is_chief, mode=config.train.mode, num_tokens=num_tokens)
     barrier = finished_queue(n)
     report_done = tf.group(*[done_queue(p, n).enqueue(i)
                              for p in range(config.cluster.num_ps)])
@@ -93,10 +96,21 @@ def run_worker(config: TaskConfig, *, dataset: data.Dataset | None = None,
     tf_config = session.session_config(config.cluster.device_filters("worker", i))
     logdir = str(train.logdir) if train.logdir and config.is_chief else None
     writer = tf1.summary.FileWriter(logdir, graph) if logdir else None
+    if not config.is_chief:
+        log.info("%s to initialise the model (polling every %g s, for at most %g s)",
+                 report.WAITING_FOR_CHIEF, session.READY_POLL_SECS, train.timeout)
 
-    with graph.as_default(), session.monitored_session(
-            server.target, is_chief=config.is_chief, hooks=g.training.hooks, config=tf_config,
-            timeout=train.timeout, checkpoint_dir=logdir, save_steps=train.save_steps) as sess, \
+    with graph.as_default():
+        try:
+            monitored = session.monitored_session(
+                server.target, is_chief=config.is_chief, hooks=g.training.hooks,
+                config=tf_config, timeout=train.timeout, checkpoint_dir=logdir,
+                save_steps=train.save_steps)
+        except tf.errors.DeadlineExceededError:
+            raise TaskTimeout(f"worker {i}: waited {train.timeout:g} s for the chief (worker 0 "
+                              f"at {config.cluster.address('worker', 0)}) to initialise the "
+                              "model") from None
+    with graph.as_default(), monitored as sess, \
             tf1.Session(server.target, graph=graph, config=tf_config) as side:
         result.ready_at = time.time()
         result.startup_s = time.monotonic() - started
@@ -106,7 +120,7 @@ def run_worker(config: TaskConfig, *, dataset: data.Dataset | None = None,
         log.info("ready after %.2f s; %s (global_step %d)", result.startup_s,
                  f"training until global_step {target}" if stop_on_token else
                  f"{planned} local steps planned", start_step)
-        progress = _Progress(config, side, g.state, writer, target)
+        progress = Progress(config, side, g.state, writer, target)
 
         def run_step(local: int) -> int:
             x, y = shard.batch(start_step + local)
@@ -117,7 +131,7 @@ def run_worker(config: TaskConfig, *, dataset: data.Dataset | None = None,
             except tf.errors.DeadlineExceededError:
                 raise TaskTimeout(
                     f"worker {i}: waited {train.timeout:g} s for an update after local step "
-                    f"{local}; contributions so far {_contributions(side, g.state)}") from None
+                    f"{local}; contributions so far {contributions_so_far(side, g.state)}") from None
             progress.step(local + 1, loss, accuracy)
             return int(token)
 
@@ -140,9 +154,10 @@ def run_worker(config: TaskConfig, *, dataset: data.Dataset | None = None,
         result.global_step = counters.global_step
         result.contributions, result.pushed = counters.accepted, counters.pushed
         result.dropped = counters.unused
+        result.solo_updates = counters.solo_updates
         result.synchronous, result.verdict = verdict.synchronous, verdict.line
         if config.is_chief:
-            result.test_accuracy = _evaluate(side, g, dataset, bounded)
+            result.test_accuracy = evaluate(side, g, dataset, bounded)
             log.info("test_accuracy=%.4f on %d test examples of %s", result.test_accuracy,
                      len(dataset.test_labels), dataset.name)
             if writer:
@@ -156,7 +171,7 @@ def run_worker(config: TaskConfig, *, dataset: data.Dataset | None = None,
     return result
 
 
-class _Progress:
+class Progress:
     """One key=value line every --log-every local steps; the chief also writes summaries."""
 
     def __init__(self, config: TaskConfig, side, state: sync.SharedState, writer, target: int):
@@ -181,7 +196,7 @@ class _Progress:
                              examples_per_sec=rate)
 
 
-def _contributions(side, state: sync.SharedState) -> str:
+def contributions_so_far(side, state: sync.SharedState) -> str:
     try:
         return str(sync.Counters.read(side, state,
                                       options=tf1.RunOptions(timeout_in_ms=5000)).accepted)
@@ -200,7 +215,7 @@ def _wait_for(side, size: tf.Tensor, expected: int, timeout: float, what: str) -
     raise TaskTimeout(f"{what}; {seen} of {expected} finished")
 
 
-def _evaluate(side, g: _Graph, dataset: data.Dataset, options) -> float:
+def evaluate(side, g: _Graph, dataset: data.Dataset, options) -> float:
     correct = 0.0
     for start in range(0, len(dataset.test_labels), EVAL_BATCH):
         x = dataset.test_images[start:start + EVAL_BATCH]

@@ -1,0 +1,130 @@
+"""A specimen: the question's original design, replayed with counters (`--setup question`).
+
+Nothing else in the package depends on this module. It runs the same cluster, model, data and
+SyncReplicasOptimizer as the fixed design, but the way the question wired them:
+
+  * tf.compat.v1.train.Supervisor and prepare_or_wait_for_session, with Supervisor's default
+    30 s readiness poll for the non-chief workers;
+  * get_init_tokens_op() with its default of R preloaded tokens, and the chief queue runner
+    started by hand;
+  * each worker loops over its own epochs and stops without coordination;
+  * the ps calls server.join(), which never returns.
+
+The only additions are what makes the outcome visible and bounded: the same ps-side counters,
+a --timeout on every step (so a worker blocked on the token queue is released and says so),
+and a bound on the readiness wait. The launcher stops the ps, which never stops by itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import tensorflow as tf
+
+from sync_mnist import data, report, session, sync
+from sync_mnist.config import TaskConfig
+from sync_mnist.worker import Progress, build_graph, contributions_so_far, evaluate
+
+tf1 = tf.compat.v1
+log = logging.getLogger(__name__)
+
+STOP_GRACE_SECS = 1  # Supervisor.stop's wait for the queue runner; not part of the bug
+
+
+def run_question_ps(config: TaskConfig, *, server=None) -> None:
+    """The question's ps: serve forever, as server.join() does. Ends only when stopped."""
+    if server is None:
+        server = tf.distribute.Server(config.cluster.spec(), job_name="ps",
+                                      task_index=config.index, start=True)
+    log.info("serving %s with server.join(), as the question did: this never returns",
+             config.cluster.address("ps", config.index))
+    # server.join() blocks in C++, where Python's signal handlers cannot run; join in a thread
+    # so that SIGTERM/Ctrl-C still stop the process.
+    threading.Thread(target=server.join, daemon=True).start()
+    while True:
+        time.sleep(3600)
+
+
+def run_question_worker(config: TaskConfig, *, dataset: data.Dataset | None = None,
+                        server=None) -> report.TaskResult:
+    """One worker of the question's design; returns what the counters say happened."""
+    started = time.monotonic()
+    train, n, i = config.train, config.cluster.num_workers, config.index
+    bounded = tf1.RunOptions(timeout_in_ms=int(train.timeout * 1000))
+    if server is None:
+        server = tf.distribute.Server(config.cluster.spec(), job_name="worker", task_index=i,
+                                      start=True)
+    if dataset is None:
+        dataset = data.load_dataset(train.dataset, train.data_dir, seed=train.seed)
+    shard = data.Shard(dataset.train_images, dataset.train_labels, index=i, num_workers=n,
+                       batch_size=train.batch_size, seed=train.seed)
+    # The question's stop rule: every worker runs its own epochs, whatever the others do.
+    local_steps = train.train_steps or train.epochs * shard.batches_per_epoch
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(train.seed)
+        g = build_graph(config, num_tokens=-1)
+        optimizer = g.training.optimizer
+        chief_queue_runner = optimizer.get_chief_queue_runner()
+        init_tokens = optimizer.get_init_tokens_op()  # the default: R tokens, anyone's to take
+        supervisor = tf1.train.Supervisor(
+            is_chief=config.is_chief, logdir=None, init_op=tf1.global_variables_initializer(),
+            local_init_op=(optimizer.chief_init_op if config.is_chief
+                           else optimizer.local_step_init_op),
+            ready_for_local_init_op=optimizer.ready_for_local_init_op,
+            global_step=g.state.global_step, summary_op=None, saver=None,
+            stop_grace_secs=STOP_GRACE_SECS)  # recovery_wait_secs: the default, 30 s
+    result = report.TaskResult(role="worker", index=i, mode=train.mode, target_steps=local_steps,
+                               replicas_to_aggregate=train.aggregate(n), dataset=dataset.name,
+                               dataset_description=dataset.description)
+    tf_config = session.session_config(config.cluster.device_filters("worker", i))
+    if not config.is_chief:
+        log.info("%s (Supervisor's default poll: every 30 s)", report.WAITING_FOR_CHIEF)
+    # Bounded so nothing hangs: one 30 s poll plus --timeout (unbounded in the question).
+    sess = supervisor.prepare_or_wait_for_session(server.target, config=tf_config,
+                                                  max_wait_secs=30 + train.timeout)
+    result.ready_at = time.time()
+    result.startup_s = time.monotonic() - started
+    log.info("ready after %.2f s (global_step %d); %d local steps, stopping on my own count",
+             result.startup_s, sess.run(g.state.global_step), local_steps)
+    if config.is_chief:
+        sess.run(init_tokens)
+        supervisor.start_queue_runners(sess, [chief_queue_runner])
+    side = tf1.Session(server.target, graph=graph, config=tf_config)
+    progress = Progress(config, side, g.state, None, local_steps)
+    train_started = time.monotonic()
+    local = 0
+    try:
+        while local < local_steps:
+            x, y = shard.batch(local)
+            _, loss, accuracy = sess.run(
+                [g.training.train_op, g.outputs.loss, g.outputs.accuracy],
+                {g.images: x, g.labels: y}, options=bounded)
+            local += 1
+            progress.step(local, loss, accuracy)
+    except tf.errors.DeadlineExceededError:
+        result.blocked = True
+        result.error = (f"worker {i}: blocked for {train.timeout:g} s on the token queue after "
+                        f"local step {local}; contributions so far "
+                        f"{contributions_so_far(side, g.state)}")
+        log.error("%s", result.error)
+    result.finished_at = time.time()
+    result.local_steps = local
+    result.train_s = time.monotonic() - train_started
+    result.examples_per_sec = train.batch_size * local / max(result.train_s, 1e-9)
+    counters = sync.Counters.read(side, g.state, options=bounded)
+    verdict = sync.verify(counters, mode="sync", target_steps=local_steps,
+                          replicas_to_aggregate=train.aggregate(n))
+    result.global_step = counters.global_step
+    result.contributions, result.pushed = counters.accepted, counters.pushed
+    result.dropped = counters.unused
+    result.solo_updates = counters.solo_updates
+    result.synchronous, result.verdict = verdict.synchronous, verdict.line
+    if config.is_chief:
+        result.test_accuracy = evaluate(side, g, dataset, bounded)
+    side.close()
+    supervisor.request_stop()
+    log.info("verdict: %s", verdict.line)
+    return result
