@@ -83,9 +83,12 @@ def run_question_worker(config: TaskConfig, *, dataset: data.Dataset | None = No
     if not config.is_chief:
         log.info("%s (Supervisor's default poll: every 30 s)", report.WAITING_FOR_CHIEF)
     # Bounded so nothing hangs: one 30 s poll plus --timeout (unbounded in the question).
+    waiting_since = time.monotonic()
     sess = supervisor.prepare_or_wait_for_session(server.target, config=tf_config,
                                                   max_wait_secs=30 + train.timeout)
     result.ready_at = time.time()
+    if not config.is_chief:
+        result.chief_wait_s = time.monotonic() - waiting_since
     result.startup_s = time.monotonic() - started
     log.info("ready after %.2f s (global_step %d); %d local steps, stopping on my own count",
              result.startup_s, sess.run(g.state.global_step), local_steps)

@@ -36,9 +36,15 @@ class TaskResult:
     ready_at: float | None = None  # unix time the training session was ready
     finished_at: float | None = None  # unix time the last step returned
     startup_s: float | None = None  # process start to session ready
+    chief_wait_s: float | None = None  # a non-chief's wait for the chief's initialisation
     train_s: float | None = None  # session ready to last step
     examples_per_sec: float | None = None
     blocked: bool = False  # still blocked at the end: released by its timeout, or stopped
+    start_step: int | None = None  # the local step this worker started at (after any rejoin)
+    rejoined: bool = False  # restarted into a running cluster; took its predecessor's token
+    sessions: int | None = None  # sessions created; more than 1: a ps was lost and came back
+    lost: list[int] | None = None  # workers the chief declared lost at the finish
+    restarts: int = 0  # times the launcher restarted this task (--max-restarts)
     exit_code: int = config_lib.EXIT_OK
     error: str | None = None
 
@@ -64,23 +70,32 @@ def exit_code_for(result: TaskResult) -> int:
 
 
 def format_table(results: list[TaskResult]) -> str:
-    """Per-task table: when each worker was ready, its steps, and the counters read on the ps."""
+    """Per-task table: when each worker was ready, its steps, and the counters read on the ps.
+
+    A `restarts` column is added when the launcher restarted any task (--max-restarts).
+    """
     workers = sorted((r for r in results if r.role == "worker"), key=lambda r: r.index)
     chief_ready = next((r.ready_at for r in workers if r.index == 0), None)
-    lines = [f"{'task':<10}{'exit':>5}{'ready':>9}{'local steps':>13}{'pushed':>9}"
-             f"{'accepted':>10}{'unused':>8}{'examples/s':>12}  note"]
+    restarts = any(r.restarts for r in results)
+    lines = [f"{'task':<10}{'exit':>5}{format('restarts', '>9') if restarts else ''}{'ready':>9}"
+             f"{'local steps':>13}{'pushed':>9}{'accepted':>10}{'unused':>8}{'examples/s':>12}"
+             "  note"]
     reading = latest_reading(results)
+
+    def restarted(r: TaskResult) -> str:
+        return f"{r.restarts:>9}" if restarts else ""
+
     for w in workers:
         i = w.index
         ready = (f"+{w.ready_at - chief_ready:.1f}s" if w.ready_at and chief_ready else "-")
         pushed = reading.pushed[i] if reading else None
         accepted = reading.contributions[i] if reading else None
         dropped = reading.dropped[i] if reading else None
-        lines.append(f"{f'worker {i}':<10}{w.exit_code:>5}{ready:>9}{_fmt(w.local_steps):>13}"
-                     f"{_fmt(pushed):>9}{_fmt(accepted):>10}{_fmt(dropped):>8}"
-                     f"{_fmt(w.examples_per_sec, '.0f'):>12}  {_note(w)}")
+        lines.append(f"{f'worker {i}':<10}{w.exit_code:>5}{restarted(w)}{ready:>9}"
+                     f"{_fmt(w.local_steps):>13}{_fmt(pushed):>9}{_fmt(accepted):>10}"
+                     f"{_fmt(dropped):>8}{_fmt(w.examples_per_sec, '.0f'):>12}  {_note(w)}")
     for p in sorted((r for r in results if r.role == "ps"), key=lambda r: r.index):
-        lines.append(f"{f'ps {p.index}':<10}{p.exit_code:>5}{'':>61}  {_note(p)}")
+        lines.append(f"{f'ps {p.index}':<10}{p.exit_code:>5}{restarted(p)}{'':>61}  {_note(p)}")
     return "\n".join(lines)
 
 

@@ -1,0 +1,112 @@
+"""The verdict can fail: the question's setup, backup workers, and counters over time.
+
+Whole clusters through the real command line (separate processes, free ports, synthetic data).
+"""
+
+from __future__ import annotations
+
+import pytest
+import tensorflow as tf
+
+from procs import processes_mentioning, read_json
+from sync_mnist import cli
+
+pytestmark = pytest.mark.cluster
+
+BOUND = 240  # seconds a whole small cluster run may take on a loaded 2-core machine
+
+
+def _launch(processes, tmp_path, *args):
+    marker = str(tmp_path / "data")  # in every task's command line, to find leftovers
+    launcher = processes.launcher("--base-port", "0", "--dataset", "synthetic", "--data-dir",
+                                  marker, "--summary-json", str(tmp_path / "cluster.json"),
+                                  *args)
+    code = launcher.wait(BOUND)
+    assert processes_mentioning(marker) == [], "the launcher left processes behind"
+    return code, launcher, read_json(tmp_path / "cluster.json")
+
+
+def test_question_setup_is_measured_not_synchronous(processes, tmp_path):
+    code, launcher, s = _launch(processes, tmp_path, "--setup", "question",
+                                "--train-steps", "30", "--timeout", "10", "--log-every", "10")
+
+    assert code == 3, launcher.output  # ran, but not synchronous
+    assert s["synchronous"] is False
+    assert s["verdict"].startswith("NOT synchronous")
+    # The chief trained alone: every update was made of its gradients only, R = 3 at a time.
+    steps = s["global_step"]
+    assert steps >= 1
+    assert s["contributions"] == [3 * steps, 0, 0]
+    assert s["solo_updates"] == steps
+    # The others waited out Supervisor's 30 s readiness poll, then blocked on the token queue,
+    # and the ps was still in server.join() when the launcher stopped it.
+    # (The launcher starts the chief only once they wait, so their first check always fails.)
+    assert s["chief_wait_s"][1] >= 29 and s["chief_wait_s"][2] >= 29
+    assert sorted(s["blocked"]) == ["ps 0", "worker 1", "worker 2"]
+    assert "blocked for 10 s on the token queue" in launcher.output
+
+
+def test_fixed_setup_with_the_same_options_is_synchronous(processes, tmp_path):
+    code, launcher, s = _launch(processes, tmp_path, "--setup", "fixed",
+                                "--train-steps", "30", "--timeout", "10", "--log-every", "10")
+
+    assert code == 0, launcher.output
+    assert s["synchronous"] is True and s["verdicts_agree"] is True
+    assert s["contributions"] == [30, 30, 30]
+    assert s["solo_updates"] == 0
+    assert s["blocked"] == []
+    # The non-chief workers poll every 0.25 s, so they are ready well within a second.
+    assert max(s["ready_after_chief_s"]) < 5
+
+
+def test_backup_worker_counts_add_up(processes, tmp_path):
+    steps = 30
+    code, launcher, s = _launch(processes, tmp_path, "--workers", "4",
+                                "--replicas-to-aggregate", "3", "--train-steps", str(steps),
+                                "--timeout", "60", "--log-every", "10")
+
+    assert code == 0, launcher.output
+    assert s["global_step"] == steps
+    # Each worker's pushes are either averaged into an update or counted as unused.
+    for accepted, dropped, pushed in zip(s["contributions"], s["dropped"], s["pushed"]):
+        assert accepted + dropped == pushed
+    # Every update averaged at least R = 3 gradients (more only when they raced the update).
+    assert sum(s["contributions"]) >= 3 * steps
+    # Stopping on tokens: every worker ran until the token it was handed reached the target.
+    assert all(local >= 1 for local in s["local_steps"])
+    assert s["verdict"].startswith("synchronous with 1 backup worker")
+    assert all(t["exit_code"] == 0 for t in s["tasks"])
+
+
+def test_counters_are_written_as_summaries_over_time(processes, tmp_path):
+    logdir = tmp_path / "logdir"
+    code, launcher, s = _launch(processes, tmp_path, "--train-steps", "20", "--log-every", "5",
+                                "--timeout", "60", "--logdir", str(logdir))
+    assert code == 0, launcher.output
+
+    accepted: dict[int, list[float]] = {w: [] for w in range(3)}
+    steps = []
+    for path in logdir.glob("events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                if value.tag.startswith("sync/accepted/worker"):
+                    accepted[int(value.tag[-1])].append(value.simple_value)
+                    steps.append(event.step)
+    # Logged every 5 local steps: the counters grow with global_step, equal for all workers.
+    assert accepted[0] == accepted[1] == accepted[2]
+    assert accepted[0][-1] == 20
+    assert len(set(accepted[0])) >= 3  # visible over time, not only at the end
+
+
+@pytest.mark.parametrize("value, fragment", [
+    ("4", "--replicas-to-aggregate 4 is outside 1-3 (3 workers)"),
+    ("0", "--replicas-to-aggregate 0 is outside 1-3 (3 workers)"),
+    ("1.5", "'1.5' is not a whole number"),
+])
+def test_replicas_to_aggregate_outside_the_cluster_is_a_usage_error(value, fragment, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        code = cli.launch_main(["--replicas-to-aggregate", value, "--dataset", "synthetic"])
+        raise SystemExit(code)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and fragment in err[0], err
