@@ -1,0 +1,392 @@
+"""The launcher's private network namespace (issue 4, Security).
+
+A TensorFlow gRPC server listens on every interface and runs any graph any client sends. The
+localhost launcher therefore runs the whole cluster in one network namespace with loopback
+only. These tests show, from outside that namespace, that its ports cannot be reached while
+the cluster trains, that `--isolate off` leaves them reachable, and that where no namespace
+can be made the launcher says so once (auto) or refuses with exit 2 (on).
+
+"Where no namespace can be made" is reproduced for real, not mocked: a user namespace of the
+test's own in which CAP_SYS_ADMIN is dropped and user.max_user_namespaces is 0, as in a
+locked-down container. That sysctl is per user namespace, so the host's value is untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from procs import ENV, ROOT, listening_ports, processes_mentioning, read_json
+from sync_mnist import cli, launch, netns
+from sync_mnist.cluster import free_ports
+
+STEPS = 60  # long enough that the cluster is still up while the test probes it
+BOUND = 90  # seconds a whole small cluster run may take on a loaded 2-core machine
+COMMON = ("--dataset", "synthetic", "--train-steps", str(STEPS), "--timeout", "60",
+          "--log-every", "10")
+CHIEF_READY = r"\[worker 0\] ready after"
+# The launcher's "cluster: ps localhost:P, workers localhost:A,...; dataset ..." line.
+CLUSTER_LINE = r"cluster: ps (?P<ps>[^\s;]+), workers (?P<workers>[^\s;]+);"
+# Run a command where no network namespace can be made: a user namespace (root inside is
+# mapped to root outside, so files keep working) that may create no further user namespace,
+# and a bounding set without CAP_SYS_ADMIN, so no network namespace either.
+LOCKED_DOWN = ("unshare", "--user", "--map-root-user", "sh", "-c",
+               'echo 0 > /proc/sys/user/max_user_namespaces && exec setpriv '
+               '--bounding-set=-sys_admin --inh-caps=-sys_admin "$@"', "locked-down")
+
+
+def _namespace_or_skip() -> netns.PrivateNamespace:
+    try:
+        return netns.create()
+    except netns.Unavailable as e:
+        pytest.skip(f"no network namespace can be made here: {e}")
+
+
+@pytest.fixture
+def namespace():
+    ns = _namespace_or_skip()
+    try:
+        yield ns
+    finally:
+        ns.close()
+
+
+@pytest.fixture(scope="module")
+def locked_down():
+    """The LOCKED_DOWN prefix, if this machine can build it; else skip, saying why."""
+    if shutil.which("unshare") is None or shutil.which("setpriv") is None:
+        pytest.skip("needs util-linux's unshare and setpriv to simulate a locked-down host")
+    probe = subprocess.run([*LOCKED_DOWN, "unshare", "--net", "true"], capture_output=True,
+                           text=True, timeout=30)
+    if "unshare failed" not in probe.stderr:  # the prefix itself failed, or did not lock
+        pytest.skip("cannot simulate a host without namespaces (user namespace with "
+                    f"user.max_user_namespaces=0 and no CAP_SYS_ADMIN): rc={probe.returncode} "
+                    f"{probe.stderr.strip()!r}")
+    return LOCKED_DOWN
+
+
+def _ns_inode(pid: int | str) -> int:
+    return os.stat(f"/proc/{pid}/ns/net").st_ino
+
+
+def _interfaces(pid: int) -> list[str]:
+    """Network interfaces of pid's network namespace."""
+    rows = Path(f"/proc/{pid}/net/dev").read_text().splitlines()[2:]
+    return sorted(row.split(":", 1)[0].strip() for row in rows)
+
+
+def _refused_from_here(port: int) -> dict[str, str]:
+    """Tries loopback (IPv4 and IPv6) from this process's namespace; {address: how it failed}.
+
+    Only loopback is probed, as the test's own traffic may go nowhere else; the namespace
+    having no interface but `lo` is what keeps other hosts out, and that is asserted apart.
+    """
+    failures = {}
+    for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.settimeout(3)
+            try:
+                s.connect((host, port))
+            except OSError as e:
+                failures[host] = type(e).__name__
+    return failures
+
+
+def _reachable_from_here(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=3):
+            return True
+    except OSError:
+        return False
+
+
+def _task_pids(launcher_pid: int) -> dict[str, int]:
+    """{'ps 0': pid, 'worker 0': pid, ...} for the launcher's live task processes."""
+    tasks = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == launcher_pid and b"--role" in argv:
+            role = argv[argv.index(b"--role") + 1].decode()
+            index = argv[argv.index(b"--index") + 1].decode()
+            tasks[f"{role} {index}"] = int(entry.name)
+    return tasks
+
+
+def _cluster_ports(proc) -> list[int]:
+    match = proc.wait_for_line(CLUSTER_LINE, 30)
+    hosts = match["ps"].split(",") + match["workers"].split(",")
+    return [int(h.rsplit(":", 1)[1]) for h in hosts]
+
+
+def _free_run(count: int) -> int:
+    """A first port such that it and the next count - 1 are free on this host right now."""
+    for _ in range(50):
+        (base,) = free_ports(1)
+        if base + count > 65535:
+            continue
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    pytest.fail(f"found no {count} consecutive free ports")
+
+
+def _assert_lockstep(summary: dict) -> None:
+    assert summary["global_step"] == STEPS
+    assert summary["contributions"] == [STEPS] * 3
+    assert summary["synchronous"] is True
+    assert [t["exit_code"] for t in summary["tasks"]] == [0, 0, 0, 0]
+
+
+# ---------------------------------------------------------------- the namespace on its own
+
+def test_namespace_has_only_loopback_and_its_ports_are_unreachable_from_outside(namespace):
+    port = free_ports(1)[0]
+    server = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import socket, sys
+            s = socket.socket(socket.AF_INET6)
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            s.bind(("::", {port})); s.listen()  # every interface, as a gRPC server binds
+            print("listening", flush=True)
+            sys.stdin.read()""")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=namespace.enter,
+        start_new_session=True)
+    try:
+        assert server.stdout.readline().strip() == "listening"
+        assert _ns_inode(server.pid) == _ns_inode(namespace.holder_pid) != _ns_inode("self")
+        assert _interfaces(server.pid) == ["lo"]
+        # From inside, the port answers; from here, on this host, it does not.
+        inside = subprocess.run(
+            [sys.executable, "-c", f"import socket; socket.create_connection(('localhost', "
+                                   f"{port}), timeout=5); print('connected')"],
+            preexec_fn=namespace.enter, capture_output=True, text=True, timeout=30)
+        assert inside.stdout.strip() == "connected", inside.stderr
+        assert port in listening_ports(f"/proc/{server.pid}")
+        assert _refused_from_here(port).keys() == {"127.0.0.1", "::1"}
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.communicate()  # reaps it and closes the pipes
+
+
+def test_holder_dies_with_the_launcher_and_on_close():
+    _namespace_or_skip().close()  # skips where no namespace can be made
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", "from sync_mnist import netns; import time; "
+                               "print(netns.create().holder_pid, flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT, env=ENV, start_new_session=True)
+    try:
+        holder = int(launcher.stdout.readline())
+        assert Path(f"/proc/{holder}").exists()
+        os.killpg(launcher.pid, signal.SIGKILL)  # no finally runs: only the kernel can help
+        launcher.wait()
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{holder}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not Path(f"/proc/{holder}").exists(), "the holder outlived its launcher"
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.communicate()
+
+    ns = netns.create()
+    ns.close()
+    assert ns.holder.returncode is not None and not Path(f"/proc/{ns.holder_pid}").exists()
+
+
+@pytest.mark.parametrize("holder, reason", [
+    ("print('error: unshare(CLONE_NEWNET): Operation not permitted')",
+     "unshare(CLONE_NEWNET): Operation not permitted"),
+    ("import sys; sys.exit(3)", "exit code 3"),
+    ("raise SystemExit('something else went wrong')", "something else went wrong"),
+])
+def test_a_holder_that_fails_gives_its_reason(holder, reason):
+    with pytest.raises(netns.Unavailable) as failure:
+        netns.create(holder_argv=[sys.executable, "-c", holder])
+    assert str(failure.value) == reason
+
+
+def _unprivileged_python() -> str | None:
+    """A Python interpreter that user `nobody` may run (the venv's may live under /root)."""
+    system = shutil.which("python3", path="/usr/local/bin:/usr/bin") or ""
+    for candidate in dict.fromkeys([sys.executable, sys._base_executable, system]):
+        if candidate and subprocess.run(
+                ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", candidate,
+                 "-c", "import subprocess, sys; assert sys.version_info >= (3, 10); "
+                       "subprocess.run([sys.executable, '-c', ''], check=True)"],
+                capture_output=True, cwd="/", timeout=30).returncode == 0:
+            return candidate
+    return None
+
+
+def test_an_unprivileged_user_gets_a_namespace_through_a_user_namespace():
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv, to become an unprivileged user")
+    python = _unprivileged_python()
+    if python is None:
+        pytest.skip("no Python >= 3.10 that user nobody may run")
+    script = textwrap.dedent("""
+        import os, subprocess, sys
+        from sync_mnist import netns
+        try:
+            ns = netns.create()
+        except netns.Unavailable as e:
+            print("unavailable:", e); sys.exit(0)
+        child = subprocess.run(
+            [sys.executable, "-c", "import os; rows = open('/proc/self/net/dev').readlines(); "
+             "print(os.getuid(), ','.join(sorted(r.split(':')[0].strip() for r in rows[2:])))"],
+            preexec_fn=ns.enter, capture_output=True, text=True)
+        print(ns.via_user_namespace, child.stdout.strip() or child.stderr)
+        ns.close()""")
+    out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python,
+                          "-c", script], capture_output=True, text=True, cwd="/", timeout=60,
+                         env={**ENV, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    if out.stdout.startswith("unavailable:"):
+        pytest.skip(f"unprivileged user namespaces are not allowed here: {out.stdout.strip()}")
+    # Through a user namespace that maps nobody to nobody: files keep their owner.
+    assert out.stdout.split() == ["True", "65534", "lo"], out.stdout
+
+
+def test_where_no_namespace_can_be_made_the_reason_names_each_attempt(locked_down):
+    out = subprocess.run([*locked_down, sys.executable, "-c",
+                          "from sync_mnist import netns\ntry: netns.create()\n"
+                          "except netns.Unavailable as e: print(e)"],
+                         capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=60)
+    assert out.stdout.strip() == (
+        "unshare(CLONE_NEWNET): Operation not permitted (root without CAP_SYS_ADMIN); "
+        "unshare(CLONE_NEWUSER|CLONE_NEWNET): No space left on device (user namespaces are "
+        "disabled or used up: user.max_user_namespaces)"), out.stderr
+
+
+def test_isolate_on_where_impossible_exits_2_in_one_line(locked_down, tmp_path):
+    out = subprocess.run([*locked_down, str(ROOT / "bin" / "sync-mnist-cluster"), "--isolate",
+                          "on", *COMMON, "--summary-json", str(tmp_path / "cluster.json")],
+                         capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == [
+        "error: --isolate on: no private network namespace: unshare(CLONE_NEWNET): Operation "
+        "not permitted (root without CAP_SYS_ADMIN); unshare(CLONE_NEWUSER|CLONE_NEWNET): No "
+        "space left on device (user namespaces are disabled or used up: "
+        "user.max_user_namespaces)"]
+    assert "Traceback" not in out.stdout + out.stderr
+    assert not (tmp_path / "cluster.json").exists()  # no task was started
+
+
+# --------------------------------------------------------------------- the command line
+
+@pytest.fixture
+def recorded_cluster(monkeypatch):
+    calls = []
+    monkeypatch.setattr(launch, "run_cluster", lambda **kwargs: calls.append(kwargs) or 0)
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield calls
+    root.handlers[:], root.level = handlers, level
+
+
+@pytest.mark.parametrize("argv, isolate", [([], "auto"), (["--isolate", "off"], "off"),
+                                           (["--isolate=on"], "on")])
+def test_isolate_is_the_launchers_own_option(recorded_cluster, argv, isolate):
+    assert cli.launch_main([*argv, "--train-steps", "5"]) == 0
+    (kwargs,) = recorded_cluster
+    assert kwargs["isolate"] == isolate
+    assert kwargs["task_args"] == ["--train-steps", "5"]  # never passed on to the tasks
+
+
+def test_isolate_rejects_an_unknown_value(recorded_cluster, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.launch_main(["--isolate", "maybe"])
+    assert exit_info.value.code == 2
+    assert "argument --isolate: invalid choice: 'maybe'" in capsys.readouterr().err
+    assert recorded_cluster == []
+
+
+# ------------------------------------------------------------------- whole clusters
+
+@pytest.mark.cluster
+def test_isolated_cluster_is_unreachable_from_outside_and_trains_in_lockstep(processes,
+                                                                             tmp_path):
+    _namespace_or_skip().close()
+    # Ports free on this host too, so a refusal below cannot come from someone else's server.
+    base = _free_run(4)
+    marker = str(tmp_path / "data")
+    launcher = processes.launcher("--isolate", "on", "--base-port", str(base), *COMMON,
+                                  "--data-dir", marker,
+                                  "--summary-json", str(tmp_path / "cluster.json"))
+    ports = _cluster_ports(launcher)
+    assert ports == list(range(base, base + 4))  # in the empty namespace, the asked-for ports
+    launcher.wait_for_line(CHIEF_READY, BOUND)
+
+    tasks = _task_pids(launcher.popen.pid)
+    assert sorted(tasks) == ["ps 0", "worker 0", "worker 1", "worker 2"]
+    inodes = {_ns_inode(pid) for pid in tasks.values()}
+    assert len(inodes) == 1 and _ns_inode("self") not in inodes  # one namespace, not ours
+    some_task = tasks["ps 0"]
+    assert _interfaces(some_task) == ["lo"]  # no way in from any other host
+    assert set(ports) <= listening_ports(f"/proc/{some_task}")  # the servers really are up, inside
+    refused = {port: _refused_from_here(port) for port in ports}
+    assert all(r.keys() == {"127.0.0.1", "::1"} for r in refused.values()), refused
+
+    assert launcher.wait(BOUND) == 0, launcher.output
+    _assert_lockstep(read_json(tmp_path / "cluster.json"))
+    assert "private network namespace with loopback only" in launcher.output
+    assert processes_mentioning(marker) == []
+
+
+@pytest.mark.cluster
+def test_isolate_off_leaves_the_ports_reachable_from_this_host(processes, tmp_path):
+    launcher = processes.launcher("--isolate", "off", "--base-port", "0", *COMMON,
+                                  "--summary-json", str(tmp_path / "cluster.json"))
+    ports = _cluster_ports(launcher)
+    launcher.wait_for_line(CHIEF_READY, BOUND)
+    tasks = _task_pids(launcher.popen.pid)
+    assert {_ns_inode(pid) for pid in tasks.values()} == {_ns_inode("self")}
+    assert [p for p in ports if not _reachable_from_here(p)] == []
+
+    assert launcher.wait(BOUND) == 0, launcher.output
+    _assert_lockstep(read_json(tmp_path / "cluster.json"))
+    assert "network namespace" not in launcher.output
+
+
+@pytest.mark.cluster
+def test_auto_where_impossible_says_so_once_and_goes_on(locked_down, processes, tmp_path):
+    launcher = processes.start(
+        [*locked_down, str(ROOT / "bin" / "sync-mnist-cluster"), "--base-port", "0", *COMMON,
+         "--summary-json", str(tmp_path / "cluster.json")], "launcher")
+    ports = _cluster_ports(launcher)
+    launcher.wait_for_line(CHIEF_READY, BOUND)
+    assert [p for p in ports if not _reachable_from_here(p)] == []  # exposed, as it says
+
+    assert launcher.wait(BOUND) == 0, launcher.output
+    _assert_lockstep(read_json(tmp_path / "cluster.json"))
+    said = [line for line in launcher.output.splitlines() if "namespace" in line]
+    assert len(said) == 1, said
+    assert re.search(r"\[cluster\] no private network namespace \(unshare\(CLONE_NEWNET\): "
+                     r"Operation not permitted .*\): the cluster's ports are open on every "
+                     r"interface of this host; use it only on a trusted network$", said[0])
