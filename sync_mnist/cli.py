@@ -20,6 +20,7 @@ from pathlib import Path
 
 from sync_mnist import cluster as cluster_lib
 from sync_mnist import config as config_lib
+from sync_mnist import netns
 from sync_mnist.config import TaskConfig, TrainConfig
 
 DEFAULT_EPOCHS = 5
@@ -60,8 +61,12 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--logdir", type=Path, default=None,
                    help="chief's checkpoints and TensorBoard summaries; an existing checkpoint "
                         "is resumed (default: none)")
-    g.add_argument("--save-steps", type=int, default=100,
-                   help="global steps between checkpoints, with --logdir (default: 100)")
+    save = g.add_mutually_exclusive_group()
+    save.add_argument("--save-steps", type=int, default=100,
+                      help="global steps between checkpoints, with --logdir (default: 100)")
+    save.add_argument("--save-secs", type=float, default=None,
+                      help="seconds between checkpoints instead of --save-steps, with --logdir "
+                           "(default: none: every --save-steps steps)")
     g.add_argument("--timeout", type=float, default=300.0,
                    help="seconds any blocking wait may last: for the ps, the chief, an update, "
                         "the other workers (default: 300)")
@@ -101,6 +106,7 @@ def _train_config(args: argparse.Namespace) -> TrainConfig:
                        optimizer=args.optimizer, seed=args.seed, dataset=args.dataset,
                        data_dir=data_dir, logdir=args.logdir, timeout=args.timeout,
                        mode=args.mode, log_every=args.log_every, save_steps=args.save_steps,
+                       save_secs=args.save_secs,
                        replicas_to_aggregate=args.replicas_to_aggregate, setup=args.setup)
 
 
@@ -153,9 +159,12 @@ def main(argv: list[str] | None = None) -> int:
 def _run_task(config: TaskConfig, verbose: bool) -> int:
     from sync_mnist import tfcompat
 
-    tfcompat.graph_mode(verbose)
-    # Imported only now: they import TensorFlow, which must see the log settings first.
-    from sync_mnist import data, ps, report, worker
+    try:
+        tfcompat.graph_mode(verbose)
+        # Imported only now: they import TensorFlow, which must see the log settings first.
+        from sync_mnist import data, ps, report, worker
+    except KeyboardInterrupt:  # stopped while TensorFlow loads: nothing to report yet
+        return config_lib.EXIT_INTERRUPTED
 
     log = logging.getLogger("sync_mnist")
     result = report.TaskResult(role=config.role, index=config.index, mode=config.train.mode)
@@ -181,10 +190,15 @@ def _run_task(config: TaskConfig, verbose: bool) -> int:
         log.error("interrupted")
         result.error, code = "interrupted", config_lib.EXIT_INTERRUPTED
     except Exception as e:  # a TensorFlow OpError or a bug: one line, then the exit code
-        log.error("failed: %s: %s", type(e).__name__, _first_line(e))
-        if verbose:
-            log.exception("traceback")
-        result.error, code = f"{type(e).__name__}: {_first_line(e)}", config_lib.EXIT_FAILED
+        if _interrupted_inside_tensorflow(e):
+            log.error("interrupted")
+            result.error, code = "interrupted", config_lib.EXIT_INTERRUPTED
+        else:
+            log.error("failed: %s: %s", type(e).__name__, _first_line(e))
+            if verbose:
+                log.exception("traceback")
+            result.error = f"{type(e).__name__}: {_first_line(e)}"
+            code = config_lib.EXIT_FAILED
     result.exit_code = code
     if config.summary_json:
         result.write_json(config.summary_json)
@@ -207,8 +221,19 @@ def launch_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-port", type=int, default=cluster_lib.DEFAULT_BASE_PORT,
                         help="ps tasks listen from this port, workers after them, as "
                              "`sync-mnist` assumes by default; if any is taken, free ports are "
-                             "chosen instead; 0: always free ports "
+                             "chosen instead; 0: always free ports; in a private namespace "
+                             "(--isolate) every port is free, and 0 means the default "
                              f"(default: {cluster_lib.DEFAULT_BASE_PORT})")
+    parser.add_argument("--max-restarts", type=int, default=0,
+                        help="restart a task that dies (killed, crashed or timed out; not one "
+                             "that rejected its input or found training not synchronous), up "
+                             "to this many times in all (default: 0)")
+    parser.add_argument("--isolate", default="auto", choices=netns.MODES,
+                        help="run every task in one private network namespace with loopback "
+                             "only, so no other host and no process outside it can reach the "
+                             "cluster's ports; auto: where Linux allows it (root, or "
+                             "unprivileged user namespaces), else say so once and go on; on: "
+                             "exit 2 where impossible (default: auto)")
     _add_training_options(parser)
     args = parser.parse_args(argv)
     _setup_logging(args.verbose, "cluster")
@@ -220,16 +245,21 @@ def launch_main(argv: list[str] | None = None) -> int:
                 f"--ps {args.ps} --workers {args.workers}: a cluster needs at least one of each")
         if not 0 <= args.base_port <= 65535:
             raise config_lib.ConfigError(f"--base-port {args.base_port} is outside 0-65535")
+        if args.max_restarts < 0:
+            raise config_lib.ConfigError(
+                f"--max-restarts must be 0 or more, got {args.max_restarts}")
         train = _train_config(args)
         train.aggregate(args.workers)
     except ValueError as e:
         return _usage_error(e)
     passthrough = _task_arguments(argv if argv is not None else sys.argv[1:],
-                                  ("--ps", "--workers", "--base-port", "--summary-json"))
+                                  ("--ps", "--workers", "--base-port", "--summary-json",
+                                   "--isolate", "--max-restarts"))
     return launch.run_cluster(num_ps=args.ps, num_workers=args.workers,
                               base_port=args.base_port, train=train,
                               task_args=passthrough, summary_json=args.summary_json,
-                              verbose=args.verbose)
+                              verbose=args.verbose, isolate=args.isolate,
+                              max_restarts=args.max_restarts)
 
 
 def _task_arguments(argv: list[str], launcher_only: tuple[str, ...]) -> list[str]:
@@ -263,6 +293,12 @@ def _usage_error(error: Exception) -> int:
 def _first_line(error: Exception) -> str:
     text = str(error).strip() or type(error).__name__
     return text.splitlines()[0]
+
+
+def _interrupted_inside_tensorflow(error: Exception) -> bool:
+    """SIGTERM during a TensorFlow call: pybind11 wraps our KeyboardInterrupt in a RuntimeError
+    ("MISMATCH of original and normalized active exception types ... KeyboardInterrupt")."""
+    return isinstance(error, RuntimeError) and "KeyboardInterrupt" in str(error)
 
 
 def _raise_interrupt(signum, frame):

@@ -23,9 +23,18 @@ EXIT_NOT_SYNCHRONOUS = 3  # training ran to the end, but the counters show it wa
 EXIT_TIMEOUT = 4  # a bounded wait expired: a peer is missing, dead or stuck
 EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM
 
+# Allowance, on top of --timeout, for tasks to start: import TensorFlow and load data. Waits
+# that begin before the other side can exist (the ps for its first worker, a worker for the
+# chief, the launcher for its tasks) get it.
+START_SECS = 120.0
+
 
 class ConfigError(ValueError):
     """A value the user gave cannot work; the message names it."""
+
+
+class TaskTimeout(RuntimeError):
+    """A bounded wait expired; the message says what was awaited and what was seen."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +56,7 @@ class TrainConfig:
     setup: str = "fixed"  # fixed: this project's design; question: the question's, replayed
     log_every: int = 20  # local steps between progress lines
     save_steps: int = 100  # global steps between checkpoints (chief, with a logdir)
+    save_secs: float | None = None  # seconds between checkpoints instead, when given
 
     def __post_init__(self) -> None:
         if (self.train_steps is None) == (self.epochs is None):
@@ -59,6 +69,8 @@ class TrainConfig:
             raise ConfigError(f"--learning-rate must be positive, got {self.learning_rate}")
         if not self.timeout > 0:
             raise ConfigError(f"--timeout must be positive, got {self.timeout}")
+        if self.save_secs is not None and not self.save_secs > 0:
+            raise ConfigError(f"--save-secs must be positive, got {self.save_secs}")
         _check_choice("--mode", self.mode, MODES)
         _check_choice("--optimizer", self.optimizer, OPTIMIZERS)
         _check_choice("--setup", self.setup, SETUPS)

@@ -3,7 +3,8 @@
 Each task is a real `python -m sync_mnist` process, exactly what a user runs on each host. The
 launcher prefixes their output, stops every child when one fails or on Ctrl-C (children also
 die with the launcher, through PR_SET_PDEATHSIG), and ends with a table built from the result
-records the tasks wrote.
+records the tasks wrote. Where Linux allows it, every task runs in one private network namespace
+with loopback only (netns.py, --isolate), so no one else can reach the cluster's gRPC ports.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from sync_mnist import cluster as cluster_lib
 from sync_mnist import config as config_lib
-from sync_mnist import data, report
+from sync_mnist import data, netns, report
 from sync_mnist.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -32,18 +33,34 @@ _PR_SET_PDEATHSIG = 1
 
 
 class _Task:
-    def __init__(self, role: str, index: int, argv: list[str], summary: Path):
+    def __init__(self, role: str, index: int, argv: list[str], summary: Path,
+                 namespace: netns.PrivateNamespace | None = None):
         self.role, self.index, self.summary = role, index, summary
         self.tag = f"{role} {index}"
-        self.exited_at: float | None = None
         self.stopped = False  # still running when the launcher stopped the cluster
+        self.restarts = 0  # times --max-restarts restarted it
+        self.lost = False  # a worker that died while backups carried on without it
         self.waiting_for_chief = threading.Event()
+        self._argv, self._namespace = argv, namespace
+        self._spawn()
+
+    def _spawn(self) -> None:
+        namespace = self._namespace
+        self.exited_at: float | None = None
         self.proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            self._argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,  # its own process group, so stopping it stops its children
-            preexec_fn=_die_with_parent, text=True, bufsize=1)
+            preexec_fn=lambda: _child_setup(namespace), text=True, bufsize=1)
         self.reader = threading.Thread(target=self._forward, daemon=True)
         self.reader.start()
+        log.info("started %s (pid %d)", self.tag, self.proc.pid)
+
+    def restart(self) -> None:
+        """Starts the same command again, once the dead process's output has been forwarded."""
+        self.reader.join(timeout=5)
+        self.restarts += 1
+        self._spawn()
 
     def _forward(self) -> None:
         for line in self.proc.stdout:
@@ -72,6 +89,10 @@ class _Task:
                       "error": "wrote no result record"}
         result = report.TaskResult(**fields)
         result.exit_code = self.proc.returncode if self.proc.returncode is not None else -1
+        result.restarts = self.restarts
+        if self.lost:
+            result.error = (f"lost (exit {result.exit_code}); the backup workers finished "
+                            "without it")
         if self.stopped:
             result.blocked = True
             result.error = "still running at the end; stopped by the launcher"
@@ -84,6 +105,12 @@ _print_lock = threading.Lock()
 def _print(line: str) -> None:
     with _print_lock:
         print(line, flush=True)
+
+
+def _child_setup(namespace: netns.PrivateNamespace | None) -> None:
+    if namespace is not None:
+        namespace.enter()  # first: joining a user namespace would clear the death signal
+    _die_with_parent()
 
 
 def _die_with_parent() -> None:
@@ -109,7 +136,7 @@ def choose_hosts(num_ps: int, num_workers: int, base_port: int):
 
 def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainConfig,
                 task_args: list[str], summary_json: Path | None = None,
-                verbose: bool = False) -> int:
+                verbose: bool = False, isolate: str = "auto", max_restarts: int = 0) -> int:
     """Runs the cluster to the end; returns the launcher's exit code (see config.EXIT_*)."""
     started = time.time()
     try:
@@ -119,7 +146,17 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
     except data.DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return config_lib.EXIT_USAGE
-    ps_hosts, worker_hosts = choose_hosts(num_ps, num_workers, base_port)
+    try:
+        namespace = netns.for_cluster(isolate)  # None: --isolate off, or auto where impossible
+    except netns.Unavailable as e:
+        print(f"error: --isolate on: no private network namespace: {e}", file=sys.stderr)
+        return config_lib.EXIT_USAGE
+    if namespace:
+        # The namespace is new and empty: every port is free, and no one else can take one.
+        ps_hosts, worker_hosts = cluster_lib.default_hosts(
+            num_ps, num_workers, base_port or cluster_lib.DEFAULT_BASE_PORT)
+    else:
+        ps_hosts, worker_hosts = choose_hosts(num_ps, num_workers, base_port)
     log.info("cluster: ps %s, workers %s; dataset %s; mode %s", ",".join(ps_hosts),
              ",".join(worker_hosts), dataset, train.mode)
     tasks: list[_Task] = []
@@ -133,7 +170,7 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
                         "--index", str(index), "--ps-hosts", ",".join(ps_hosts),
                         "--worker-hosts", ",".join(worker_hosts), *task_args,
                         "--dataset", dataset, "--summary-json", str(summary)]
-                tasks.append(_Task(role, index, argv, summary))
+                tasks.append(_Task(role, index, argv, summary, namespace))
                 return tasks[-1]
 
             for index in range(num_ps):
@@ -141,15 +178,21 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
             # The chief starts last, once every other worker waits for it: the start order in
             # which the question's 30 s readiness poll bites, and the same for both setups.
             others = [start("worker", index) for index in range(1, num_workers)]
-            failed = _wait_until_waiting(tasks, others, train.timeout)
+            failed = _wait_until_waiting(tasks, others, config_lib.START_SECS + train.timeout)
             if failed is None:
                 start("worker", 0)
-                failed = _wait(tasks, ps_serve_forever=train.setup == "question")
+                # Sync: with backups (R < N) the others can finish without a lost worker.
+                spare = num_workers - train.aggregate(num_workers) \
+                    if train.setup == "fixed" and train.mode == "sync" else 0
+                failed = _wait(tasks, ps_serve_forever=train.setup == "question",
+                               max_restarts=max_restarts, spare_workers=spare)
         except KeyboardInterrupt:
             interrupted, failed = True, None
             log.error("interrupted; stopping every task")
         finally:
             _stop(tasks)
+            if namespace:
+                namespace.close()
             for s, handler in previous.items():
                 signal.signal(s, handler)
         results = [t.result() for t in tasks]
@@ -166,8 +209,10 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
     # The question's ps never exits by itself: stopping it is expected, not a failure.
     expected_stop = {("ps", t.index) for t in tasks if t.role == "ps" and t.stopped
                      and train.setup == "question" and failed is None}
+    lost = {("worker", t.index) for t in tasks if t.lost}
     if failed is not None or any(r.exit_code not in (0, config_lib.EXIT_NOT_SYNCHRONOUS)
-                                 for r in results if (r.role, r.index) not in expected_stop):
+                                 for r in results
+                                 if (r.role, r.index) not in expected_stop | lost):
         return config_lib.EXIT_FAILED
     if train.mode == "sync" and not summary["synchronous"]:
         return config_lib.EXIT_NOT_SYNCHRONOUS
@@ -192,21 +237,44 @@ def _wait_until_waiting(tasks: list[_Task], others: list[_Task],
     return None
 
 
-def _wait(tasks: list[_Task], *, ps_serve_forever: bool) -> _Task | None:
+# Exits that a restart cannot mend: bad input, and a run that ended but was not synchronous.
+_FINAL_EXITS = (config_lib.EXIT_OK, config_lib.EXIT_USAGE, config_lib.EXIT_NOT_SYNCHRONOUS)
+
+
+def _wait(tasks: list[_Task], *, ps_serve_forever: bool, max_restarts: int = 0,
+          spare_workers: int = 0) -> _Task | None:
     """Waits for every task; on the first failure, returns that task (the caller stops the rest).
 
-    Each task bounds its own waits with --timeout, so this loop ends. With ps_serve_forever
-    (the question's server.join()), it ends when every worker has.
+    A task that dies (a signal, a crash, a timeout) is started again with the same command
+    while fewer than `max_restarts` restarts have been made in all. Failing that, a worker
+    other than the chief may be left dead while `spare_workers` allow (backups, R < N): the
+    chief declares it lost and the rest finish without it. Each task bounds its own waits
+    with --timeout, so this loop ends. With ps_serve_forever (the question's server.join()),
+    it ends when every worker has.
     """
+    restarts = 0
     while True:
         running = False
         for task in tasks:
             code = task.poll()
             if code is None:
                 running = running or not (ps_serve_forever and task.role == "ps")
-            elif code not in (config_lib.EXIT_OK, config_lib.EXIT_NOT_SYNCHRONOUS):
-                log.error("%s exited with code %d; stopping the cluster", task.tag, code)
-                return task
+            elif code not in (config_lib.EXIT_OK, config_lib.EXIT_NOT_SYNCHRONOUS) \
+                    and not task.lost:
+                if code not in _FINAL_EXITS and restarts < max_restarts:
+                    restarts += 1
+                    log.warning("%s exited with code %d; restarting it (restart %d of %d)",
+                                task.tag, code, restarts, max_restarts)
+                    task.restart()
+                    running = True
+                elif task.role == "worker" and task.index != 0 and code not in _FINAL_EXITS \
+                        and sum(t.lost for t in tasks) < spare_workers:
+                    task.lost = True
+                    log.warning("%s exited with code %d; the backup workers carry on without "
+                                "it", task.tag, code)
+                else:
+                    log.error("%s exited with code %d; stopping the cluster", task.tag, code)
+                    return task
         if not running:
             return None
         time.sleep(0.1)
@@ -265,8 +333,12 @@ def cluster_summary(results: list[report.TaskResult], tasks: list[_Task],
         "ready_lag_s": max(ready) - chief.ready_at if chief and chief.ready_at else None,
         "ready_after_chief_s": [r.ready_at - chief.ready_at if r.ready_at else None
                                 for r in workers] if chief and chief.ready_at else None,
+        "chief_wait_s": [r.chief_wait_s for r in workers],
         "solo_updates": reading.solo_updates if reading else None,
         "blocked": [f"{r.role} {r.index}" for r in results if r.blocked],
+        # Sync: workers the chief declared lost at the finish, and the launcher's restarts.
+        "lost": reading.lost if reading and reading.lost else [],
+        "restarts": {f"{t.role} {t.index}": t.restarts for t in tasks if t.restarts},
         "exit_lag_s": max(exits) - max(finished) if exits and finished else None,
         "wall_s": wall,
         "tasks": [r.to_dict() for r in results],

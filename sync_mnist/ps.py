@@ -2,8 +2,10 @@
 
 The question's ps called `server.join()`, which never returns. Here each ps owns a done-queue;
 every worker enqueues its index there when it has finished, and the ps exits once it has
-drained one entry per worker. While it waits, a watchdog bounds the wait: if global_step has
-not moved and no worker has reported done for --timeout seconds, the ps gives up and says why.
+drained one entry per worker, not counting workers the chief declared lost. While it waits, a
+watchdog bounds the wait: if global_step has not moved and no worker has reported done for
+--timeout seconds (and a few more, so that the workers speak first), the ps gives up and says
+why, naming the workers the next update is missing.
 """
 
 from __future__ import annotations
@@ -13,17 +15,14 @@ import time
 
 import tensorflow as tf
 
-from sync_mnist import report, session, sync
-from sync_mnist.config import TaskConfig
+from sync_mnist import membership, report, session, sync
+from sync_mnist.config import START_SECS, TaskConfig, TaskTimeout
 
 tf1 = tf.compat.v1
 log = logging.getLogger(__name__)
 
 POLL_SECS = 1.0  # how often the ps checks for progress while it waits for done entries
-
-
-class TaskTimeout(RuntimeError):
-    """A bounded wait expired; the message says what was awaited and what was seen."""
+PS_GRACE_SECS = 5.0  # beyond --timeout without progress, before the ps gives up (see run_ps)
 
 
 def done_queue(ps_index: int, num_workers: int):
@@ -33,23 +32,16 @@ def done_queue(ps_index: int, num_workers: int):
                              shared_name=f"done_queue_{ps_index}")
 
 
-def finished_queue(num_workers: int):
-    """A barrier on ps 0: each worker enqueues once after its last step and waits for all N.
-
-    Queues, unlike variables, are not checkpointed, so a resumed run starts with an empty barrier.
-    """
-    with tf1.device("/job:ps/task:0"):
-        return tf1.FIFOQueue(num_workers, tf.int32, shapes=[], name="finished_queue",
-                             shared_name="finished_queue")
-
-
-def build_shared_graph(config: TaskConfig) -> tuple[sync.SharedState, list, object]:
-    """global_step and counters (placed exactly as the workers place them) plus the queues."""
+def build_shared_graph(config: TaskConfig) -> tuple[sync.SharedState, list,
+                                                     membership.Membership]:
+    """global_step and counters (placed exactly as the workers place them), the done-queues and
+    the membership variables."""
     cluster = config.cluster.spec()
     with tf1.device(tf1.train.replica_device_setter(cluster=cluster)):
         state = sync.build_shared_state(config.cluster.num_workers)
     n = config.cluster.num_workers
-    return state, [done_queue(p, n) for p in range(config.cluster.num_ps)], finished_queue(n)
+    members = membership.build_membership(n, membership.settings(config))
+    return state, [done_queue(p, n) for p in range(config.cluster.num_ps)], members
 
 
 def run_ps(config: TaskConfig, *, server=None) -> report.TaskResult:
@@ -63,41 +55,78 @@ def run_ps(config: TaskConfig, *, server=None) -> report.TaskResult:
                                replicas_to_aggregate=config.train.aggregate(n))
     graph = tf.Graph()
     with graph.as_default():
-        state, done_queues, _ = build_shared_graph(config)
+        state, done_queues, members = build_shared_graph(config)
         take_done = done_queues[config.index].dequeue()
     poll = tf1.RunOptions(timeout_in_ms=int(POLL_SECS * 1000))
     log.info("serving %s; waiting for %d workers to report done (timeout %g s without progress)",
              config.cluster.address("ps", config.index), n, timeout)
-    done: list[int] = []
+    done: set[int] = set()
+    lost: list[int] = []
+    checked = False
     last_step, last_progress = None, time.monotonic()
     with tf1.Session(server.target, graph=graph,
                      config=session.session_config(["/job:ps"])) as sess:
-        while len(done) < n:
+        # Sync: a worker the chief declared lost will never report done; do not wait for it.
+        while len(done | set(lost)) < n:
             try:
-                done.append(int(sess.run(take_done, options=poll)))
+                worker = int(sess.run(take_done, options=poll))
+                done.add(worker)
                 last_progress = time.monotonic()
-                log.info("worker %d reported done (%d of %d)", done[-1], len(done), n)
+                log.info("worker %d reported done (%d of %d)", worker, len(done), n)
                 continue
             except tf.errors.DeadlineExceededError:
                 pass
             step = _read_global_step(sess, state)
+            if step is not None and not checked:
+                # Sync: the chief has published its settings with the model: compare ours.
+                try:
+                    published = sess.run(members.published, options=poll)
+                except tf.errors.OpError:
+                    published = None  # not yet initialised; next time
+                if published is not None:
+                    membership.check_agreement(membership.settings(config), published,
+                                               me=config.name, restarted_chief=False)
+                    checked = True
+            reading = _read_membership(sess, members)
+            if reading:
+                lost = [w for w, mark in enumerate(reading[1]) if mark == membership.LOST]
             if step != last_step:
                 last_step, last_progress = step, time.monotonic()
             idle = time.monotonic() - last_progress
-            if idle > timeout:
+            # Before the chief has initialised anything, allow for the workers' start-up too
+            # (they import TensorFlow and load data, possibly on hosts started later). Once
+            # training runs, wait a little longer than the workers' own --timeout, so that they,
+            # who know more, speak first, and a worker restarted within --timeout finds its ps.
+            if idle > timeout + (START_SECS if step is None else PS_GRACE_SECS):
                 seen = "no worker has initialised the model" if step is None else (
                     f"global_step stuck at {step}")
+                if step is not None and reading and len(done | set(lost)) == 0:
+                    seen += "; missing: " + membership.missing(reading[0], step, config.cluster)
                 raise TaskTimeout(
                     f"ps {config.index}: no progress for {idle:.0f} s ({seen}; workers done: "
-                    f"{sorted(done) or 'none'} of {n})")
+                    f"{sorted(done) or 'none'} of {n}"
+                    f"{'; lost: ' + str(lost) if lost else ''})")
         counters = sync.Counters.read(sess, state, options=poll)
     result.global_step = counters.global_step
     result.contributions, result.pushed = counters.accepted, counters.pushed
     result.dropped = counters.unused
     result.train_s = time.monotonic() - started
-    log.info("all %d workers done; global_step=%d contributions=%s; exiting", n,
+    result.lost = lost or None
+    log.info("all %d workers done%s; global_step=%d contributions=%s; exiting", n,
+             f" or lost ({', '.join(f'worker {w}' for w in lost)})" if lost else "",
              counters.global_step, counters.accepted)
     return result
+
+
+def _read_membership(sess, members: membership.Membership) -> tuple[list[int], list[int]] | None:
+    """(last_push, finished), or None while they are not initialised or not reachable."""
+    try:
+        last_push, finished = sess.run([members.last_push, members.finished],
+                                       options=tf1.RunOptions(timeout_in_ms=int(POLL_SECS * 1000)))
+    except (tf.errors.FailedPreconditionError, tf.errors.DeadlineExceededError,
+            tf.errors.UnavailableError):
+        return None
+    return [int(v) for v in last_push], [int(v) for v in finished]
 
 
 def _read_global_step(sess, state: sync.SharedState) -> int | None:

@@ -23,9 +23,10 @@ import time
 
 import tensorflow as tf
 
-from sync_mnist import data, report, session, sync
+from sync_mnist import data, membership, report, session, sync
 from sync_mnist.config import TaskConfig
-from sync_mnist.worker import Progress, build_graph, contributions_so_far, evaluate
+from sync_mnist.worker import (Progress, build_graph, contributions_so_far, evaluate,
+                               load_shard)
 
 tf1 = tf.compat.v1
 log = logging.getLogger(__name__)
@@ -56,16 +57,12 @@ def run_question_worker(config: TaskConfig, *, dataset: data.Dataset | None = No
     if server is None:
         server = tf.distribute.Server(config.cluster.spec(), job_name="worker", task_index=i,
                                       start=True)
-    if dataset is None:
-        dataset = data.load_dataset(train.dataset, train.data_dir, seed=train.seed)
-    shard = data.Shard(dataset.train_images, dataset.train_labels, index=i, num_workers=n,
-                       batch_size=train.batch_size, seed=train.seed)
     # The question's stop rule: every worker runs its own epochs, whatever the others do.
-    local_steps = train.train_steps or train.epochs * shard.batches_per_epoch
+    dataset, shard, local_steps = load_shard(config, dataset)
     graph = tf.Graph()
     with graph.as_default():
         tf1.set_random_seed(train.seed)
-        g = build_graph(config, num_tokens=-1)
+        g = build_graph(config, num_tokens=-1, dataset=dataset.name)
         optimizer = g.training.optimizer
         chief_queue_runner = optimizer.get_chief_queue_runner()
         init_tokens = optimizer.get_init_tokens_op()  # the default: R tokens, anyone's to take
@@ -92,6 +89,11 @@ def run_question_worker(config: TaskConfig, *, dataset: data.Dataset | None = No
     result.startup_s = time.monotonic() - started
     log.info("ready after %.2f s (global_step %d); %d local steps, stopping on my own count",
              result.startup_s, sess.run(g.state.global_step), local_steps)
+    # Not in the question: the same start-up check as the fixed setup, so that a task started
+    # with other settings than the chief's says so instead of joining.
+    membership.check_agreement(membership.settings(config, dataset.name),
+                               sess.run(g.members.published), me=config.name,
+                               restarted_chief=False)
     if config.is_chief:
         sess.run(init_tokens)
         supervisor.start_queue_runners(sess, [chief_queue_runner])

@@ -1,10 +1,29 @@
-"""Session creation for the chief and the other workers, with no 30-second wait."""
+"""Session creation for the chief and the other workers: prompt, bounded, and restart-aware.
+
+The chief keeps a model that is already on the ps (it was restarted into a running cluster),
+else restores the latest checkpoint of --logdir, else initialises. Every worker re-creates its
+session when a ps is lost (MonitoredSession does so on UnavailableError and AbortedError), but
+for at most --timeout seconds: past that it stops and says which ps it could not reach.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import errno
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
 import tensorflow as tf
 
+from sync_mnist import cluster as cluster_lib
+from sync_mnist.config import ConfigError, TaskTimeout
+
 tf1 = tf.compat.v1
+log = logging.getLogger(__name__)
 
 # Sync: how often a non-chief worker checks whether the chief has initialised the variables.
 # SessionManager's default is 30 s, which is why the question's workers sat idle for half a
@@ -17,8 +36,92 @@ READY_POLL_SECS = 0.25
 # default is 120 s) only delays the exit.
 STOP_GRACE_SECS = 0.25
 
+_LOST_PS = (tf.errors.UnavailableError, tf.errors.AbortedError)  # what MonitoredSession retries
 
-class _PromptWorkerSessionCreator(tf1.train.WorkerSessionCreator):
+# Closing a session whose ps is gone blocks without end (TensorFlow keeps retrying to release
+# the graphs it registered there), and MonitoredSession closes the old session before it makes
+# a new one. A close gets this long; then it is left to finish, or not, in the background.
+CLOSE_SECS = 2.0
+_abandoned: list = []  # sessions whose close did not return; kept so no destructor re-closes
+
+
+class ModelLost(RuntimeError):
+    """The ps lost the model mid-run and no checkpoint can bring it back."""
+
+
+@dataclasses.dataclass
+class SessionStatus:
+    """What session creation did, for the log and the result record."""
+
+    sessions: int = 0  # sessions created; more than one means a ps was lost and came back
+    model: str | None = None  # chief: "initialised", "restored" (from a checkpoint), "continued"
+
+
+def session_config(device_filters: list[str]) -> tf1.ConfigProto:
+    return tf1.ConfigProto(device_filters=device_filters, allow_soft_placement=False,
+                           log_device_placement=False)
+
+
+class _Bounded:
+    """Shared by both session creators: counts sessions, bounds re-creation after a lost ps."""
+
+    def _setup_bound(self, timeout: float, ps_hosts: Sequence[str], status: SessionStatus):
+        self._timeout, self._ps_hosts, self._status = timeout, tuple(ps_hosts), status
+        self._failing_since: float | None = None
+
+    def _create_bounded(self, create):
+        if self._status.sessions:
+            # A ps was lost. TensorFlow's CreateSession waits without end for an absent task,
+            # so first wait (bounded) until every ps accepts connections again.
+            if self._failing_since is None:
+                log.warning("lost the connection to the ps; re-creating the session (waiting "
+                            "at most %g s for the ps)", self._timeout)
+            for p, address in enumerate(self._ps_hosts):
+                try:
+                    cluster_lib.wait_reachable(address, f"ps {p}", self._remaining())
+                except cluster_lib.ClusterError as e:
+                    raise TaskTimeout(
+                        f"lost the ps mid-run and it did not come back: {e}") from None
+        try:
+            sess = create()
+        except _LOST_PS as e:
+            if self._remaining() <= 0:
+                raise TaskTimeout(f"could not re-create a session for {self._timeout:g} s after "
+                                  f"losing the ps: {_first_line(e)}") from None
+            time.sleep(READY_POLL_SECS)
+            raise  # MonitoredSession tries again
+        self._failing_since = None
+        self._status.sessions += 1
+        real_close = sess.close
+        sess.close = lambda: close_bounded(real_close, sess)
+        return sess
+
+    def _remaining(self) -> float:
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        return self._timeout - (now - self._failing_since)
+
+
+def close_bounded(close, sess) -> None:
+    """Calls close() for at most CLOSE_SECS; past that, leaves it running in the background.
+
+    A close that fails because the ps is gone is no news: the caller is replacing the session.
+    """
+    def quietly():
+        try:
+            close()
+        except tf.errors.OpError:
+            pass
+
+    closing = threading.Thread(target=quietly, daemon=True)
+    closing.start()
+    closing.join(CLOSE_SECS)
+    if closing.is_alive():
+        _abandoned.append(sess)
+
+
+class _PromptWorkerSessionCreator(tf1.train.WorkerSessionCreator, _Bounded):
     """WorkerSessionCreator whose SessionManager polls every READY_POLL_SECS, not every 30 s."""
 
     def _get_session_manager(self):
@@ -32,28 +135,173 @@ class _PromptWorkerSessionCreator(tf1.train.WorkerSessionCreator):
                 recovery_wait_secs=READY_POLL_SECS)
         return self._session_manager
 
+    def create_session(self):
+        return self._create_bounded(super().create_session)
 
-def session_config(device_filters: list[str]) -> tf1.ConfigProto:
-    return tf1.ConfigProto(device_filters=device_filters, allow_soft_placement=False,
-                           log_device_placement=False)
+
+class _ChiefSessionManager(tf1.train.SessionManager):
+    """prepare_session that keeps a model already on the ps, before restoring or initialising.
+
+    The stock chief always restores the latest checkpoint or initialises. A chief restarted
+    into a running cluster would so roll the ps back under the other workers' feet (or wipe
+    it), and their local steps and counts would no longer match global_step.
+    """
+
+    def __init__(self, *, model_missing: tf.Tensor, status: SessionStatus,
+                 checkpoint_dir: str | None, **kwargs):
+        super().__init__(**kwargs)
+        self._model_missing, self._status = model_missing, status
+        self._checkpoint_dir = checkpoint_dir
+        self._local_init = kwargs["local_init_op"]
+
+    def prepare_session(self, master, **kwargs):
+        sess = tf1.Session(master, graph=self._model_missing.graph, config=kwargs.get("config"))
+        try:
+            if not len(sess.run(self._model_missing)):
+                sess.run(self._local_init)
+                self._status.model = "continued"
+                return sess
+        except BaseException:
+            close_bounded(sess.close, sess)
+            raise
+        close_bounded(sess.close, sess)
+        restoring = bool(self._checkpoint_dir and tf.train.latest_checkpoint(self._checkpoint_dir))
+        if self._status.sessions and not restoring:
+            # A restarted ps has lost the model. Initialising it afresh would silently start
+            # training over under the workers' feet.
+            raise ModelLost("the ps was restarted and has lost the model, and there is no "
+                            "checkpoint to restore it from (give the chief --logdir)")
+        sess = super().prepare_session(master, **kwargs)
+        self._status.model = "restored" if restoring else "initialised"
+        return sess
+
+
+class _ChiefSessionCreator(tf1.train.ChiefSessionCreator, _Bounded):
+    def __init__(self, scaffold, master, config, *, checkpoint_dir, model_missing, status):
+        super().__init__(scaffold, master, config, checkpoint_dir=checkpoint_dir)
+        self._model_missing, self._status_for_manager = model_missing, status
+
+    def _get_session_manager(self):
+        if self._session_manager is None:
+            self._session_manager = _ChiefSessionManager(
+                model_missing=self._model_missing, status=self._status_for_manager,
+                checkpoint_dir=self._checkpoint_dir,
+                local_init_op=self._scaffold.local_init_op,
+                local_init_feed_dict=self._scaffold.local_init_feed_dict,
+                ready_op=self._scaffold.ready_op,
+                ready_for_local_init_op=self._scaffold.ready_for_local_init_op,
+                graph=tf1.get_default_graph())
+        return self._session_manager
+
+    def create_session(self):
+        return self._create_bounded(super().create_session)
+
+
+class _OneLineRecoveryLog(logging.Filter):
+    """MonitoredSession logs a lost ps in five lines of advice and gRPC detail; keep one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if "may be due to a preemption" in text:
+            lines = [line.strip() for line in text.split("Error: ", 1)[-1].splitlines()]
+            record.msg, record.args = "a ps was lost (%s); re-creating the session", (
+                " ".join(lines[:2]),)
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+_recovery_log_filter = _OneLineRecoveryLog()
+
+
+def _init_if_uninitialized(v: tf.Variable) -> tf.Operation:
+    # The assign is made inside the branch: an op made outside would run either way.
+    return tf1.cond(tf1.is_variable_initialized(v), tf.no_op,
+                    lambda: tf.group(tf1.assign(v, v.initial_value)))
 
 
 def monitored_session(master: str, *, is_chief: bool, hooks: list, config: tf1.ConfigProto,
                       timeout: float, checkpoint_dir: str | None = None,
-                      save_steps: int | None = None) -> tf1.train.MonitoredSession:
+                      save_steps: int | None = None, save_secs: float | None = None,
+                      transient: Sequence[tf.Variable] = (), ps_hosts: Sequence[str] = (),
+                      recovery_timeout: float | None = None,
+                      status: SessionStatus | None = None) -> tf1.train.MonitoredSession:
     """A MonitoredSession for one worker.
 
-    The chief initialises (or restores from checkpoint_dir) and saves checkpoints every
+    The chief keeps the model on the ps if it is there, else restores the latest checkpoint in
+    checkpoint_dir, else initialises; it saves every save_secs seconds if given, else every
     save_steps global steps. The others wait at most `timeout` seconds for the chief.
+
+    Args:
+      transient: variables on the ps that checkpoints leave out; the chief initialises them
+        whenever it finds them uninitialised (a fresh or restored model), never otherwise.
+      ps_hosts: where the ps tasks listen; after a lost ps, session creation first waits for
+        them to accept connections.
+      recovery_timeout: how long re-creating a session after a lost ps may take (default:
+        `timeout`).
+      status: filled in as sessions are created.
     """
-    scaffold = tf1.train.Scaffold()
+    status = status if status is not None else SessionStatus()
+    tf.get_logger().addFilter(_recovery_log_filter)  # idempotent: a logger holds a filter once
     hooks = list(hooks)
+    bound = timeout if recovery_timeout is None else recovery_timeout
     if is_chief:
-        creator = tf1.train.ChiefSessionCreator(scaffold, master, config,
-                                                checkpoint_dir=checkpoint_dir)
+        everything = tf1.global_variables()
+        kept = [v for v in everything if all(v is not t for t in transient)]
+        scaffold = tf1.train.Scaffold(
+            saver=tf1.train.Saver(kept, sharded=True, allow_empty=True) if transient else None,
+            ready_for_local_init_op=tf1.report_uninitialized_variables(kept),
+            local_init_op=tf.group(tf1.train.Scaffold.default_local_init_op(),
+                                   *[_init_if_uninitialized(v) for v in transient]))
+        creator = _ChiefSessionCreator(
+            scaffold, master, config, checkpoint_dir=checkpoint_dir, status=status,
+            model_missing=tf1.report_uninitialized_variables(everything))
         if checkpoint_dir:
-            hooks.append(tf1.train.CheckpointSaverHook(checkpoint_dir, save_steps=save_steps,
-                                                       scaffold=scaffold))
+            hooks.append(tf1.train.CheckpointSaverHook(
+                checkpoint_dir, save_secs=save_secs,
+                save_steps=None if save_secs else save_steps, scaffold=scaffold))
     else:
+        scaffold = tf1.train.Scaffold()
         creator = _PromptWorkerSessionCreator(scaffold, master, config, max_wait_secs=timeout)
+    creator._setup_bound(bound, ps_hosts, status)  # pylint: disable=protected-access
     return tf1.train.MonitoredSession(creator, hooks, stop_grace_period_secs=STOP_GRACE_SECS)
+
+
+def check_logdir(logdir: Path) -> None:
+    """Raises ConfigError unless the chief can write checkpoints and summaries to logdir."""
+    try:
+        logdir.mkdir(parents=True, exist_ok=True)
+        probe = logdir / f".sync-mnist-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        reason = e.strerror or errno.errorcode.get(e.errno, str(e))
+        raise ConfigError(f"--logdir {logdir} is not writable: {reason}") from None
+
+
+def check_checkpoint(logdir: Path, variables: Sequence[tf.Variable]) -> None:
+    """Raises ConfigError if logdir's latest checkpoint cannot be restored into `variables`.
+
+    Restoring it would fail mid-start with a long TensorFlow error; this names the variable.
+    """
+    path = tf.train.latest_checkpoint(str(logdir))
+    if path is None:
+        return
+    try:
+        shapes = dict(tf.train.list_variables(path))
+    except (tf.errors.OpError, ValueError) as e:
+        raise ConfigError(f"--logdir {logdir} holds a checkpoint that cannot be read "
+                          f"({Path(path).name}): {_first_line(e)}") from None
+    for v in variables:  # a shape that differs says more than a name that is missing
+        name, here = v.op.name, v.shape.as_list()
+        if name in shapes and list(shapes[name]) != here:
+            raise ConfigError(f"--logdir {logdir} holds a checkpoint of a different model: "
+                              f"{name} has shape {list(shapes[name])} there, {here} here")
+    for v in variables:
+        if v.op.name not in shapes:
+            raise ConfigError(f"--logdir {logdir} holds a checkpoint of a different model: it "
+                              f"has no variable {v.op.name} (shape {v.shape.as_list()} here)")
+
+
+def _first_line(error: Exception) -> str:
+    text = getattr(error, "message", None) or str(error)
+    return (text.strip().splitlines() or [type(error).__name__])[0]

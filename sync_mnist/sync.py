@@ -10,7 +10,8 @@ How one synchronous update works (SyncReplicasOptimizer, between-graph replicati
      worker; a token's value is the new global step, and becomes the worker's local step.
 
 Counting is done on the ps, never assumed:
-  * `pushed[w]` += 1 in worker w's own step, just before its gradients are pushed.
+  * `pushed[w]` += 1 in worker w's own step, just before its gradients are pushed, once the
+    whole gradient has reached the ps (so a worker killed mid-step has pushed all or nothing).
   * `accepted[w]` is written by the update itself. Each worker pushes one_hot(w) into a summing
     accumulator of its own, just before its gradients and with the same local step, so it is
     accepted or dropped exactly as they are. The update takes that sum with the gradients:
@@ -20,7 +21,7 @@ Counting is done on the ps, never assumed:
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 import tensorflow as tf
 
@@ -42,6 +43,10 @@ class SyncTraining(NamedTuple):
     train_op: tf.Tensor  # its value (the token): the global step after the update this push joined
     hooks: list
     optimizer: tf1.train.Optimizer  # the SyncReplicasOptimizer (or the plain one in async mode)
+    # Sync: for a worker restarted into a running cluster. `rejoin` takes a token without
+    # pushing and makes it this worker's local step; `tokens_waiting` is the token queue's size.
+    rejoin: tf.Tensor | None = None
+    tokens_waiting: tf.Tensor | None = None
 
 
 def build_shared_state(num_workers: int) -> SharedState:
@@ -63,7 +68,8 @@ def build_shared_state(num_workers: int) -> SharedState:
 
 def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Optimizer, *,
                    worker_index: int, num_workers: int, replicas_to_aggregate: int,
-                   is_chief: bool, mode: str = "sync", num_tokens: int = 0) -> SyncTraining:
+                   is_chief: bool, mode: str = "sync", num_tokens: int = 0,
+                   last_push: tf.Variable | None = None) -> SyncTraining:
     """Builds one worker's training step.
 
     Args:
@@ -76,13 +82,15 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
       is_chief: whether this worker runs the update loop.
       mode: "sync", or "async" for the plain optimizer (every push is an update of its own).
       num_tokens: tokens the chief preloads; 0 is the fix, -1 the stock default (R tokens).
+      last_push: int64 [workers] on the ps; each push writes its local step there, so that a
+        restarted worker can tell whether its predecessor's last gradient is waiting.
 
     Returns:
       SyncTraining with the op to run each step and the hooks the session needs.
     """
     grads_and_vars = optimizer.compute_gradients(loss)
-    one = tf.ones([1], tf.int64)
     if mode == "async":
+        one = tf.ones([1], tf.int64)
         with tf.control_dependencies([tf1.scatter_add(state.pushed, [worker_index], one)]):
             apply = optimizer.apply_gradients(grads_and_vars, state.global_step)
         with tf.control_dependencies([apply]):
@@ -102,10 +110,28 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
     with tf1.colocate_with(tf.no_op(name="local_anchor")):
         local_step = tf1.get_local_variable("sync_counters/local_step", shape=[],
                                             dtype=tf.int64, initializer=tf1.zeros_initializer())
-    counted = [tf1.scatter_add(state.pushed, [worker_index], one),
-               who.apply_grad(tf.one_hot(worker_index, num_workers), local_step=local_step)]
+    # Sync: copy each gradient to its variable's ps before anything is counted or pushed. The
+    # counts and pushes then wait for the whole gradient to be there, and run on the ps alone:
+    # a worker killed mid-step has (with one ps) pushed and counted all of it or none of it,
+    # which is what lets a restarted worker trust pushed and last_push.
+    arrived = []
+    for g, v in grads_and_vars:
+        with tf1.device(v.device):
+            arrived.append((None if g is None else tf.identity(g), v))
+    # Everything the counts need is made on the ps too, so that nothing waits for this worker
+    # once the gradient has arrived.
+    with tf1.device(state.global_step.device), \
+            tf.control_dependencies([g for g, _ in arrived if g is not None]):
+        counted = [tf1.scatter_add(state.pushed, [worker_index], tf.ones([1], tf.int64)),
+                   who.apply_grad(tf.one_hot(worker_index, num_workers), local_step=local_step)]
+        if last_push is not None:
+            counted.append(tf1.scatter_update(last_push, [worker_index],
+                                              tf.reshape(local_step, [1])))
     with tf.control_dependencies(counted):  # Sync: count first, then push the gradients
-        grads_and_vars = [(tf.identity(g), v) for g, v in grads_and_vars]
+        grads_and_vars = []
+        for g, v in arrived:
+            with tf1.device(v.device):
+                grads_and_vars.append((None if g is None else tf.identity(g), v))
 
     sync_optimizer = tf1.train.SyncReplicasOptimizer(
         _AcceptanceCounter(optimizer, state, who, replicas_to_aggregate),
@@ -125,7 +151,17 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
     # last gradient joined, so with R = N each update holds exactly one gradient per worker.
     hook = sync_optimizer.make_session_run_hook(is_chief, num_tokens=num_tokens)
     _quiet_queue_runner_at_close(sync_optimizer)
-    return SyncTraining(train_op, [hook], sync_optimizer)
+    # Sync: a worker restarted into a running cluster may find the token its predecessor never
+    # took, or its predecessor's gradient waiting in the accumulators; it then takes a token
+    # without pushing again (see rejoin_needed). The optimizer has no public handle on its
+    # token queue or local step.
+    queue = sync_optimizer._sync_token_queue  # pylint: disable=protected-access
+    with tf1.device(state.global_step.device):
+        tokens_waiting, taken = queue.size(), queue.dequeue()
+    with tf.control_dependencies(
+            [tf1.assign(sync_optimizer._local_step, taken)]):  # pylint: disable=protected-access
+        rejoin = tf1.assign(local_step, taken)
+    return SyncTraining(train_op, [hook], sync_optimizer, rejoin, tokens_waiting)
 
 
 class _AcceptanceCounter(tf1.train.Optimizer):
@@ -194,24 +230,48 @@ def train_loop(run_step: Callable[[int], int], *, start_step: int, planned: int,
     """Runs one worker's steps until it is done; returns how many it ran.
 
     Args:
-      run_step: run_step(local_step) pushes one gradient and returns the token it was handed.
-      start_step: global_step when this worker's session became ready.
-      planned: local steps to run when stopping on the local count.
+      run_step: run_step(step) pushes one gradient computed on batch `step` and returns the
+        token it was handed. In sync mode `step` is this worker's local step: the global step
+        its push is for.
+      start_step: this worker's local step when it starts (the global step, or the token it
+        took when it rejoined a running cluster).
+      planned: local steps to run when stopping on the local count (async mode).
       target: the global step training ends at, when stopping on tokens.
-      stop_on_token: stop once a token reaches `target` (backup workers, R < N) instead of
-        after `planned` local steps.
+      stop_on_token: stop once a token reaches `target` (sync mode) instead of after `planned`
+        local steps (async mode, where every push is an update of its own).
     """
-    # Sync: with R = N every local step joins exactly one update, so every worker stops on its
-    # own count and nobody decides by reading global_step (a read in the same run as the train
-    # op may land before or after the update, which is how the question's workers disagreed
-    # about when to stop). With backups local counts differ by design; the token a worker is
-    # handed, the global step after the update its push joined, is then its stop signal. After
-    # the last update there is one such token per worker, and a worker takes only one.
+    # Sync: the token a worker is handed is the global step after the update its push joined,
+    # and becomes its local step. With R = N every local step joins exactly one update, so the
+    # token after k steps is start + k + 1 and stopping on it is stopping on the local count:
+    # nobody decides by reading global_step (a read in the same run as the train op may land
+    # before or after the update, which is how the question's workers disagreed about when to
+    # stop). Unlike a count, the token stays right when the ps is restored from a checkpoint
+    # mid-run (it goes back) or a worker rejoins. With backups local counts differ by design;
+    # the token is then the only stop signal. After the last update there is one token per
+    # worker, and a worker takes only one. The batch follows the token too, so a worker trains
+    # on the same batch for the same update however often it was restarted.
     local, token = 0, start_step
     while (token < target) if stop_on_token else (local < planned):
-        token = run_step(local)
+        token = run_step(token if stop_on_token else start_step + local)
         local += 1
     return local
+
+
+def rejoin_needed(*, last_push: int, global_step: int, tokens_waiting: int) -> bool:
+    """Whether a worker restarted into a running cluster must take a token before pushing.
+
+    With R = N each worker holds exactly one token per update. A worker killed after pushing
+    has either its gradient waiting for the update (its last push was for this global step)
+    or, if the update came, its token left in the queue. Pushing again would put two of its
+    gradients into one update; taking the token first resumes the lockstep exactly.
+
+    Args:
+      last_push: the local step of this worker's last push since the model was last
+        initialised or restored on the ps (-1: none).
+      global_step: the global step now.
+      tokens_waiting: tokens in the queue; with R = N only a dead worker leaves one there.
+    """
+    return tokens_waiting > 0 or last_push == global_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,11 +305,19 @@ class Verdict:
     line: str
 
 
-def verify(counters: Counters, *, mode: str, target_steps: int,
-           replicas_to_aggregate: int) -> Verdict:
-    """Judges a run from its counters alone. Pure: the same counters give the same verdict."""
+def verify(counters: Counters, *, mode: str, target_steps: int, replicas_to_aggregate: int,
+           lost: Sequence[int] = ()) -> Verdict:
+    """Judges a run from its counters alone. Pure: the same counters give the same verdict.
+
+    `lost` lists the workers the chief declared lost at the end (dead or silent for
+    --timeout): they are named with the pushes they made. A lost backup costs nothing; with
+    R = N a worker can only be lost after its last push (otherwise training cannot end), so its
+    contributions are complete and the verdict stands on the counters as for any run.
+    """
     c, r = counters, replicas_to_aggregate
     n = len(c.accepted)
+    lost_note = "".join(f"; worker {w} lost after {c.pushed[w]} push"
+                        f"{'es' if c.pushed[w] != 1 else ''}" for w in sorted(lost))
     if mode == "async":
         total = sum(c.pushed)
         signature = c.global_step == total and c.accepted == c.pushed
@@ -284,7 +352,7 @@ def verify(counters: Counters, *, mode: str, target_steps: int,
     if r == n and c.solo_updates:
         problems.append(f"{c.solo_updates} updates were made of a single worker's gradients")
     if problems:
-        return Verdict(False, False, "NOT synchronous: " + "; ".join(problems))
+        return Verdict(False, False, "NOT synchronous: " + "; ".join(problems) + lost_note)
     if r == n:
         line = (f"synchronous: each of {c.global_step} updates averaged exactly one gradient "
                 f"from each of {n} workers; contributions {c.accepted}")
@@ -300,4 +368,4 @@ def verify(counters: Counters, *, mode: str, target_steps: int,
                 f"{c.global_step} updates averaged {'exactly' if not extra else 'at least'} "
                 f"{r} fresh gradients{extra}; {sum(c.unused)} stale or left-over gradients "
                 f"dropped ({unused}){repeats}")
-    return Verdict(True, True, line)
+    return Verdict(True, True, line + lost_note)

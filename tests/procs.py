@@ -116,3 +116,39 @@ def processes_mentioning(text: str) -> list[str]:
         if text in argv:
             found.append(f"{entry.name}: {argv}")
     return found
+
+
+TCP_LISTEN = "0A"  # socket state in /proc/<pid>/net/tcp{,6}
+
+
+def listening_ports(proc_dir: str = "/proc/self") -> set[int]:
+    """Local ports of every TCP LISTEN socket in proc_dir's network namespace, IPv4 and IPv6."""
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = Path(proc_dir, "net", table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[3] == TCP_LISTEN:
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def local_cluster(num_workers: int):
+    """In-process servers on free ports: 1 ps and num_workers workers; (workers, ClusterSpec).
+
+    (tf.compat.v1.test.create_local_cluster needs portpicker, which TensorFlow does not install.)
+    """
+    import tensorflow as tf
+
+    from sync_mnist.cluster import free_ports
+
+    ports = free_ports(num_workers + 1)
+    cluster = tf.train.ClusterSpec({"ps": [f"localhost:{ports[0]}"],
+                                    "worker": [f"localhost:{p}" for p in ports[1:]]})
+    tf.distribute.Server(cluster, job_name="ps", task_index=0, start=True)
+    workers = [tf.distribute.Server(cluster, job_name="worker", task_index=i, start=True)
+               for i in range(num_workers)]
+    return workers, cluster

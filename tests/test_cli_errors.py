@@ -117,6 +117,8 @@ TASK_ERRORS = {
                      "error: --timeout must be positive, got 0.0"),
     "zero log-every": ([*WORKER_1, "--log-every", "0"], None,
                        "error: --log-every must be a positive integer, got 0"),
+    "zero save-secs": ([*WORKER_1, "--save-secs", "0"], None,
+                       "error: --save-secs must be positive, got 0.0"),
     "malformed TF_CONFIG": (["--role", "worker", "--index", "0"], '{"cluster": {ps: []}}',
                             "error: TF_CONFIG is not valid JSON (Expecting property name "
                             "enclosed in double quotes at character 13)"),
@@ -250,6 +252,8 @@ LAUNCH_ERRORS = {
                          "error: --ps 1 --workers -3: a cluster needs at least one of each"),
     "base port out of range": (["--base-port", "70000"],
                                "error: --base-port 70000 is outside 0-65535"),
+    "negative max restarts": (["--max-restarts", "-1"],
+                              "error: --max-restarts must be 0 or more, got -1"),
     "zero batch size": (["--batch-size", "0"],
                         "error: --batch-size must be a positive integer, got 0"),
     "negative train steps": (["--train-steps", "-1"],
@@ -304,14 +308,15 @@ def _required_options(text: str) -> set[str]:
 
 TRAINING_OPTIONS = {"--train-steps", "--epochs", "--batch-size", "--learning-rate",
                     "--optimizer", "--seed", "--dataset", "--data-dir", "--logdir",
-                    "--save-steps", "--timeout", "--mode", "--replicas-to-aggregate",
-                    "--setup", "--log-every", "--summary-json",
+                    "--save-steps", "--save-secs", "--timeout", "--mode",
+                    "--replicas-to-aggregate", "--setup", "--log-every", "--summary-json",
                     "--verbose"}
 
 
 @pytest.mark.parametrize("entry, own_options, required", [
     (cli.main, {"--role", "--index", "--ps-hosts", "--worker-hosts"}, {"--role", "--index"}),
-    (cli.launch_main, {"--ps", "--workers", "--base-port"}, set()),
+    (cli.launch_main, {"--ps", "--workers", "--base-port", "--isolate", "--max-restarts"},
+     set()),
 ], ids=["sync-mnist", "sync-mnist-cluster"])
 def test_help_exits_0_and_states_every_default(entry, own_options, required, capsys):
     assert _call(entry, ["--help"]) == 0

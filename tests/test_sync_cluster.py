@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from procs import local_cluster
 from sync_mnist import session, sync
-from sync_mnist.cluster import free_ports
 
 tf1 = tf.compat.v1
 pytestmark = pytest.mark.cluster
@@ -72,7 +72,7 @@ class _Worker:
 
 
 def _train(num_workers, replicas, steps, mode="sync", before_push=None):
-    servers, cluster = _local_cluster(num_workers)
+    servers, cluster = local_cluster(num_workers)
     workers = [_Worker(cluster, i, num_workers, replicas, mode) for i in range(num_workers)]
     threads = [threading.Thread(target=w.run, args=(servers[w.index].target, steps),
                                 kwargs={"before_push": before_push,
@@ -88,18 +88,6 @@ def _train(num_workers, replicas, steps, mode="sync", before_push=None):
         assert w.error is None, f"worker {w.index} failed: {w.error!r}; tokens {[v.tokens for v in workers]}"
     counters, x = workers[0].read(servers[0].target)
     return workers, counters, x
-
-
-def _local_cluster(num_workers):
-    """In-process servers on free ports: 1 ps and num_workers workers (create_local_cluster
-    needs the portpicker package, which TensorFlow does not install)."""
-    ports = free_ports(num_workers + 1)
-    cluster = tf.train.ClusterSpec({"ps": [f"localhost:{ports[0]}"],
-                                    "worker": [f"localhost:{p}" for p in ports[1:]]})
-    tf.distribute.Server(cluster, job_name="ps", task_index=0, start=True)
-    workers = [tf.distribute.Server(cluster, job_name="worker", task_index=i, start=True)
-               for i in range(num_workers)]
-    return workers, cluster
 
 
 def test_lockstep_update_averages_one_gradient_per_worker():
