@@ -167,6 +167,7 @@ def _run_task(config: TaskConfig, verbose: bool) -> int:
         return config_lib.EXIT_INTERRUPTED
 
     log = logging.getLogger("sync_mnist")
+    config_lib.TaskTimeout.exit_if_unwinding_hangs = True  # this process ends with the task
     result = report.TaskResult(role=config.role, index=config.index, mode=config.train.mode)
     try:
         if config.train.setup == "question":

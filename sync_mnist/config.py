@@ -7,6 +7,9 @@ never reads argparse, `sys.argv` or the environment.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
+import threading
 from pathlib import Path
 
 from sync_mnist.cluster import ClusterLayout
@@ -34,7 +37,31 @@ class ConfigError(ValueError):
 
 
 class TaskTimeout(RuntimeError):
-    """A bounded wait expired; the message says what was awaited and what was seen."""
+    """A bounded wait expired; the message says what was awaited and what was seen.
+
+    In a task process (cli.py sets `exit_if_unwinding_hangs`), raising it also arms a last
+    resort: unwinding closes TensorFlow sessions, and against a peer that vanished from the
+    network (a cut link, not a dead process) a close can block inside TensorFlow past any
+    timeout. If the process is still alive UNWIND_GRACE_SECS later, it logs the message and
+    exits with EXIT_TIMEOUT anyway.
+    """
+
+    exit_if_unwinding_hangs = False
+    UNWIND_GRACE_SECS = 10.0
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        if TaskTimeout.exit_if_unwinding_hangs:
+            timer = threading.Timer(self.UNWIND_GRACE_SECS, _exit_after_timeout, (message,))
+            timer.daemon = True
+            timer.start()
+
+
+def _exit_after_timeout(message: str) -> None:
+    logging.getLogger("sync_mnist").error("%s (exiting: closing the sessions blocked for %g s)",
+                                          message, TaskTimeout.UNWIND_GRACE_SECS)
+    logging.shutdown()
+    os._exit(EXIT_TIMEOUT)
 
 
 @dataclasses.dataclass(frozen=True)

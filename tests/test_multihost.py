@@ -34,7 +34,8 @@ import pytest
 from procs import processes_mentioning, read_json
 from sync_mnist.cluster import free_ports
 
-pytestmark = pytest.mark.cluster
+# About a minute each: in `make soak`, to keep `make test` near five minutes.
+pytestmark = [pytest.mark.cluster, pytest.mark.soak]
 
 SUBNET = "10.66.0"  # inside the test's own namespaces only, so it can clash with nothing
 TIMEOUT = 15  # --timeout: the bound after the cut
