@@ -167,8 +167,16 @@ def _run_task(config: TaskConfig, verbose: bool) -> int:
         return config_lib.EXIT_INTERRUPTED
 
     log = logging.getLogger("sync_mnist")
-    config_lib.TaskTimeout.exit_if_unwinding_hangs = True  # this process ends with the task
     result = report.TaskResult(role=config.role, index=config.index, mode=config.train.mode)
+
+    def last_resort(message: str) -> None:  # see TaskTimeout: unwinding blocked after a timeout
+        log.error("%s (exiting: closing the sessions blocked for %g s)", message,
+                  config_lib.TaskTimeout.UNWIND_GRACE_SECS)
+        _finish(config, report.TaskResult(role=config.role, index=config.index,
+                                          mode=config.train.mode, error=message),
+                config_lib.EXIT_TIMEOUT)
+
+    config_lib.TaskTimeout.last_resort = last_resort
     try:
         if config.train.setup == "question":
             from sync_mnist import question  # the specimen; nothing else imports it
@@ -200,6 +208,11 @@ def _run_task(config: TaskConfig, verbose: bool) -> int:
                 log.exception("traceback")
             result.error = f"{type(e).__name__}: {_first_line(e)}"
             code = config_lib.EXIT_FAILED
+    _finish(config, result, code)
+
+
+def _finish(config: TaskConfig, result, code: int) -> None:
+    """Writes the result record and ends the process with `code`."""
     result.exit_code = code
     if config.summary_json:
         result.write_json(config.summary_json)

@@ -7,10 +7,9 @@ never reads argparse, `sys.argv` or the environment.
 from __future__ import annotations
 
 import dataclasses
-import logging
-import os
 import threading
 from pathlib import Path
+from typing import Callable
 
 from sync_mnist.cluster import ClusterLayout
 
@@ -39,29 +38,21 @@ class ConfigError(ValueError):
 class TaskTimeout(RuntimeError):
     """A bounded wait expired; the message says what was awaited and what was seen.
 
-    In a task process (cli.py sets `exit_if_unwinding_hangs`), raising it also arms a last
-    resort: unwinding closes TensorFlow sessions, and against a peer that vanished from the
-    network (a cut link, not a dead process) a close can block inside TensorFlow past any
-    timeout. If the process is still alive UNWIND_GRACE_SECS later, it logs the message and
-    exits with EXIT_TIMEOUT anyway.
+    In a task process, raising it also arms a last resort (cli.py sets `last_resort`):
+    unwinding closes TensorFlow sessions, and against a peer that vanished from the network (a
+    cut link, not a dead process) a close can block inside TensorFlow past any timeout. If the
+    process is still alive UNWIND_GRACE_SECS later, last_resort(message) reports and exits.
     """
 
-    exit_if_unwinding_hangs = False
+    last_resort: Callable[[str], None] | None = None
     UNWIND_GRACE_SECS = 10.0
 
     def __init__(self, message: str):
         super().__init__(message)
-        if TaskTimeout.exit_if_unwinding_hangs:
-            timer = threading.Timer(self.UNWIND_GRACE_SECS, _exit_after_timeout, (message,))
+        if TaskTimeout.last_resort is not None:
+            timer = threading.Timer(self.UNWIND_GRACE_SECS, TaskTimeout.last_resort, (message,))
             timer.daemon = True
             timer.start()
-
-
-def _exit_after_timeout(message: str) -> None:
-    logging.getLogger("sync_mnist").error("%s (exiting: closing the sessions blocked for %g s)",
-                                          message, TaskTimeout.UNWIND_GRACE_SECS)
-    logging.shutdown()
-    os._exit(EXIT_TIMEOUT)
 
 
 @dataclasses.dataclass(frozen=True)
