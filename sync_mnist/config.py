@@ -65,8 +65,8 @@ class TrainConfig:
     learning_rate: float = 0.001  # Adam's default, as in the question
     optimizer: str = "adam"  # wrapped by SyncReplicasOptimizer in sync mode
     seed: int = 0  # model init, shard partition and per-epoch reshuffle all derive from it
-    dataset: str = "auto"  # auto | mnist | mnist-sample | synthetic
-    data_dir: Path = Path("~/.cache/sync_mnist").expanduser()
+    dataset: str = "mnist"  # mnist | synthetic
+    data_dir: Path | None = None  # the user's own MNIST files; None: the copy the package ships
     logdir: Path | None = None  # checkpoints and TensorBoard summaries (chief only); None: none
     timeout: float = 300.0  # seconds; the bound on every blocking wait
     mode: str = "sync"  # sync: SyncReplicasOptimizer; async: the plain optimizer, for comparison

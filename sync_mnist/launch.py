@@ -140,9 +140,10 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
     """Runs the cluster to the end; returns the launcher's exit code (see config.EXIT_*)."""
     started = time.time()
     try:
-        # Resolve "auto" once, here, so every task trains on the same data and only one process
-        # ever downloads.
-        dataset = data.resolve_dataset(train.dataset, train.data_dir)
+        # A missing or damaged data file is the user's to fix: say so once, before any task
+        # starts, rather than once per task.
+        data.check_source(train.dataset, train.data_dir)
+        dataset = train.dataset
     except data.DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return config_lib.EXIT_USAGE
@@ -323,6 +324,7 @@ def cluster_summary(results: list[report.TaskResult], tasks: list[_Task],
         "verdict": reading.verdict if reading else None,
         "verdicts_agree": len(verdicts) <= 1,
         "test_accuracy": chief.test_accuracy if chief else None,
+        "test_loss": chief.test_loss if chief else None,
         "dataset": chief.dataset if chief else None,
         "dataset_description": chief.dataset_description if chief else None,
         "startup_s": max((r.startup_s for r in workers if r.startup_s), default=None),
@@ -341,16 +343,19 @@ def cluster_summary(results: list[report.TaskResult], tasks: list[_Task],
         "restarts": {f"{t.role} {t.index}": t.restarts for t in tasks if t.restarts},
         "exit_lag_s": max(exits) - max(finished) if exits and finished else None,
         "wall_s": wall,
+        "peak_rss_mb": max((r.peak_rss_mb for r in results if r.peak_rss_mb), default=None),
         "tasks": [r.to_dict() for r in results],
     }
 
 
 def _closing_lines(s: dict) -> str:
     acc = "-" if s["test_accuracy"] is None else f"{s['test_accuracy']:.4f}"
+    loss = "-" if s["test_loss"] is None else f"{s['test_loss']:.4f}"
     lag = "-" if s["ready_lag_s"] is None else f"{s['ready_lag_s']:.2f} s"
     exit_lag = "-" if s["exit_lag_s"] is None else f"{s['exit_lag_s']:.2f} s"
     verdict = s["verdict"] or "no verdict (training did not end)"
-    return (f"global_step={s['global_step']} test_accuracy={acc} dataset={s['dataset']} "
+    return (f"global_step={s['global_step']} test_accuracy={acc} test_loss={loss} "
+            f"dataset={s['dataset']} "
             f"examples_per_sec={s['examples_per_sec']:.0f} wall={s['wall_s']:.1f} s "
             f"ready_lag={lag} exit_lag={exit_lag}\n"
             f"verification: {verdict}")

@@ -128,7 +128,7 @@ def run_question_worker(config: TaskConfig, *, dataset: data.Dataset | None = No
     result.solo_updates = counters.solo_updates
     result.synchronous, result.verdict = verdict.synchronous, verdict.line
     if config.is_chief:
-        result.test_accuracy = evaluate(side, g, dataset, bounded)
+        result.test_accuracy, result.test_loss = evaluate(side, g, dataset, bounded)
     side.close()
     supervisor.request_stop()
     log.info("verdict: %s", verdict.line)

@@ -31,6 +31,7 @@ class TaskResult:
     synchronous: bool | None = None
     verdict: str | None = None
     test_accuracy: float | None = None  # chief only
+    test_loss: float | None = None  # chief only: mean cross-entropy on the test digits
     dataset: str | None = None
     dataset_description: str | None = None
     ready_at: float | None = None  # unix time the training session was ready
@@ -45,6 +46,7 @@ class TaskResult:
     sessions: int | None = None  # sessions created; more than 1: a ps was lost and came back
     lost: list[int] | None = None  # workers the chief declared lost at the finish
     restarts: int = 0  # times the launcher restarted this task (--max-restarts)
+    peak_rss_mb: float | None = None  # this process's peak resident memory (ru_maxrss)
     exit_code: int = config_lib.EXIT_OK
     error: str | None = None
 
@@ -79,7 +81,7 @@ def format_table(results: list[TaskResult]) -> str:
     restarts = any(r.restarts for r in results)
     lines = [f"{'task':<10}{'exit':>5}{format('restarts', '>9') if restarts else ''}{'ready':>9}"
              f"{'local steps':>13}{'pushed':>9}{'accepted':>10}{'unused':>8}{'examples/s':>12}"
-             "  note"]
+             f"{'peak MB':>9}  note"]
     reading = latest_reading(results)
 
     def restarted(r: TaskResult) -> str:
@@ -87,15 +89,17 @@ def format_table(results: list[TaskResult]) -> str:
 
     for w in workers:
         i = w.index
-        ready = (f"+{w.ready_at - chief_ready:.1f}s" if w.ready_at and chief_ready else "-")
+        ready = (f"{w.ready_at - chief_ready:+.1f}s" if w.ready_at and chief_ready else "-")
         pushed = reading.pushed[i] if reading else None
         accepted = reading.contributions[i] if reading else None
         dropped = reading.dropped[i] if reading else None
         lines.append(f"{f'worker {i}':<10}{w.exit_code:>5}{restarted(w)}{ready:>9}"
                      f"{_fmt(w.local_steps):>13}{_fmt(pushed):>9}{_fmt(accepted):>10}"
-                     f"{_fmt(dropped):>8}{_fmt(w.examples_per_sec, '.0f'):>12}  {_note(w)}")
+                     f"{_fmt(dropped):>8}{_fmt(w.examples_per_sec, '.0f'):>12}"
+                     f"{_fmt(w.peak_rss_mb, '.0f'):>9}  {_note(w)}")
     for p in sorted((r for r in results if r.role == "ps"), key=lambda r: r.index):
-        lines.append(f"{f'ps {p.index}':<10}{p.exit_code:>5}{restarted(p)}{'':>61}  {_note(p)}")
+        lines.append(f"{f'ps {p.index}':<10}{p.exit_code:>5}{restarted(p)}{'':>61}"
+                     f"{_fmt(p.peak_rss_mb, '.0f'):>9}  {_note(p)}")
     return "\n".join(lines)
 
 

@@ -95,15 +95,21 @@ class SideSession:
 def load_shard(config: TaskConfig, dataset: data.Dataset | None = None
                ) -> tuple[data.Dataset, data.Shard, int]:
     """The dataset, this worker's shard of it, and the steps to train: --train-steps, or
-    --epochs passes over the shard."""
+    --epochs passes over the shard.
+
+    The dataset comes back without its training split (the shard holds this worker's rows)
+    and, except on the chief, without its test split, so a task keeps only what it uses.
+    """
     train = config.train
     if dataset is None:
         dataset = data.load_dataset(train.dataset, train.data_dir, seed=train.seed)
-    log.info("dataset %s", dataset.description)
     # Sync: a disjoint shard per worker, equal in length, so every worker runs as many batches.
     shard = data.Shard(dataset.train_images, dataset.train_labels, index=config.index,
                        num_workers=config.cluster.num_workers, batch_size=train.batch_size,
                        seed=train.seed)
+    log.info("dataset %s; this worker's shard: %s digits", dataset.description,
+             f"{shard.size:,}")
+    dataset = dataset.test_only() if config.is_chief else dataset.test_only().without_test()
     return dataset, shard, train.train_steps or train.epochs * shard.batches_per_epoch
 
 
@@ -127,9 +133,12 @@ def run_worker(config: TaskConfig, *, dataset: data.Dataset | None = None,
         session.check_logdir(logdir)
     if server is None:
         cluster_lib.check_port_free(config.cluster.address("worker", i), config.name)
+    # Before the server: loading briefly holds the whole training set, and its peak should not
+    # add to the memory that the server and the session take.
+    dataset, shard, target = load_shard(config, dataset)
+    if server is None:
         server = tf.distribute.Server(config.cluster.spec(), job_name="worker", task_index=i,
                                       start=True)
-    dataset, shard, target = load_shard(config, dataset)
 
     graph = tf.Graph()
     with graph.as_default():
@@ -250,9 +259,10 @@ def run_worker(config: TaskConfig, *, dataset: data.Dataset | None = None,
         result.lost = lost
         result.synchronous, result.verdict = verdict.synchronous, verdict.line
         if config.is_chief:
-            result.test_accuracy = evaluate(side, g, dataset, bounded)
-            log.info("test_accuracy=%.4f on %d test examples of %s", result.test_accuracy,
-                     len(dataset.test_labels), dataset.name)
+            result.test_accuracy, result.test_loss = evaluate(side, g, dataset, bounded)
+            log.info("test_accuracy=%.4f test_loss=%.4f on %d test examples of %s",
+                     result.test_accuracy, result.test_loss, len(dataset.test_labels),
+                     dataset.name)
             if writer:
                 _write_summaries(writer, counters, test_accuracy=result.test_accuracy)
     side.close()
@@ -371,14 +381,18 @@ def _stalled(side: SideSession, g: _Graph, config: TaskConfig) -> str:
             f"{membership.missing([int(s) for s in last_push], int(step), config.cluster)}")
 
 
-def evaluate(side, g: _Graph, dataset: data.Dataset, options) -> float:
-    correct = 0.0
+def evaluate(side, g: _Graph, dataset: data.Dataset, options) -> tuple[float, float]:
+    """Accuracy and mean cross-entropy on the test split, EVAL_BATCH digits at a time."""
+    correct = total_loss = 0.0
     for start in range(0, len(dataset.test_labels), EVAL_BATCH):
-        x = dataset.test_images[start:start + EVAL_BATCH]
+        x = data.to_float(dataset.test_images[start:start + EVAL_BATCH])
         y = dataset.test_labels[start:start + EVAL_BATCH]
-        correct += side.run(g.outputs.accuracy, {g.images: x, g.labels: y},
-                            options=options) * len(y)
-    return float(correct / len(dataset.test_labels))
+        accuracy, loss = side.run([g.outputs.accuracy, g.outputs.loss],
+                                  {g.images: x, g.labels: y}, options=options)
+        correct += accuracy * len(y)
+        total_loss += loss * len(y)
+    n = len(dataset.test_labels)
+    return float(correct / n), float(total_loss / n)
 
 
 def _write_summaries(writer, counters: sync.Counters, **scalars) -> None:

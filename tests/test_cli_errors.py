@@ -402,4 +402,4 @@ def test_real_command_names_an_unreachable_ps_and_ends():
     assert errors[0].startswith(f"error: ps 0 at 127.0.0.1:{ps} is unreachable: ")
     assert errors[0].endswith(" for 2 s")
     assert err.splitlines()[-1] == errors[0]  # the last word, after the worker's start-up lines
-    assert seconds < 30
+    assert seconds < 60  # it ends: bounded by --timeout 2 plus start-up, even on a loaded machine

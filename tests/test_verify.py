@@ -140,8 +140,8 @@ def test_format_table_has_a_row_per_task_with_its_numbers():
     reading = dict(contributions=[20, 20, 20], pushed=[21, 20, 22], dropped=[1, 0, 2])
     results = [
         TaskResult(role="worker", index=2, mode="sync", local_steps=22, exit_code=3,
-                   examples_per_sec=987.6, ready_at=1002.25, **reading),
-        TaskResult(role="ps", index=0, mode="sync", **reading),
+                   examples_per_sec=987.6, ready_at=1002.25, peak_rss_mb=781.4, **reading),
+        TaskResult(role="ps", index=0, mode="sync", peak_rss_mb=756.6, **reading),
         TaskResult(role="worker", index=0, mode="sync", local_steps=21, examples_per_sec=1234.4,
                    ready_at=1000.0, **reading),
         TaskResult(role="worker", index=1, mode="sync", local_steps=20, exit_code=4,
@@ -149,19 +149,25 @@ def test_format_table_has_a_row_per_task_with_its_numbers():
     ]
     lines = report.format_table(results).splitlines()
     assert lines[0].split() == ["task", "exit", "ready", "local", "steps", "pushed", "accepted",
-                                "unused", "examples/s", "note"]
+                                "unused", "examples/s", "peak", "MB", "note"]
     # Workers in index order, then the ps; columns: exit, ready (seconds after the chief),
-    # local, pushed, accepted, unused, rate, note.
+    # local, pushed, accepted, unused, rate, peak memory, note.
     assert [line.split() for line in lines[1:]] == [
-        ["worker", "0", "0", "+0.0s", "21", "21", "20", "1", "1234"],
-        ["worker", "1", "4", "-", "20", "20", "20", "0", "-", "BLOCKED:", "released", "by",
+        ["worker", "0", "0", "+0.0s", "21", "21", "20", "1", "1234", "-"],
+        ["worker", "1", "4", "-", "20", "20", "20", "0", "-", "-", "BLOCKED:", "released", "by",
          "its", "timeout"],
-        ["worker", "2", "3", "+2.2s", "22", "22", "20", "2", "988"],
-        ["ps", "0", "0"],
+        ["worker", "2", "3", "+2.2s", "22", "22", "20", "2", "988", "781"],
+        ["ps", "0", "0", "757"],
     ]
+
+
+def test_format_table_shows_a_worker_ready_before_the_chief_with_its_sign():
+    results = [TaskResult(role="worker", index=0, mode="sync", ready_at=1000.0),
+               TaskResult(role="worker", index=1, mode="sync", ready_at=999.2)]
+    assert report.format_table(results).splitlines()[2].split()[3] == "-0.8s"
 
 
 def test_format_table_without_a_counter_reading_shows_dashes():
     results = [TaskResult(role="worker", index=0, mode="sync", exit_code=4)]
     assert report.format_table(results).splitlines()[1].split() == \
-        ["worker", "0", "4", "-", "-", "-", "-", "-", "-"]
+        ["worker", "0", "4", "-", "-", "-", "-", "-", "-", "-"]
