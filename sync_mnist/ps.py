@@ -15,7 +15,7 @@ import time
 
 import tensorflow as tf
 
-from sync_mnist import membership, report, session, sync
+from sync_mnist import membership, protocol, report, session, sync
 from sync_mnist.config import START_SECS, TaskConfig, TaskTimeout
 
 tf1 = tf.compat.v1
@@ -23,25 +23,6 @@ log = logging.getLogger(__name__)
 
 POLL_SECS = 1.0  # how often the ps checks for progress while it waits for done entries
 PS_GRACE_SECS = 5.0  # beyond --timeout without progress, before the ps gives up (see run_ps)
-
-
-def done_queue(ps_index: int, num_workers: int):
-    """Worker -> ps 'I have finished' messages. Shared by name between the graphs of all tasks."""
-    with tf1.device(f"/job:ps/task:{ps_index}"):
-        return tf1.FIFOQueue(num_workers, tf.int32, shapes=[], name=f"done_queue_{ps_index}",
-                             shared_name=f"done_queue_{ps_index}")
-
-
-def build_shared_graph(config: TaskConfig) -> tuple[sync.SharedState, list,
-                                                     membership.Membership]:
-    """global_step and counters (placed exactly as the workers place them), the done-queues and
-    the membership variables."""
-    cluster = config.cluster.spec()
-    with tf1.device(tf1.train.replica_device_setter(cluster=cluster)):
-        state = sync.build_shared_state(config.cluster.num_workers)
-    n = config.cluster.num_workers
-    members = membership.build_membership(n, membership.settings(config))
-    return state, [done_queue(p, n) for p in range(config.cluster.num_ps)], members
 
 
 def run_ps(config: TaskConfig, *, server=None) -> report.TaskResult:
@@ -55,7 +36,7 @@ def run_ps(config: TaskConfig, *, server=None) -> report.TaskResult:
                                replicas_to_aggregate=config.train.aggregate(n))
     graph = tf.Graph()
     with graph.as_default():
-        state, done_queues, members = build_shared_graph(config)
+        state, members, done_queues = protocol.build_shared(config)
         take_done = done_queues[config.index].dequeue()
     poll = tf1.RunOptions(timeout_in_ms=int(POLL_SECS * 1000))
     log.info("serving %s; waiting for %d workers to report done (timeout %g s without progress)",

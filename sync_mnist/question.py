@@ -25,8 +25,8 @@ import tensorflow as tf
 
 from sync_mnist import data, membership, report, session, sync
 from sync_mnist.config import TaskConfig
-from sync_mnist.worker import (Progress, build_graph, contributions_so_far, evaluate,
-                               load_shard)
+from sync_mnist.metrics import Progress, contributions_so_far
+from sync_mnist.worker import build_graph, evaluate, load_shard
 
 tf1 = tf.compat.v1
 log = logging.getLogger(__name__)

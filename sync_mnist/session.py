@@ -20,6 +20,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from sync_mnist import cluster as cluster_lib
+from sync_mnist import membership
 from sync_mnist.config import ConfigError, TaskTimeout
 
 tf1 = tf.compat.v1
@@ -305,3 +306,31 @@ def check_checkpoint(logdir: Path, variables: Sequence[tf.Variable]) -> None:
 def _first_line(error: Exception) -> str:
     text = getattr(error, "message", None) or str(error)
     return (text.strip().splitlines() or [type(error).__name__])[0]
+
+
+class SideSession:
+    """A plain session for reads beside the training session, re-created after a lost ps.
+
+    MonitoredSession re-creates its own session when a ps is lost; a plain one would keep
+    failing against the restarted ps, so this one is re-created too: once per call, and only
+    when every ps accepts connections again (creating a session waits without end for an
+    absent ps). While the ps is still away, the error goes to the caller.
+    """
+
+    def __init__(self, target: str, graph: tf.Graph, config: tf1.ConfigProto,
+                 ps_hosts: tuple[str, ...] = ()):
+        self._args, self._ps_hosts = (target, graph, config), ps_hosts
+        self._sess = tf1.Session(*self._args)
+
+    def run(self, fetches, feed_dict=None, options=None):
+        try:
+            return self._sess.run(fetches, feed_dict, options=options)
+        except _LOST_PS:
+            if any(membership.probe(address) for address in self._ps_hosts):
+                raise
+            self.close()
+            self._sess = tf1.Session(*self._args)
+            return self._sess.run(fetches, feed_dict, options=options)
+
+    def close(self) -> None:
+        close_bounded(self._sess.close, self._sess)

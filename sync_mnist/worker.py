@@ -1,10 +1,14 @@
-"""One worker's life: join the cluster, train its shard in lockstep, verify, report done.
+"""One worker's life, as the phases of `WorkerRun`: load its shard, start its server, build
+its graph, join the cluster, train in lockstep, finish and verify, report done.
 
-Lines that exist only because training is distributed and synchronous carry a `# Sync:` tag.
+docs/protocol.md (and protocol.py's docstring) tells the whole protocol that these phases are
+one side of. Lines that exist only because training is distributed and synchronous carry a
+`# Sync:` tag.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import NamedTuple
@@ -12,15 +16,14 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from sync_mnist import cluster as cluster_lib
-from sync_mnist import data, membership, model, report, session, sync
-from sync_mnist.config import START_SECS, TaskConfig
-from sync_mnist.ps import TaskTimeout, done_queue
+from sync_mnist import data, membership, metrics, model, protocol, report, session, sync
+from sync_mnist.config import START_SECS, TaskConfig, TaskTimeout
+from sync_mnist.session import SideSession
 
 tf1 = tf.compat.v1
 log = logging.getLogger(__name__)
 
 EVAL_BATCH = 1000  # test examples per evaluation run on the chief
-_LOST_PS = (tf.errors.UnavailableError, tf.errors.AbortedError)
 
 
 class _Graph(NamedTuple):
@@ -40,56 +43,23 @@ def build_graph(config: TaskConfig, num_tokens: int = 0, dataset: str | None = N
     (the resolved name) is published by the chief and compared by the others.
     """
     n, i = config.cluster.num_workers, config.index
+    shared = protocol.build_shared(config, dataset)  # Sync: first, placed as every task does
     # Sync: between-graph replication. Variables go round-robin onto the ps tasks; every other
     # op stays on this worker.
     setter = tf1.train.replica_device_setter(worker_device=f"/job:worker/task:{i}",
                                              cluster=config.cluster.spec())
     with tf1.device(setter):
-        state = sync.build_shared_state(n)  # Sync: first, so every task places it the same way
         images = tf1.placeholder(tf.float32, [None, model.IMAGE_PIXELS], name="images")
         labels = tf1.placeholder(tf.int64, [None], name="labels")
         outputs = model.build_model(images, labels)
-    # Sync: outside the setter (explicitly on ps 0), so the ps, which builds no model, places
-    # the counters exactly as the workers do.
-    members = membership.build_membership(n, membership.settings(config, dataset))
-    with tf1.device(setter):
         training = sync.build_train_op(
-            outputs.loss, state, model.make_optimizer(config.train.optimizer,
-                                                      config.train.learning_rate),
+            outputs.loss, shared.state, model.make_optimizer(config.train.optimizer,
+                                                             config.train.learning_rate),
             worker_index=i, num_workers=n, replicas_to_aggregate=config.train.aggregate(n),
             is_chief=config.is_chief, mode=config.train.mode, num_tokens=num_tokens,
-            last_push=members.last_push)
-    report_done = tf.group(*[done_queue(p, n).enqueue(i)
-                             for p in range(config.cluster.num_ps)])
-    return _Graph(images, labels, outputs, state, training, members, report_done)
-
-
-class SideSession:
-    """A plain session for reads beside the training session, re-created after a lost ps.
-
-    MonitoredSession re-creates its own session when a ps is lost; a plain one would keep
-    failing against the restarted ps, so this one is re-created too: once per call, and only
-    when every ps accepts connections again (creating a session waits without end for an
-    absent ps). While the ps is still away, the error goes to the caller.
-    """
-
-    def __init__(self, target: str, graph: tf.Graph, config: tf1.ConfigProto,
-                 ps_hosts: tuple[str, ...] = ()):
-        self._args, self._ps_hosts = (target, graph, config), ps_hosts
-        self._sess = tf1.Session(*self._args)
-
-    def run(self, fetches, feed_dict=None, options=None):
-        try:
-            return self._sess.run(fetches, feed_dict, options=options)
-        except _LOST_PS:
-            if any(membership.probe(address) for address in self._ps_hosts):
-                raise
-            self.close()
-            self._sess = tf1.Session(*self._args)
-            return self._sess.run(fetches, feed_dict, options=options)
-
-    def close(self) -> None:
-        session.close_bounded(self._sess.close, self._sess)
+            last_push=shared.members.last_push)
+    report_done = tf.group(*[q.enqueue(i) for q in shared.done_queues])
+    return _Graph(images, labels, outputs, shared.state, training, shared.members, report_done)
 
 
 def load_shard(config: TaskConfig, dataset: data.Dataset | None = None
@@ -122,157 +92,217 @@ def run_worker(config: TaskConfig, *, dataset: data.Dataset | None = None,
       dataset: data to train on; loaded from config.train when None (tests pass their own).
       server: an already started tf.distribute.Server for this task (tests); started if None.
     """
-    started = time.monotonic()
-    train, n, i = config.train, config.cluster.num_workers, config.index
-    r = train.aggregate(n)
-    timeout_ms = int(train.timeout * 1000)
-    bounded = tf1.RunOptions(timeout_in_ms=timeout_ms)
-    # Only the chief writes checkpoints and summaries; it checks where, before anything slow.
-    logdir = train.logdir if train.logdir and config.is_chief else None
-    if logdir:
-        session.check_logdir(logdir)
-    if server is None:
-        cluster_lib.check_port_free(config.cluster.address("worker", i), config.name)
-    # Before the server: loading briefly holds the whole training set, and its peak should not
-    # add to the memory that the server and the session take.
-    dataset, shard, target = load_shard(config, dataset)
-    if server is None:
-        server = tf.distribute.Server(config.cluster.spec(), job_name="worker", task_index=i,
-                                      start=True)
+    run = WorkerRun(config)
+    run.load_shard(dataset)
+    run.start_server(server)
+    run.build_graph()
+    with run.join() as sess:
+        run.train(sess)
+        run.finish()
+    run.report_done()
+    return run.result
 
-    graph = tf.Graph()
-    with graph.as_default():
-        tf1.set_random_seed(train.seed)
-        g = build_graph(config, dataset=dataset.name)
-        if logdir:
-            # A checkpoint of another model (say, of a cluster with another number of workers)
-            # would fail mid-restore with a long error: name the variable instead.
-            session.check_checkpoint(logdir, [v for v in tf1.global_variables()
-                                              if all(v is not t for t in g.members.transient)])
-    for p, address in enumerate(config.cluster.ps_hosts):
-        cluster_lib.wait_reachable(address, f"ps {p}", train.timeout)
-    result = report.TaskResult(role="worker", index=i, mode=train.mode, target_steps=target,
-                               replicas_to_aggregate=r, dataset=dataset.name,
-                               dataset_description=dataset.description)
-    tf_config = session.session_config(config.cluster.device_filters("worker", i))
-    # The writer CheckpointSaverHook also uses (one cache per logdir), so one events file.
-    writer = tf1.summary.FileWriterCache.get(str(logdir)) if logdir else None
-    chief_wait = START_SECS + train.timeout  # the chief may start after this worker
-    mine = membership.settings(config, dataset.name)
-    waiting_since = time.monotonic()
-    if not config.is_chief:
-        log.info("%s to initialise the model (polling every %g s, for at most %g s)",
-                 report.WAITING_FOR_CHIEF, session.READY_POLL_SECS, chief_wait)
-        # Sync: compare settings with the chief's as soon as it has published them, before
-        # anything that a different cluster size or model would break.
-        with graph.as_default():
-            _check_published(SideSession(server.target, graph, tf_config), g.members, mine,
-                             config.name, chief_wait,
-                             f"worker 0 at {config.cluster.address('worker', 0)}")
 
-    status = session.SessionStatus()
-    with graph.as_default():
-        try:
-            monitored = session.monitored_session(
-                server.target, is_chief=config.is_chief, hooks=g.training.hooks,
-                config=tf_config, timeout=chief_wait,
-                checkpoint_dir=str(logdir) if logdir else None, save_steps=train.save_steps,
-                save_secs=train.save_secs, transient=g.members.transient,
-                ps_hosts=config.cluster.ps_hosts, recovery_timeout=train.timeout,
-                status=status)
-        except tf.errors.DeadlineExceededError:
-            raise TaskTimeout(f"worker {i}: waited {chief_wait:g} s for the chief (worker 0 "
-                              f"at {config.cluster.address('worker', 0)}) to initialise the "
-                              "model") from None
-    side = SideSession(server.target, graph, tf_config, config.cluster.ps_hosts)
-    with graph.as_default(), monitored as sess:
-        result.ready_at = time.time()
-        result.startup_s = time.monotonic() - started
+class WorkerRun:
+    """One worker's run, phase by phase; each phase leaves what the next one needs on self."""
+
+    def __init__(self, config: TaskConfig):
+        self.config, self.train_config = config, config.train
+        self.started = time.monotonic()
+        self.bounded = tf1.RunOptions(timeout_in_ms=int(config.train.timeout * 1000))
+        # Only the chief writes checkpoints and summaries; it checks where, before anything slow.
+        self.logdir = config.train.logdir if config.train.logdir and config.is_chief else None
+        if self.logdir:
+            session.check_logdir(self.logdir)
+        self.result = report.TaskResult(role="worker", index=config.index,
+                                        mode=config.train.mode,
+                                        replicas_to_aggregate=self._aggregate)
+
+    @property
+    def _aggregate(self) -> int:
+        return self.train_config.aggregate(self.config.cluster.num_workers)
+
+    def load_shard(self, dataset: data.Dataset | None) -> None:
+        """Before the server: loading briefly holds the whole training set, and that peak should
+        not add to the memory the server and the session take."""
+        self.dataset, self.shard, self.target = load_shard(self.config, dataset)
+        self.result.target_steps = self.target
+        self.result.dataset = self.dataset.name
+        self.result.dataset_description = self.dataset.description
+
+    def start_server(self, server) -> None:
+        config, i = self.config, self.config.index
+        if server is None:
+            cluster_lib.check_port_free(config.cluster.address("worker", i), config.name)
+            server = tf.distribute.Server(config.cluster.spec(), job_name="worker",
+                                          task_index=i, start=True)
+        self.server = server
+        self.tf_config = session.session_config(config.cluster.device_filters("worker", i))
+
+    def build_graph(self) -> None:
+        self.graph = tf.Graph()
+        with self.graph.as_default():
+            tf1.set_random_seed(self.train_config.seed)
+            self.g = build_graph(self.config, dataset=self.dataset.name)
+            if self.logdir:
+                # A checkpoint of another model (say, of a cluster with another number of
+                # workers) would fail mid-restore with a long error: name the variable instead.
+                transient = self.g.members.transient
+                session.check_checkpoint(self.logdir, [
+                    v for v in tf1.global_variables() if all(v is not t for t in transient)])
+            # The writer CheckpointSaverHook also uses (one cache per logdir): one events file.
+            self.writer = (tf1.summary.FileWriterCache.get(str(self.logdir)) if self.logdir
+                           else None)
+
+    @contextlib.contextmanager
+    def join(self):
+        """Waits for the ps and (bounded) for the chief, makes the training session, and rejoins
+        a running cluster if this worker replaces one that died. Yields the training session."""
+        config, train = self.config, self.train_config
+        for p, address in enumerate(config.cluster.ps_hosts):
+            cluster_lib.wait_reachable(address, f"ps {p}", train.timeout)
+        chief_wait = START_SECS + train.timeout  # the chief may start after this worker
+        mine = membership.settings(config, self.dataset.name)
+        waiting_since = time.monotonic()
         if not config.is_chief:
-            result.chief_wait_s = time.monotonic() - waiting_since
+            log.info("%s to initialise the model (polling every %g s, for at most %g s)",
+                     report.WAITING_FOR_CHIEF, session.READY_POLL_SECS, chief_wait)
+            # Sync: compare settings with the chief's as soon as it has published them, before
+            # anything that a different cluster size or model would break.
+            with self.graph.as_default():
+                _check_published(SideSession(self.server.target, self.graph, self.tf_config),
+                                 self.g.members, mine, config.name, chief_wait,
+                                 f"worker 0 at {config.cluster.address('worker', 0)}")
+        status = session.SessionStatus()
+        monitored = self._monitored_session(status, chief_wait)
+        self.side = SideSession(self.server.target, self.graph, self.tf_config,
+                                config.cluster.ps_hosts)
+        with self.graph.as_default(), monitored as sess:
+            self.result.ready_at = time.time()
+            self.result.startup_s = time.monotonic() - self.started
+            if not config.is_chief:
+                self.result.chief_wait_s = time.monotonic() - waiting_since
+            self._take_position(status, mine)
+            yield sess
+        self.result.sessions = status.sessions
+        self.side.close()
+        if self.writer:
+            tf1.summary.FileWriterCache.clear()  # closes, so the events file ends complete
+
+    def _monitored_session(self, status: session.SessionStatus, chief_wait: float):
+        config, train = self.config, self.train_config
+        with self.graph.as_default():
+            try:
+                return session.monitored_session(
+                    self.server.target, is_chief=config.is_chief, hooks=self.g.training.hooks,
+                    config=self.tf_config, timeout=chief_wait,
+                    checkpoint_dir=str(self.logdir) if self.logdir else None,
+                    save_steps=train.save_steps, save_secs=train.save_secs,
+                    transient=self.g.members.transient, ps_hosts=config.cluster.ps_hosts,
+                    recovery_timeout=train.timeout, status=status)
+            except tf.errors.DeadlineExceededError:
+                raise TaskTimeout(
+                    f"worker {config.index}: waited {chief_wait:g} s for the chief (worker 0 at "
+                    f"{config.cluster.address('worker', 0)}) to initialise the model") from None
+
+    def _take_position(self, status: session.SessionStatus, mine: dict) -> None:
+        """Where this worker starts: global_step, or its predecessor's token after a rejoin."""
+        config, train, side, g = self.config, self.train_config, self.side, self.g
         if status.model == "continued":
             # A chief restarted into a running cluster: the settings are its predecessor's.
-            membership.check_agreement(mine, side.run(g.members.published, options=bounded),
+            membership.check_agreement(mine, side.run(g.members.published, options=self.bounded),
                                        me=config.name, restarted_chief=True)
-        start_step = int(side.run(g.state.global_step, options=bounded))
-        how = {"restored": f"restored from the checkpoint in {logdir}",
+        start_step = int(side.run(g.state.global_step, options=self.bounded))
+        how = {"restored": f"restored from the checkpoint in {self.logdir}",
                "continued": "the model was already on the ps",
                "initialised": "initialised"}.get(status.model)
+        n, r = config.cluster.num_workers, self._aggregate
         if train.mode == "sync" and r == n:
             # Sync: restarted into a running cluster, take the token the predecessor left (or
             # wait for the update its last gradient joined) instead of pushing twice.
-            token = _rejoin(side, g, i, bounded, train.timeout)
+            token = _rejoin(side, g, config.index, self.bounded, train.timeout)
             if token is not None:
                 log.info("rejoined at global_step %d: my predecessor's last gradient was "
                          "already pushed; took its token %d without pushing again",
                          start_step, token)
-                result.rejoined = True
+                self.result.rejoined = True
                 start_step = token
-        result.start_step = start_step
-        stop_on_token = train.mode == "sync"
-        planned = target if train.mode == "async" else target - start_step
-        log.info("ready after %.2f s; %s (global_step %d%s)", result.startup_s,
-                 f"training until global_step {target}" if r < n else
-                 f"{planned} local steps planned", start_step, f"; {how}" if how else "")
-        progress = Progress(config, side, g.state, writer, target)
-        steps_run = [0]
+        self.result.start_step = self.start_step = start_step
+        self.planned = self.target if train.mode == "async" else self.target - start_step
+        log.info("ready after %.2f s; %s (global_step %d%s)", self.result.startup_s,
+                 f"training until global_step {self.target}" if r < n else
+                 f"{self.planned} local steps planned", start_step, f"; {how}" if how else "")
+
+    def train(self, sess) -> None:
+        """Lockstep: one gradient per local step, until the token reaches the target."""
+        config, train, g, i = self.config, self.train_config, self.g, self.config.index
+        progress = metrics.Progress(config, self.side, g.state, self.writer, self.target)
+        steps_run = 0
+        lockstep = train.mode == "sync" and self._aggregate == config.cluster.num_workers
 
         def run_step(step: int) -> int:
-            x, y = shard.batch(step)
+            nonlocal steps_run
+            x, y = self.shard.batch(step)
             try:
                 token, loss, accuracy = sess.run(
                     [g.training.train_op, g.outputs.loss, g.outputs.accuracy],
-                    {g.images: x, g.labels: y}, options=bounded)
+                    {g.images: x, g.labels: y}, options=self.bounded)
             except tf.errors.DeadlineExceededError:
                 raise TaskTimeout(
                     f"worker {i}: waited {train.timeout:g} s for an update after local step "
-                    f"{step}; {_stalled(side, g, config)}") from None
-            if train.mode == "sync" and token != step + 1 and r == n:
+                    f"{step}; {metrics.stalled(self.side, g.state, g.members, config)}"
+                ) from None
+            if lockstep and token != step + 1:
                 # Sync: the ps was lost and the chief restored it from the last checkpoint.
                 log.warning("global_step went back from %d to %d: the ps was restored from "
                             "a checkpoint; training on from there", step + 1, token)
-            steps_run[0] += 1
-            progress.step(steps_run[0], loss, accuracy)
+            steps_run += 1
+            progress.step(steps_run, loss, accuracy)
             return int(token)
 
         train_started = time.monotonic()
-        local = sync.train_loop(run_step, start_step=start_step, planned=planned,
-                                target=target, stop_on_token=stop_on_token)
+        local = sync.train_loop(run_step, start_step=self.start_step, planned=self.planned,
+                                target=self.target, stop_on_token=train.mode == "sync")
+        result = self.result
         result.finished_at = time.time()
         result.local_steps = local
         result.train_s = time.monotonic() - train_started
         result.examples_per_sec = train.batch_size * local / max(result.train_s, 1e-9)
-        result.sessions = status.sessions
 
+    def finish(self) -> None:
+        """The finish barrier, the counters and the verdict; the chief also evaluates."""
+        config, train, g, side, result = (self.config, self.train_config, self.g, self.side,
+                                          self.result)
         # Sync: wait until every worker has pushed its last gradient (or is lost), so that
         # every task reads the same, final counters and so reaches the same verdict.
         lost = membership.finish_barrier(
-            lambda fetches, feed=None: side.run(fetches, feed, options=bounded), g.members,
-            index=i, cluster=config.cluster, timeout=train.timeout, log=log)
-        counters = sync.Counters.read(side, g.state, options=bounded)
-        verdict = sync.verify(counters, mode=train.mode, target_steps=target,
-                              replicas_to_aggregate=r, lost=lost)
+            lambda fetches, feed=None: side.run(fetches, feed, options=self.bounded), g.members,
+            index=config.index, cluster=config.cluster, timeout=train.timeout, log=log)
+        counters = sync.Counters.read(side, g.state, options=self.bounded)
+        self.verdict = sync.verify(counters, mode=train.mode, target_steps=self.target,
+                                   replicas_to_aggregate=self._aggregate, lost=lost)
         result.global_step = counters.global_step
         result.contributions, result.pushed = counters.accepted, counters.pushed
         result.dropped = counters.unused
         result.solo_updates = counters.solo_updates
         result.lost = lost
-        result.synchronous, result.verdict = verdict.synchronous, verdict.line
+        result.synchronous, result.verdict = self.verdict.synchronous, self.verdict.line
         if config.is_chief:
-            result.test_accuracy, result.test_loss = evaluate(side, g, dataset, bounded)
+            result.test_accuracy, result.test_loss = evaluate(side, g, self.dataset,
+                                                              self.bounded)
             log.info("test_accuracy=%.4f test_loss=%.4f on %d test examples of %s",
-                     result.test_accuracy, result.test_loss, len(dataset.test_labels),
-                     dataset.name)
-            if writer:
-                _write_summaries(writer, counters, test_accuracy=result.test_accuracy)
-    side.close()
-    if writer:
-        tf1.summary.FileWriterCache.clear()  # closes, so the events file ends complete
-    # Sync: only now may the ps tasks exit: the chief has read everything it needs from them.
-    with graph.as_default(), tf1.Session(server.target, config=tf_config) as done:
-        done.run(g.report_done, options=bounded)
-    log.info("verdict: %s", verdict.line)
-    return result
+                     result.test_accuracy, result.test_loss, len(self.dataset.test_labels),
+                     self.dataset.name)
+            if self.writer:
+                metrics.write_summaries(self.writer, counters,
+                                        test_accuracy=result.test_accuracy)
+
+    def report_done(self) -> None:
+        # Sync: only now may the ps tasks exit: the chief has read everything it needs from them.
+        with self.graph.as_default(), tf1.Session(self.server.target,
+                                                  config=self.tf_config) as done:
+            done.run(self.g.report_done, options=self.bounded)
+        log.info("verdict: %s", self.verdict.line)
 
 
 def _check_published(side: SideSession, members: membership.Membership, mine: dict,
@@ -325,62 +355,6 @@ def _rejoin(side: SideSession, g: _Graph, index: int, options,
                           "joined") from None
 
 
-class Progress:
-    """One key=value line every --log-every local steps; the chief also writes summaries."""
-
-    def __init__(self, config: TaskConfig, side, state: sync.SharedState, writer, target: int):
-        self._config, self._side, self._state = config, side, state
-        self._writer, self._target = writer, target
-        self._since, self._last_logged = time.monotonic(), 0
-
-    def step(self, local: int, loss: float, accuracy: float) -> None:
-        train = self._config.train
-        if local % train.log_every:
-            return
-        now = time.monotonic()
-        rate = train.batch_size * (local - self._last_logged) / max(now - self._since, 1e-9)
-        self._since, self._last_logged = now, local
-        try:
-            counters = sync.Counters.read(self._side, self._state,
-                                          options=tf1.RunOptions(timeout_in_ms=5000))
-        except tf.errors.OpError:  # the ps is being restarted: the next line will have them
-            log.info("step=%d loss=%.4f accuracy=%.3f examples_per_sec=%.0f (counters "
-                     "unreadable: the ps is away)", local, loss, accuracy, rate)
-            return
-        log.info("step=%d global_step=%d/%d loss=%.4f accuracy=%.3f examples_per_sec=%.0f "
-                 "contributions=%s", local, counters.global_step, self._target, loss, accuracy,
-                 rate, counters.accepted)
-        if self._writer:
-            _write_summaries(self._writer, counters, loss=loss, accuracy=accuracy,
-                             examples_per_sec=rate)
-
-
-def contributions_so_far(side, state: sync.SharedState) -> str:
-    try:
-        return str(sync.Counters.read(side, state,
-                                      options=tf1.RunOptions(timeout_in_ms=5000)).accepted)
-    except tf.errors.OpError:
-        return "unreadable (the ps is unreachable)"
-
-
-def _stalled(side: SideSession, g: _Graph, config: TaskConfig) -> str:
-    """What a worker waiting for an update can say: the contributions, and who is missing."""
-    # Probe first: against a ps this worker cannot reach, a fetch TensorFlow has not run before
-    # in this session blocks while it registers the graph, past any timeout_in_ms.
-    down = [f"ps {p} ({why})" for p, address in enumerate(config.cluster.ps_hosts)
-            if (why := membership.probe(address))]
-    if down:
-        return f"the ps is unreachable: {', '.join(down)}"
-    try:
-        step, last_push, accepted = side.run(
-            [g.state.global_step, g.members.last_push, g.state.accepted],
-            options=tf1.RunOptions(timeout_in_ms=5000))
-    except tf.errors.OpError:
-        return "the ps is reachable but its counters cannot be read"
-    return (f"contributions so far {[int(a) for a in accepted]}; missing: "
-            f"{membership.missing([int(s) for s in last_push], int(step), config.cluster)}")
-
-
 def evaluate(side, g: _Graph, dataset: data.Dataset, options) -> tuple[float, float]:
     """Accuracy and mean cross-entropy on the test split, EVAL_BATCH digits at a time."""
     correct = total_loss = 0.0
@@ -393,16 +367,3 @@ def evaluate(side, g: _Graph, dataset: data.Dataset, options) -> tuple[float, fl
         total_loss += loss * len(y)
     n = len(dataset.test_labels)
     return float(correct / n), float(total_loss / n)
-
-
-def _write_summaries(writer, counters: sync.Counters, **scalars) -> None:
-    values = [tf1.Summary.Value(tag=name, simple_value=float(v))
-              for name, v in scalars.items() if v is not None]
-    for w, (pushed, accepted) in enumerate(zip(counters.pushed, counters.accepted)):
-        values.append(tf1.Summary.Value(tag=f"sync/accepted/worker{w}", simple_value=accepted))
-        values.append(tf1.Summary.Value(tag=f"sync/unused/worker{w}",
-                                        simple_value=pushed - accepted))
-    values.append(tf1.Summary.Value(tag="sync/repeat_updates",
-                                    simple_value=counters.repeat_updates))
-    writer.add_summary(tf1.Summary(value=values), counters.global_step)
-    writer.flush()

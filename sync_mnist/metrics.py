@@ -1,0 +1,88 @@
+"""What a worker reads beside training: progress lines, summaries, and why it is stalled.
+
+Each read is a plain session run on the side (not the training session) with a short timeout,
+so a slow or absent ps costs a log line, never a training step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import tensorflow as tf
+
+from sync_mnist import membership, sync
+from sync_mnist.config import TaskConfig
+
+tf1 = tf.compat.v1
+log = logging.getLogger("sync_mnist.worker")  # the worker's lines, tagged as before
+
+
+class Progress:
+    """One key=value line every --log-every local steps; the chief also writes summaries."""
+
+    def __init__(self, config: TaskConfig, side, state: sync.SharedState, writer, target: int):
+        self._config, self._side, self._state = config, side, state
+        self._writer, self._target = writer, target
+        self._since, self._last_logged = time.monotonic(), 0
+
+    def step(self, local: int, loss: float, accuracy: float) -> None:
+        train = self._config.train
+        if local % train.log_every:
+            return
+        now = time.monotonic()
+        rate = train.batch_size * (local - self._last_logged) / max(now - self._since, 1e-9)
+        self._since, self._last_logged = now, local
+        try:
+            counters = sync.Counters.read(self._side, self._state,
+                                          options=tf1.RunOptions(timeout_in_ms=5000))
+        except tf.errors.OpError:  # the ps is being restarted: the next line will have them
+            log.info("step=%d loss=%.4f accuracy=%.3f examples_per_sec=%.0f (counters "
+                     "unreadable: the ps is away)", local, loss, accuracy, rate)
+            return
+        log.info("step=%d global_step=%d/%d loss=%.4f accuracy=%.3f examples_per_sec=%.0f "
+                 "contributions=%s", local, counters.global_step, self._target, loss, accuracy,
+                 rate, counters.accepted)
+        if self._writer:
+            write_summaries(self._writer, counters, loss=loss, accuracy=accuracy,
+                             examples_per_sec=rate)
+
+
+def contributions_so_far(side, state: sync.SharedState) -> str:
+    try:
+        return str(sync.Counters.read(side, state,
+                                      options=tf1.RunOptions(timeout_in_ms=5000)).accepted)
+    except tf.errors.OpError:
+        return "unreadable (the ps is unreachable)"
+
+
+def stalled(side, state: sync.SharedState, members: membership.Membership,
+            config: TaskConfig) -> str:
+    """What a worker waiting for an update can say: the contributions, and who is missing."""
+    # Probe first: against a ps this worker cannot reach, a fetch TensorFlow has not run before
+    # in this session blocks while it registers the graph, past any timeout_in_ms.
+    down = [f"ps {p} ({why})" for p, address in enumerate(config.cluster.ps_hosts)
+            if (why := membership.probe(address))]
+    if down:
+        return f"the ps is unreachable: {', '.join(down)}"
+    try:
+        step, last_push, accepted = side.run(
+            [state.global_step, members.last_push, state.accepted],
+            options=tf1.RunOptions(timeout_in_ms=5000))
+    except tf.errors.OpError:
+        return "the ps is reachable but its counters cannot be read"
+    return (f"contributions so far {[int(a) for a in accepted]}; missing: "
+            f"{membership.missing([int(s) for s in last_push], int(step), config.cluster)}")
+
+
+def write_summaries(writer, counters: sync.Counters, **scalars) -> None:
+    values = [tf1.Summary.Value(tag=name, simple_value=float(v))
+              for name, v in scalars.items() if v is not None]
+    for w, (pushed, accepted) in enumerate(zip(counters.pushed, counters.accepted)):
+        values.append(tf1.Summary.Value(tag=f"sync/accepted/worker{w}", simple_value=accepted))
+        values.append(tf1.Summary.Value(tag=f"sync/unused/worker{w}",
+                                        simple_value=pushed - accepted))
+    values.append(tf1.Summary.Value(tag="sync/repeat_updates",
+                                    simple_value=counters.repeat_updates))
+    writer.add_summary(tf1.Summary(value=values), counters.global_step)
+    writer.flush()
