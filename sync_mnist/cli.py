@@ -24,7 +24,7 @@ from sync_mnist import config as config_lib
 from sync_mnist import netns
 from sync_mnist.config import TaskConfig, TrainConfig
 
-DEFAULT_EPOCHS = 5
+DEFAULT_EPOCHS = 12
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,6 +47,10 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
                    help="examples per worker per step (default: 100)")
     g.add_argument("--learning-rate", type=float, default=0.001,
                    help="learning rate of the base optimizer (default: 0.001)")
+    g.add_argument("--lr-decay", default="cosine", choices=config_lib.LR_DECAYS,
+                   help="cosine: the learning rate falls from --learning-rate to 0 over the "
+                        "run (cosine), so the final weights are not those of one noisy step; "
+                        "none: constant, as in the question (default: cosine)")
     g.add_argument("--optimizer", default="adam", choices=config_lib.OPTIMIZERS,
                    help="base optimizer that SyncReplicasOptimizer wraps (default: adam)")
     g.add_argument("--seed", type=int, default=0,
@@ -100,6 +104,7 @@ def _train_config(args: argparse.Namespace) -> TrainConfig:
         else DEFAULT_EPOCHS
     return TrainConfig(train_steps=args.train_steps, epochs=epochs,
                        batch_size=args.batch_size, learning_rate=args.learning_rate,
+                       lr_decay=args.lr_decay,
                        optimizer=args.optimizer, seed=args.seed, dataset=args.dataset,
                        data_dir=args.data_dir, logdir=args.logdir, timeout=args.timeout,
                        mode=args.mode, log_every=args.log_every, save_steps=args.save_steps,

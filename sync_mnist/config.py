@@ -14,6 +14,7 @@ from typing import Callable
 from sync_mnist.cluster import ClusterLayout
 
 MODES = ("sync", "async")
+LR_DECAYS = ("cosine", "none")
 OPTIMIZERS = ("adam", "sgd", "momentum")
 SETUPS = ("fixed", "question")
 
@@ -63,6 +64,10 @@ class TrainConfig:
     epochs: int | None = None  # passes over each worker's shard; exclusive with train_steps
     batch_size: int = 100  # examples per worker per step, as in the question
     learning_rate: float = 0.001  # Adam's default, as in the question
+    # cosine: the rate falls from learning_rate to 0 over the run, so the final weights are not
+    # those of one noisy step (at a constant 0.001, test accuracy after the same number of
+    # epochs varied from 96.9% to 98.1% across seeds); none: constant, as in the question.
+    lr_decay: str = "cosine"
     optimizer: str = "adam"  # wrapped by SyncReplicasOptimizer in sync mode
     seed: int = 0  # model init, shard partition and per-epoch reshuffle all derive from it
     dataset: str = "mnist"  # mnist | synthetic
@@ -91,6 +96,7 @@ class TrainConfig:
             raise ConfigError(f"--save-secs must be positive, got {self.save_secs}")
         _check_choice("--mode", self.mode, MODES)
         _check_choice("--optimizer", self.optimizer, OPTIMIZERS)
+        _check_choice("--lr-decay", self.lr_decay, LR_DECAYS)
         _check_choice("--setup", self.setup, SETUPS)
         if self.setup == "question" and self.mode != "sync":
             raise ConfigError("--setup question replays SyncReplicasOptimizer: use --mode sync")

@@ -85,6 +85,7 @@ def settings(config: TaskConfig, dataset: str | None = None) -> dict:
                       replicas_to_aggregate=train.replicas_to_aggregate,
                       train_steps=train.train_steps, epochs=train.epochs,
                       optimizer=train.optimizer, learning_rate=train.learning_rate,
+                      lr_decay=train.lr_decay,
                       seed=train.seed, dataset=dataset)
     return values
 

@@ -55,8 +55,15 @@ def build_model(images: tf.Tensor, labels: tf.Tensor,
     return ModelOutputs(logits, loss, accuracy)
 
 
-def make_optimizer(name: str, learning_rate: float) -> tf1.train.Optimizer:
-    """The base optimizer; in sync mode SyncReplicasOptimizer wraps it."""
+def make_optimizer(name: str, learning_rate: float, *, decay_steps: int | None = None,
+                   global_step: tf.Tensor | None = None) -> tf1.train.Optimizer:
+    """The base optimizer; in sync mode SyncReplicasOptimizer wraps it.
+
+    With `decay_steps`, the rate falls from `learning_rate` to 0 along a cosine as
+    `global_step` goes from 0 to `decay_steps` (and stays 0 beyond).
+    """
+    if decay_steps:
+        learning_rate = tf1.train.cosine_decay(learning_rate, global_step, decay_steps)
     if name == "adam":
         return tf1.train.AdamOptimizer(learning_rate)
     if name == "sgd":

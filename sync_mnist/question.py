@@ -62,7 +62,7 @@ def run_question_worker(config: TaskConfig, *, dataset: data.Dataset | None = No
     graph = tf.Graph()
     with graph.as_default():
         tf1.set_random_seed(train.seed)
-        g = build_graph(config, num_tokens=-1, dataset=dataset.name)
+        g = build_graph(config, num_tokens=-1, dataset=dataset.name, target=local_steps)
         optimizer = g.training.optimizer
         chief_queue_runner = optimizer.get_chief_queue_runner()
         init_tokens = optimizer.get_init_tokens_op()  # the default: R tokens, anyone's to take

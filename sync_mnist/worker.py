@@ -36,11 +36,14 @@ class _Graph(NamedTuple):
     report_done: tf.Operation  # Sync: one entry in every ps's done-queue
 
 
-def build_graph(config: TaskConfig, num_tokens: int = 0, dataset: str | None = None) -> _Graph:
+def build_graph(config: TaskConfig, num_tokens: int = 0, dataset: str | None = None,
+                target: int | None = None) -> _Graph:
     """This worker's graph: variables on the ps tasks, computation on this worker.
 
     num_tokens is 0 for the fixed setup; question.py passes -1, the stock default. `dataset`
-    (the resolved name) is published by the chief and compared by the others.
+    (the resolved name) is published by the chief and compared by the others. `target` (the
+    run's length: updates in sync mode, local steps per worker in async mode) sets how long
+    the learning rate takes to decay with --lr-decay cosine.
     """
     n, i = config.cluster.num_workers, config.index
     shared = protocol.build_shared(config, dataset)  # Sync: first, placed as every task does
@@ -48,13 +51,19 @@ def build_graph(config: TaskConfig, num_tokens: int = 0, dataset: str | None = N
     # op stays on this worker.
     setter = tf1.train.replica_device_setter(worker_device=f"/job:worker/task:{i}",
                                              cluster=config.cluster.spec())
+    train = config.train
+    # global_step counts updates in sync mode, and every worker's local steps in async mode.
+    decay_steps = None if train.lr_decay == "none" or not target else (
+        target * n if train.mode == "async" else target)
     with tf1.device(setter):
         images = tf1.placeholder(tf.float32, [None, model.IMAGE_PIXELS], name="images")
         labels = tf1.placeholder(tf.int64, [None], name="labels")
         outputs = model.build_model(images, labels)
+        optimizer = model.make_optimizer(train.optimizer, train.learning_rate,
+                                         decay_steps=decay_steps,
+                                         global_step=shared.state.global_step)
         training = sync.build_train_op(
-            outputs.loss, shared.state, model.make_optimizer(config.train.optimizer,
-                                                             config.train.learning_rate),
+            outputs.loss, shared.state, optimizer,
             worker_index=i, num_workers=n, replicas_to_aggregate=config.train.aggregate(n),
             is_chief=config.is_chief, mode=config.train.mode, num_tokens=num_tokens,
             last_push=shared.members.last_push)
@@ -143,7 +152,7 @@ class WorkerRun:
         self.graph = tf.Graph()
         with self.graph.as_default():
             tf1.set_random_seed(self.train_config.seed)
-            self.g = build_graph(self.config, dataset=self.dataset.name)
+            self.g = build_graph(self.config, dataset=self.dataset.name, target=self.target)
             if self.logdir:
                 # A checkpoint of another model (say, of a cluster with another number of
                 # workers) would fail mid-restore with a long error: name the variable instead.

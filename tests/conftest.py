@@ -1,20 +1,28 @@
-"""Shared fixtures. TensorFlow runs in tf.compat.v1 graph mode, as the package does."""
+"""Shared fixtures. TensorFlow runs in tf.compat.v1 graph mode, as the package does.
+
+TensorFlow is imported only by the tests that need it (and so only when they are collected):
+`make test-fast` runs the tests that never import it, in seconds.
+"""
 
 from __future__ import annotations
 
 import os
+import sys
+import types
+
+import pytest
 
 # Quiet TensorFlow's C++ logs before it is imported, as cli.main does for users.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
-def pytest_configure(config):
-    from sync_mnist import tfcompat
+def pytest_collection_modifyitems(config, items):
+    # Graph mode, as the package runs, once TensorFlow is in (collected test modules that
+    # import it have imported it by now).
+    if "tensorflow" in sys.modules:
+        from sync_mnist import tfcompat
 
-    tfcompat.graph_mode(verbose=False)
-
-
-import pytest  # noqa: E402
+        tfcompat.graph_mode(verbose=False)
 
 
 @pytest.fixture
@@ -27,3 +35,56 @@ def processes():
         yield procs
     finally:
         procs.kill_all()
+
+
+SHARED_STEPS = 60  # long enough that the cluster is still up while it is probed from outside
+
+
+@pytest.fixture(scope="session")
+def fixed_run(tmp_path_factory):
+    """One launcher run of the fixed setup, 1 ps + 3 workers, shared by the tests that each
+    used to start an identical one (lockstep, nothing left behind, the question's options,
+    summaries over time, the private namespace).
+
+    In a private network namespace where one can be made (`--isolate on`, on ports free on
+    this host too, so that a refusal cannot come from someone else's server), else with the
+    default `--isolate auto`. While it trains, it is probed from outside; the record holds
+    what was seen.
+    """
+    from procs import (Processes, cluster_ports, free_run, interfaces, listening_ports,
+                       ns_inode, processes_mentioning, read_json, refused_from_here, task_pids)
+    from sync_mnist import netns
+
+    tmp = tmp_path_factory.mktemp("fixed_run")
+    run = types.SimpleNamespace(isolated=False, why_not_isolated=None, base=free_run(4),
+                                marker=str(tmp / "data"), logdir=tmp / "logdir",
+                                own_inode=ns_inode("self"))
+    try:
+        netns.create().close()
+        run.isolated = True
+    except netns.Unavailable as e:
+        run.why_not_isolated = str(e)
+    procs = Processes()
+    try:
+        # --log-every 10, as test_verification gives the question's setup; --timeout 30, not its
+        # 10, because the workers wait that long for a ps that a loaded machine starts slowly.
+        launcher = procs.launcher(
+            "--isolate", "on" if run.isolated else "auto", "--base-port", str(run.base),
+            "--dataset", "synthetic", "--train-steps", str(SHARED_STEPS), "--timeout", "30",
+            "--log-every", "10", "--data-dir", run.marker, "--logdir", str(run.logdir),
+            "--summary-json", str(tmp / "cluster.json"))
+        run.ports = cluster_ports(launcher)
+        launcher.wait_for_line(r"\[worker 0\] ready after", 180)
+        tasks = task_pids(launcher.popen.pid)
+        run.task_inodes = {task: ns_inode(pid) for task, pid in tasks.items()}
+        some_task = tasks["ps 0"]
+        run.interfaces = interfaces(some_task)
+        run.listening = listening_ports(f"/proc/{some_task}")
+        run.refused = {port: refused_from_here(port) for port in run.ports}
+        run.code = launcher.wait(240)
+        run.output = launcher.output
+    finally:
+        procs.kill_all()
+    run.summary = read_json(tmp / "cluster.json")
+    run.leftovers = processes_mentioning(run.marker)
+    return run

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -152,3 +153,91 @@ def local_cluster(num_workers: int):
     workers = [tf.distribute.Server(cluster, job_name="worker", task_index=i, start=True)
                for i in range(num_workers)]
     return workers, cluster
+
+
+# ----------------------------------------------------- probing a cluster from outside
+
+# The launcher's "cluster: ps localhost:P, workers localhost:A,...; dataset ..." line.
+CLUSTER_LINE = r"cluster: ps (?P<ps>[^\s;]+), workers (?P<workers>[^\s;]+);"
+
+
+def ns_inode(pid: int | str) -> int:
+    return os.stat(f"/proc/{pid}/ns/net").st_ino
+
+
+def interfaces(pid: int) -> list[str]:
+    """Network interfaces of pid's network namespace."""
+    rows = Path(f"/proc/{pid}/net/dev").read_text().splitlines()[2:]
+    return sorted(row.split(":", 1)[0].strip() for row in rows)
+
+
+def refused_from_here(port: int) -> dict[str, str]:
+    """Tries loopback (IPv4 and IPv6) from this process's namespace; {address: how it failed}.
+
+    Only loopback is probed, as the test's own traffic may go nowhere else; the namespace
+    having no interface but `lo` is what keeps other hosts out, and that is asserted apart.
+    """
+    failures = {}
+    for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.settimeout(3)
+            try:
+                s.connect((host, port))
+            except OSError as e:
+                failures[host] = type(e).__name__
+    return failures
+
+
+def reachable_from_here(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=3):
+            return True
+    except OSError:
+        return False
+
+
+def task_pids(launcher_pid: int) -> dict[str, int]:
+    """{'ps 0': pid, 'worker 0': pid, ...} for the launcher's live task processes."""
+    tasks = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == launcher_pid and b"--role" in argv:
+            role = argv[argv.index(b"--role") + 1].decode()
+            index = argv[argv.index(b"--index") + 1].decode()
+            tasks[f"{role} {index}"] = int(entry.name)
+    return tasks
+
+
+def cluster_ports(proc) -> list[int]:
+    match = proc.wait_for_line(CLUSTER_LINE, 30)
+    hosts = match["ps"].split(",") + match["workers"].split(",")
+    return [int(h.rsplit(":", 1)[1]) for h in hosts]
+
+
+def free_run(count: int) -> int:
+    from sync_mnist.cluster import free_ports
+
+    """A first port such that it and the next count - 1 are free on this host right now."""
+    for _ in range(50):
+        (base,) = free_ports(1)
+        if base + count > 65535:
+            continue
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise AssertionError(f"found no {count} consecutive free ports")

@@ -306,7 +306,7 @@ def _required_options(text: str) -> set[str]:
     return set(re.findall(r"--[\w-]+", usage))
 
 
-TRAINING_OPTIONS = {"--train-steps", "--epochs", "--batch-size", "--learning-rate",
+TRAINING_OPTIONS = {"--train-steps", "--epochs", "--batch-size", "--learning-rate", "--lr-decay",
                     "--optimizer", "--seed", "--dataset", "--data-dir", "--logdir",
                     "--save-steps", "--save-secs", "--timeout", "--mode",
                     "--replicas-to-aggregate", "--setup", "--log-every", "--summary-json",
@@ -344,8 +344,8 @@ def test_task_help_states_the_real_defaults(capsys):
         else:
             assert stated == action.default, name
         checked += 1
-    assert checked == 10  # batch-size, learning-rate, optimizer, seed, dataset, save-steps,
-    # timeout, mode, setup, log-every
+    assert checked == 11  # batch-size, learning-rate, lr-decay, optimizer, seed, dataset,
+    # save-steps, timeout, mode, setup, log-every
     assert entries["--ps-hosts"].endswith("(default: TF_CONFIG if set, else localhost:2222)")
     assert entries["--worker-hosts"].endswith(
         "(default: TF_CONFIG if set, else localhost:2223,localhost:2224,localhost:2225)")

@@ -133,3 +133,21 @@ def test_make_optimizer_rejects_an_unknown_name():
     with pytest.raises(ValueError) as raised:
         model.make_optimizer("rmsprop", 0.1)
     assert str(raised.value) == "unknown optimizer 'rmsprop'"
+
+
+def test_cosine_decay_falls_from_the_rate_to_zero_over_the_run():
+    # SGD on x with the constant gradient 2, rate 0.5, decayed over 4 global steps: the steps
+    # use 0.5 * (1 + cos(pi * k / 4)) / 2 for k = 0..3, then 0 from k = 4 on.
+    rates = [0.5 * (1 + np.cos(np.pi * k / 4)) / 2 for k in range(4)]
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.get_variable("x", initializer=0.0)
+        global_step = tf1.train.get_or_create_global_step()
+        step = model.make_optimizer("sgd", 0.5, decay_steps=4, global_step=global_step
+                                    ).minimize(2.0 * x, global_step=global_step)
+        init = tf1.global_variables_initializer()
+    with tf1.Session(graph=graph) as sess:
+        sess.run(init)
+        for k in range(6):
+            sess.run(step)
+            assert sess.run(x) == pytest.approx(-2 * sum(rates[:k + 1]), abs=1e-6), k

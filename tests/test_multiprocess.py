@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from procs import processes_mentioning, read_json
+from conftest import SHARED_STEPS
+from procs import read_json
 from sync_mnist.cluster import free_ports
 
 pytestmark = pytest.mark.cluster
@@ -20,25 +21,22 @@ def _worker_records(summary: dict) -> list[dict]:
                   key=lambda t: t["index"])
 
 
-def test_launcher_runs_in_lockstep_and_leaves_nothing_behind(processes, tmp_path):
-    marker = str(tmp_path / "data")  # passed to every task, so their command lines show it
-    launcher = processes.launcher("--base-port", "0", *COMMON, "--data-dir", marker,
-                                  "--summary-json", str(tmp_path / "cluster.json"))
-    assert launcher.wait(BOUND) == 0, launcher.output
-
-    summary = read_json(tmp_path / "cluster.json")
-    assert summary["global_step"] == STEPS
-    assert summary["contributions"] == [STEPS] * 3
-    assert summary["local_steps"] == [STEPS] * 3
+def test_launcher_runs_in_lockstep_and_leaves_nothing_behind(fixed_run):
+    steps = SHARED_STEPS
+    assert fixed_run.code == 0, fixed_run.output
+    summary = fixed_run.summary
+    assert summary["global_step"] == steps
+    assert summary["contributions"] == [steps] * 3
+    assert summary["local_steps"] == [steps] * 3
     assert summary["dropped"] == [0, 0, 0]
     assert summary["synchronous"] is True
     assert [t["exit_code"] for t in summary["tasks"]] == [0, 0, 0, 0]
     assert summary["test_accuracy"] > 0.9  # synthetic data is easy; chance is 0.1
-    assert "verification: synchronous: each of 30 updates" in launcher.output
+    assert f"verification: synchronous: each of {steps} updates" in fixed_run.output
     # Each task's output is tagged with its identity.
     for tag in ("[ps 0]", "[worker 0]", "[worker 1]", "[worker 2]"):
-        assert tag in launcher.output
-    assert processes_mentioning(marker) == []
+        assert tag in fixed_run.output
+    assert fixed_run.leftovers == []  # no task mentioning the run's --data-dir is alive
 
 
 def test_async_mode_shows_the_async_signature(processes, tmp_path):

@@ -18,7 +18,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -27,17 +26,17 @@ from pathlib import Path
 
 import pytest
 
-from procs import ENV, ROOT, listening_ports, processes_mentioning, read_json
-from sync_mnist import cli, launch, netns
+from procs import (ENV, ROOT, cluster_ports, interfaces, listening_ports, ns_inode,
+                   reachable_from_here,
+                   read_json, refused_from_here, task_pids)
 from sync_mnist.cluster import free_ports
+from sync_mnist import cli, launch, netns
 
 STEPS = 60  # long enough that the cluster is still up while the test probes it
 BOUND = 90  # seconds a whole small cluster run may take on a loaded 2-core machine
 COMMON = ("--dataset", "synthetic", "--train-steps", str(STEPS), "--timeout", "60",
           "--log-every", "10")
 CHIEF_READY = r"\[worker 0\] ready after"
-# The launcher's "cluster: ps localhost:P, workers localhost:A,...; dataset ..." line.
-CLUSTER_LINE = r"cluster: ps (?P<ps>[^\s;]+), workers (?P<workers>[^\s;]+);"
 # Run a command where no network namespace can be made: a user namespace (root inside is
 # mapped to root outside, so files keep working) that may create no further user namespace,
 # and a bounding set without CAP_SYS_ADMIN, so no network namespace either.
@@ -76,86 +75,6 @@ def locked_down():
     return LOCKED_DOWN
 
 
-def _ns_inode(pid: int | str) -> int:
-    return os.stat(f"/proc/{pid}/ns/net").st_ino
-
-
-def _interfaces(pid: int) -> list[str]:
-    """Network interfaces of pid's network namespace."""
-    rows = Path(f"/proc/{pid}/net/dev").read_text().splitlines()[2:]
-    return sorted(row.split(":", 1)[0].strip() for row in rows)
-
-
-def _refused_from_here(port: int) -> dict[str, str]:
-    """Tries loopback (IPv4 and IPv6) from this process's namespace; {address: how it failed}.
-
-    Only loopback is probed, as the test's own traffic may go nowhere else; the namespace
-    having no interface but `lo` is what keeps other hosts out, and that is asserted apart.
-    """
-    failures = {}
-    for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            s.settimeout(3)
-            try:
-                s.connect((host, port))
-            except OSError as e:
-                failures[host] = type(e).__name__
-    return failures
-
-
-def _reachable_from_here(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=3):
-            return True
-    except OSError:
-        return False
-
-
-def _task_pids(launcher_pid: int) -> dict[str, int]:
-    """{'ps 0': pid, 'worker 0': pid, ...} for the launcher's live task processes."""
-    tasks = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == launcher_pid and b"--role" in argv:
-            role = argv[argv.index(b"--role") + 1].decode()
-            index = argv[argv.index(b"--index") + 1].decode()
-            tasks[f"{role} {index}"] = int(entry.name)
-    return tasks
-
-
-def _cluster_ports(proc) -> list[int]:
-    match = proc.wait_for_line(CLUSTER_LINE, 30)
-    hosts = match["ps"].split(",") + match["workers"].split(",")
-    return [int(h.rsplit(":", 1)[1]) for h in hosts]
-
-
-def _free_run(count: int) -> int:
-    """A first port such that it and the next count - 1 are free on this host right now."""
-    for _ in range(50):
-        (base,) = free_ports(1)
-        if base + count > 65535:
-            continue
-        sockets = []
-        try:
-            for port in range(base, base + count):
-                s = socket.socket()
-                sockets.append(s)
-                s.bind(("", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in sockets:
-                s.close()
-    pytest.fail(f"found no {count} consecutive free ports")
-
-
 def _assert_lockstep(summary: dict) -> None:
     assert summary["global_step"] == STEPS
     assert summary["contributions"] == [STEPS] * 3
@@ -179,8 +98,8 @@ def test_namespace_has_only_loopback_and_its_ports_are_unreachable_from_outside(
         start_new_session=True)
     try:
         assert server.stdout.readline().strip() == "listening"
-        assert _ns_inode(server.pid) == _ns_inode(namespace.holder_pid) != _ns_inode("self")
-        assert _interfaces(server.pid) == ["lo"]
+        assert ns_inode(server.pid) == ns_inode(namespace.holder_pid) != ns_inode("self")
+        assert interfaces(server.pid) == ["lo"]
         # From inside, the port answers; from here, on this host, it does not.
         inside = subprocess.run(
             [sys.executable, "-c", f"import socket; socket.create_connection(('localhost', "
@@ -188,7 +107,7 @@ def test_namespace_has_only_loopback_and_its_ports_are_unreachable_from_outside(
             preexec_fn=namespace.enter, capture_output=True, text=True, timeout=30)
         assert inside.stdout.strip() == "connected", inside.stderr
         assert port in listening_ports(f"/proc/{server.pid}")
-        assert _refused_from_here(port).keys() == {"127.0.0.1", "::1"}
+        assert refused_from_here(port).keys() == {"127.0.0.1", "::1"}
     finally:
         os.killpg(server.pid, signal.SIGKILL)
         server.communicate()  # reaps it and closes the pipes
@@ -330,44 +249,34 @@ def test_isolate_rejects_an_unknown_value(recorded_cluster, capsys):
 # ------------------------------------------------------------------- whole clusters
 
 @pytest.mark.cluster
-def test_isolated_cluster_is_unreachable_from_outside_and_trains_in_lockstep(processes,
-                                                                             tmp_path):
-    _namespace_or_skip().close()
-    # Ports free on this host too, so a refusal below cannot come from someone else's server.
-    base = _free_run(4)
-    marker = str(tmp_path / "data")
-    launcher = processes.launcher("--isolate", "on", "--base-port", str(base), *COMMON,
-                                  "--data-dir", marker,
-                                  "--summary-json", str(tmp_path / "cluster.json"))
-    ports = _cluster_ports(launcher)
-    assert ports == list(range(base, base + 4))  # in the empty namespace, the asked-for ports
-    launcher.wait_for_line(CHIEF_READY, BOUND)
-
-    tasks = _task_pids(launcher.popen.pid)
-    assert sorted(tasks) == ["ps 0", "worker 0", "worker 1", "worker 2"]
-    inodes = {_ns_inode(pid) for pid in tasks.values()}
-    assert len(inodes) == 1 and _ns_inode("self") not in inodes  # one namespace, not ours
-    some_task = tasks["ps 0"]
-    assert _interfaces(some_task) == ["lo"]  # no way in from any other host
-    assert set(ports) <= listening_ports(f"/proc/{some_task}")  # the servers really are up, inside
-    refused = {port: _refused_from_here(port) for port in ports}
-    assert all(r.keys() == {"127.0.0.1", "::1"} for r in refused.values()), refused
-
-    assert launcher.wait(BOUND) == 0, launcher.output
-    _assert_lockstep(read_json(tmp_path / "cluster.json"))
-    assert "private network namespace with loopback only" in launcher.output
-    assert processes_mentioning(marker) == []
+def test_isolated_cluster_is_unreachable_from_outside_and_trains_in_lockstep(fixed_run):
+    # The shared run (conftest.py) is the launcher's default, in a private namespace where
+    # one can be made, probed from outside while it trained.
+    if not fixed_run.isolated:
+        pytest.skip(f"no network namespace can be made here: {fixed_run.why_not_isolated}")
+    assert fixed_run.ports == list(range(fixed_run.base, fixed_run.base + 4))  # as asked
+    assert sorted(fixed_run.task_inodes) == ["ps 0", "worker 0", "worker 1", "worker 2"]
+    inodes = set(fixed_run.task_inodes.values())
+    assert len(inodes) == 1 and fixed_run.own_inode not in inodes  # one namespace, not ours
+    assert fixed_run.interfaces == ["lo"]  # no way in from any other host
+    assert set(fixed_run.ports) <= fixed_run.listening  # the servers really were up, inside
+    assert all(r.keys() == {"127.0.0.1", "::1"} for r in fixed_run.refused.values()), \
+        fixed_run.refused
+    assert fixed_run.code == 0, fixed_run.output
+    assert fixed_run.summary["synchronous"] is True
+    assert "private network namespace with loopback only" in fixed_run.output
+    assert fixed_run.leftovers == []
 
 
 @pytest.mark.cluster
 def test_isolate_off_leaves_the_ports_reachable_from_this_host(processes, tmp_path):
     launcher = processes.launcher("--isolate", "off", "--base-port", "0", *COMMON,
                                   "--summary-json", str(tmp_path / "cluster.json"))
-    ports = _cluster_ports(launcher)
+    ports = cluster_ports(launcher)
     launcher.wait_for_line(CHIEF_READY, BOUND)
-    tasks = _task_pids(launcher.popen.pid)
-    assert {_ns_inode(pid) for pid in tasks.values()} == {_ns_inode("self")}
-    assert [p for p in ports if not _reachable_from_here(p)] == []
+    tasks = task_pids(launcher.popen.pid)
+    assert {ns_inode(pid) for pid in tasks.values()} == {ns_inode("self")}
+    assert [p for p in ports if not reachable_from_here(p)] == []
 
     assert launcher.wait(BOUND) == 0, launcher.output
     _assert_lockstep(read_json(tmp_path / "cluster.json"))
@@ -379,9 +288,9 @@ def test_auto_where_impossible_says_so_once_and_goes_on(locked_down, processes, 
     launcher = processes.start(
         [*locked_down, str(ROOT / "bin" / "sync-mnist-cluster"), "--base-port", "0", *COMMON,
          "--summary-json", str(tmp_path / "cluster.json")], "launcher")
-    ports = _cluster_ports(launcher)
+    ports = cluster_ports(launcher)
     launcher.wait_for_line(CHIEF_READY, BOUND)
-    assert [p for p in ports if not _reachable_from_here(p)] == []  # exposed, as it says
+    assert [p for p in ports if not reachable_from_here(p)] == []  # exposed, as it says
 
     assert launcher.wait(BOUND) == 0, launcher.output
     _assert_lockstep(read_json(tmp_path / "cluster.json"))

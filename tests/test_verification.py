@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import tensorflow as tf
 
+from conftest import SHARED_STEPS
 from procs import processes_mentioning, read_json
 from sync_mnist import cli
 
@@ -27,8 +28,8 @@ def _launch(processes, tmp_path, *args):
 
 
 def test_question_setup_is_measured_not_synchronous(processes, tmp_path):
-    code, launcher, s = _launch(processes, tmp_path, "--setup", "question",
-                                "--train-steps", "30", "--timeout", "10", "--log-every", "10")
+    code, launcher, s = _launch(processes, tmp_path, "--setup", "question", "--train-steps",
+                                str(SHARED_STEPS), "--timeout", "10", "--log-every", "10")
 
     assert code == 3, launcher.output  # ran, but not synchronous
     assert s["synchronous"] is False
@@ -46,13 +47,13 @@ def test_question_setup_is_measured_not_synchronous(processes, tmp_path):
     assert "blocked for 10 s on the token queue" in launcher.output
 
 
-def test_fixed_setup_with_the_same_options_is_synchronous(processes, tmp_path):
-    code, launcher, s = _launch(processes, tmp_path, "--setup", "fixed",
-                                "--train-steps", "30", "--timeout", "10", "--log-every", "10")
-
-    assert code == 0, launcher.output
+def test_fixed_setup_with_the_same_options_is_synchronous(fixed_run):
+    # The shared run (conftest.py): the same cluster, data, steps, --timeout and --log-every
+    # as the question's run above.
+    s = fixed_run.summary
+    assert fixed_run.code == 0, fixed_run.output
     assert s["synchronous"] is True and s["verdicts_agree"] is True
-    assert s["contributions"] == [30, 30, 30]
+    assert s["contributions"] == [SHARED_STEPS] * 3
     assert s["solo_updates"] == 0
     assert s["blocked"] == []
     # The non-chief workers poll every 0.25 s, so they are ready well within a second.
@@ -78,23 +79,17 @@ def test_backup_worker_counts_add_up(processes, tmp_path):
     assert all(t["exit_code"] == 0 for t in s["tasks"])
 
 
-def test_counters_are_written_as_summaries_over_time(processes, tmp_path):
-    logdir = tmp_path / "logdir"
-    code, launcher, s = _launch(processes, tmp_path, "--train-steps", "20", "--log-every", "5",
-                                "--timeout", "60", "--logdir", str(logdir))
-    assert code == 0, launcher.output
-
+def test_counters_are_written_as_summaries_over_time(fixed_run):
+    assert fixed_run.code == 0, fixed_run.output
     accepted: dict[int, list[float]] = {w: [] for w in range(3)}
-    steps = []
-    for path in logdir.glob("events.out.tfevents.*"):
+    for path in fixed_run.logdir.glob("events.out.tfevents.*"):
         for event in tf.compat.v1.train.summary_iterator(str(path)):
             for value in event.summary.value:
                 if value.tag.startswith("sync/accepted/worker"):
                     accepted[int(value.tag[-1])].append(value.simple_value)
-                    steps.append(event.step)
-    # Logged every 5 local steps: the counters grow with global_step, equal for all workers.
+    # Logged every 10 local steps: the counters grow with global_step, equal for all workers.
     assert accepted[0] == accepted[1] == accepted[2]
-    assert accepted[0][-1] == 20
+    assert accepted[0][-1] == SHARED_STEPS
     assert len(set(accepted[0])) >= 3  # visible over time, not only at the end
 
 
