@@ -26,7 +26,7 @@ import tensorflow as tf
 from sync_mnist import data, membership, report, session, sync
 from sync_mnist.config import TaskConfig
 from sync_mnist.worker import (Progress, build_graph, contributions_so_far, evaluate,
-                               load_shard)
+                               load_shard, write_summaries)
 
 tf1 = tf.compat.v1
 log = logging.getLogger(__name__)
@@ -98,7 +98,11 @@ def run_question_worker(config: TaskConfig, *, dataset: data.Dataset | None = No
         sess.run(init_tokens)
         supervisor.start_queue_runners(sess, [chief_queue_runner])
     side = tf1.Session(server.target, graph=graph, config=tf_config)
-    progress = Progress(config, side, g.state, None, local_steps)
+    # Not in the question: with --logdir the chief writes the counters as summaries, as in the
+    # fixed setup, so that `sync-mnist plot` and TensorBoard can show the run (no checkpoints).
+    writer = tf1.summary.FileWriter(str(train.logdir)) \
+        if train.logdir and config.is_chief else None
+    progress = Progress(config, side, g.state, writer, local_steps)
     train_started = time.monotonic()
     local = 0
     try:
@@ -129,6 +133,9 @@ def run_question_worker(config: TaskConfig, *, dataset: data.Dataset | None = No
     result.synchronous, result.verdict = verdict.synchronous, verdict.line
     if config.is_chief:
         result.test_accuracy = evaluate(side, g, dataset, bounded)
+    if writer:
+        write_summaries(writer, counters, test_accuracy=result.test_accuracy)
+        writer.close()
     side.close()
     supervisor.request_stop()
     log.info("verdict: %s", verdict.line)

@@ -254,7 +254,7 @@ def run_worker(config: TaskConfig, *, dataset: data.Dataset | None = None,
             log.info("test_accuracy=%.4f on %d test examples of %s", result.test_accuracy,
                      len(dataset.test_labels), dataset.name)
             if writer:
-                _write_summaries(writer, counters, test_accuracy=result.test_accuracy)
+                write_summaries(writer, counters, test_accuracy=result.test_accuracy)
     side.close()
     if writer:
         tf1.summary.FileWriterCache.clear()  # closes, so the events file ends complete
@@ -341,7 +341,7 @@ class Progress:
                  "contributions=%s", local, counters.global_step, self._target, loss, accuracy,
                  rate, counters.accepted)
         if self._writer:
-            _write_summaries(self._writer, counters, loss=loss, accuracy=accuracy,
+            write_summaries(self._writer, counters, loss=loss, accuracy=accuracy,
                              examples_per_sec=rate)
 
 
@@ -381,7 +381,9 @@ def evaluate(side, g: _Graph, dataset: data.Dataset, options) -> float:
     return float(correct / len(dataset.test_labels))
 
 
-def _write_summaries(writer, counters: sync.Counters, **scalars) -> None:
+def write_summaries(writer, counters: sync.Counters, **scalars) -> None:
+    """Writes `scalars` and the counters (sync/accepted/workerN, sync/unused/workerN,
+    sync/repeat_updates) as summaries at counters.global_step; `sync-mnist plot` reads them."""
     values = [tf1.Summary.Value(tag=name, simple_value=float(v))
               for name, v in scalars.items() if v is not None]
     for w, (pushed, accepted) in enumerate(zip(counters.pushed, counters.accepted)):
