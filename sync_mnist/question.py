@@ -12,7 +12,7 @@ SyncReplicasOptimizer as the fixed design, but the way the question wired them:
 
 The only additions are what makes the outcome visible and bounded: the same ps-side counters,
 a --timeout on every step (so a worker blocked on the token queue is released and says so),
-and a bound on the readiness wait. The launcher stops the ps, which never stops by itself.
+a bound on the readiness wait, and with --logdir the chief's summaries of the counters. The launcher stops the ps, which never stops by itself.
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ def run_question_worker(config: TaskConfig, *, dataset: data.Dataset | None = No
     started = time.monotonic()
     train, n, i = config.train, config.cluster.num_workers, config.index
     bounded = tf1.RunOptions(timeout_in_ms=int(train.timeout * 1000))
+    if train.logdir and config.is_chief:
+        session.check_logdir(train.logdir)  # for the summaries it writes (below)
     if server is None:
         server = tf.distribute.Server(config.cluster.spec(), job_name="worker", task_index=i,
                                       start=True)

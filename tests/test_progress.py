@@ -99,6 +99,21 @@ def test_live_display_shows_one_line_errors_and_the_table_and_logs_every_line(tm
     assert logged[-2:] == ["task  exit", "verification: synchronous"]
 
 
+def test_verbose_live_display_prints_every_task_line_above_the_live_line(tmp_path):
+    screen = io.StringIO()
+    display = progress.Display(live=True, verbose=True, stream=screen, errors=io.StringIO(),
+                               log_path=tmp_path / "tasks.log")
+    lines = ["12:00:00 [ps 0] serving localhost:2222", _progress_line(0, 10, 30, [10, 10])]
+    try:
+        for line in lines:
+            display.task_line(line)
+    finally:
+        display.close()
+    parts = [part.rstrip() for part in re.split(r"[\r\n]", screen.getvalue())]
+    assert set(lines) <= set(parts)
+    assert any(part.startswith("global_step 10/30 ") for part in parts)
+
+
 def test_async_target_counts_every_workers_local_steps(tmp_path):
     screen = io.StringIO()
     display = progress.Display(live=True, mode="async", num_workers=3, stream=screen,
