@@ -89,7 +89,9 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--summary-json", type=Path, default=None,
                         help="write the result record here as JSON (default: none)")
     parser.add_argument("--verbose", action="store_true",
-                        help="show TensorFlow's C++ and deprecation logs (default: hidden)")
+                        help="show TensorFlow's C++ and deprecation logs; the launcher on a "
+                             "terminal also shows every task's lines above its progress line "
+                             "(default: hidden)")
 
 
 def _whole_number(text: str) -> int:
@@ -114,7 +116,9 @@ def _train_config(args: argparse.Namespace) -> TrainConfig:
 
 def task_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="sync-mnist", description="Run one task of a synchronous "
-                     "parameter-server cluster that trains MNIST.")
+                     "parameter-server cluster that trains MNIST.",
+                     epilog="`sync-mnist plot LOGDIR` draws a finished run instead (see "
+                            "`sync-mnist plot --help`).")
     parser.add_argument("--role", required=True, help="ps or worker")
     parser.add_argument("--index", type=int, required=True,
                         help="task index within its role; worker 0 is the chief")
@@ -147,6 +151,9 @@ def _cluster_layout(args: argparse.Namespace) -> cluster_lib.ClusterLayout:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `sync-mnist`: one ps or worker task. Returns the process exit code."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["plot"]:  # a subcommand, named by the first word
+        return plot_main(argv[1:])
     args = task_parser().parse_args(argv)
     _setup_logging(args.verbose, f"{args.role} {args.index}")
     try:
@@ -228,6 +235,34 @@ def _finish(config: TaskConfig, result, code: int) -> None:
     os._exit(code)
 
 
+def plot_main(argv: list[str]) -> int:
+    """`sync-mnist plot LOGDIR`: draws a finished run into a PNG (see plot.py)."""
+    parser = _Parser(prog="sync-mnist plot", description="Draw a finished run's contributions "
+                     "per worker against global_step, and its loss, into a PNG, from the "
+                     "summaries the chief wrote with --logdir. Needs matplotlib "
+                     "(pip install 'sync_mnist[plot]').")
+    parser.add_argument("logdir", type=Path, help="the run's --logdir")
+    parser.add_argument("-o", "--output", type=Path, default=None,
+                        help="the PNG to write (default: LOGDIR/synchrony.png)")
+    parser.add_argument("--title", default=None,
+                        help="the picture's title (default: the name of LOGDIR)")
+    args = parser.parse_args(argv)
+    _setup_logging(False, "plot")
+    from sync_mnist import plot, tfcompat
+
+    output = args.output or args.logdir / "synchrony.png"
+    try:
+        plot.require_matplotlib()  # at once, before TensorFlow's slow start
+        tfcompat.graph_mode(verbose=False)  # quiet: TensorFlow reads the events files
+        series = plot.plot_run(args.logdir, output, title=args.title)
+    except plot.PlotError as e:
+        return _usage_error(e)
+    logging.getLogger("sync_mnist").info(
+        "wrote %s: contributions %s at global_step %d", output, series.final_contributions,
+        series.final_step)
+    return config_lib.EXIT_OK
+
+
 def launch_main(argv: list[str] | None = None) -> int:
     """Entry point of `sync-mnist-cluster`: P ps + N workers as processes on localhost."""
     parser = _Parser(prog="sync-mnist-cluster", description="Start a synchronous "
@@ -299,8 +334,19 @@ def _setup_logging(verbose: bool, tag: str) -> None:
     if not verbose:
         # TensorFlow's C++ logs (cuInit, CPU features, gRPC start-up) say nothing a user needs.
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s [{tag}] %(message)s", datefmt="%H:%M:%S")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Formatter(f"%(asctime)s [{tag}] %(message)s", datefmt="%H:%M:%S"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+
+
+class _Formatter(logging.Formatter):
+    """Warnings and errors start `warning: ` or `error: `: they stand out in a scrolling log,
+    and the launcher's live display (progress.py) keeps them on screen."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        if record.levelno >= logging.WARNING:
+            record.message = f"{record.levelname.lower()}: {record.message}"
+        return super().formatMessage(record)
 
 
 def _usage_error(error: Exception) -> int:

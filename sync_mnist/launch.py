@@ -23,7 +23,7 @@ from pathlib import Path
 
 from sync_mnist import cluster as cluster_lib
 from sync_mnist import config as config_lib
-from sync_mnist import data, netns, report
+from sync_mnist import data, netns, progress, report
 from sync_mnist.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -34,8 +34,9 @@ _PR_SET_PDEATHSIG = 1
 
 class _Task:
     def __init__(self, role: str, index: int, argv: list[str], summary: Path,
-                 namespace: netns.PrivateNamespace | None = None):
+                 namespace: netns.PrivateNamespace | None = None, output=None):
         self.role, self.index, self.summary = role, index, summary
+        self._output = output or _print  # where its lines go: see progress.Display
         self.tag = f"{role} {index}"
         self.stopped = False  # still running when the launcher stopped the cluster
         self.restarts = 0  # times --max-restarts restarted it
@@ -67,7 +68,7 @@ class _Task:
             line = line.rstrip("\n")
             if report.WAITING_FOR_CHIEF in line:
                 self.waiting_for_chief.set()
-            _print(line if f"[{self.tag}]" in line else f"[{self.tag}] {line}")
+            self._output(line if f"[{self.tag}]" in line else f"[{self.tag}] {line}")
 
     def poll(self) -> int | None:
         code = self.proc.poll()
@@ -160,6 +161,7 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
         ps_hosts, worker_hosts = choose_hosts(num_ps, num_workers, base_port)
     log.info("cluster: ps %s, workers %s; dataset %s; mode %s", ",".join(ps_hosts),
              ",".join(worker_hosts), dataset, train.mode)
+    display = progress.open_display(verbose=verbose, mode=train.mode, num_workers=num_workers)
     tasks: list[_Task] = []
     interrupted = False
     previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -171,7 +173,7 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
                         "--index", str(index), "--ps-hosts", ",".join(ps_hosts),
                         "--worker-hosts", ",".join(worker_hosts), *task_args,
                         "--dataset", dataset, "--summary-json", str(summary)]
-                tasks.append(_Task(role, index, argv, summary, namespace))
+                tasks.append(_Task(role, index, argv, summary, namespace, display.task_line))
                 return tasks[-1]
 
             for index in range(num_ps):
@@ -192,6 +194,7 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
             log.error("interrupted; stopping every task")
         finally:
             _stop(tasks)
+            display.close()
             if namespace:
                 namespace.close()
             for s, handler in previous.items():
@@ -199,8 +202,8 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
         results = [t.result() for t in tasks]
     wall = time.time() - started
     summary = cluster_summary(results, tasks, wall)
-    _print(report.format_table(results))
-    _print(_closing_lines(summary))
+    display.show(report.format_table(results))
+    display.show(_closing_lines(summary))
     if summary_json:
         path = Path(summary_json)
         path.parent.mkdir(parents=True, exist_ok=True)

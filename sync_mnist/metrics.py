@@ -76,6 +76,8 @@ def stalled(side, state: sync.SharedState, members: membership.Membership,
 
 
 def write_summaries(writer, counters: sync.Counters, **scalars) -> None:
+    """Writes `scalars` and the counters (sync/accepted/workerN, sync/unused/workerN,
+    sync/repeat_updates) as summaries at counters.global_step; `sync-mnist plot` reads them."""
     values = [tf1.Summary.Value(tag=name, simple_value=float(v))
               for name, v in scalars.items() if v is not None]
     for w, (pushed, accepted) in enumerate(zip(counters.pushed, counters.accepted)):

@@ -12,7 +12,7 @@ SyncReplicasOptimizer as the fixed design, but the way the question wired them:
 
 The only additions are what makes the outcome visible and bounded: the same ps-side counters,
 a --timeout on every step (so a worker blocked on the token queue is released and says so),
-and a bound on the readiness wait. The launcher stops the ps, which never stops by itself.
+a bound on the readiness wait, and with --logdir the chief's summaries of the counters. The launcher stops the ps, which never stops by itself.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from sync_mnist import data, membership, report, session, sync
 from sync_mnist.config import TaskConfig
-from sync_mnist.metrics import Progress, contributions_so_far
+from sync_mnist.metrics import Progress, contributions_so_far, write_summaries
 from sync_mnist.worker import build_graph, evaluate, load_shard
 
 tf1 = tf.compat.v1
@@ -54,6 +54,8 @@ def run_question_worker(config: TaskConfig, *, dataset: data.Dataset | None = No
     started = time.monotonic()
     train, n, i = config.train, config.cluster.num_workers, config.index
     bounded = tf1.RunOptions(timeout_in_ms=int(train.timeout * 1000))
+    if train.logdir and config.is_chief:
+        session.check_logdir(train.logdir)  # for the summaries it writes (below)
     if server is None:
         server = tf.distribute.Server(config.cluster.spec(), job_name="worker", task_index=i,
                                       start=True)
@@ -98,7 +100,11 @@ def run_question_worker(config: TaskConfig, *, dataset: data.Dataset | None = No
         sess.run(init_tokens)
         supervisor.start_queue_runners(sess, [chief_queue_runner])
     side = tf1.Session(server.target, graph=graph, config=tf_config)
-    progress = Progress(config, side, g.state, None, local_steps)
+    # Not in the question: with --logdir the chief writes the counters as summaries, as in the
+    # fixed setup, so that `sync-mnist plot` and TensorBoard can show the run (no checkpoints).
+    writer = tf1.summary.FileWriter(str(train.logdir)) \
+        if train.logdir and config.is_chief else None
+    progress = Progress(config, side, g.state, writer, local_steps)
     train_started = time.monotonic()
     local = 0
     try:
@@ -129,6 +135,9 @@ def run_question_worker(config: TaskConfig, *, dataset: data.Dataset | None = No
     result.synchronous, result.verdict = verdict.synchronous, verdict.line
     if config.is_chief:
         result.test_accuracy, result.test_loss = evaluate(side, g, dataset, bounded)
+    if writer:
+        write_summaries(writer, counters, test_accuracy=result.test_accuracy)
+        writer.close()
     side.close()
     supervisor.request_stop()
     log.info("verdict: %s", verdict.line)
