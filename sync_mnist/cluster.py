@@ -261,7 +261,7 @@ def from_slurm(environ: Mapping[str, str], num_ps: int = DEFAULT_NUM_PS,
         if mine != given:
             # The resolver assumes srun's block distribution over nodes in sorted name order.
             raise ClusterError(
-                f"Slurm rank {rank} runs on {node} as its task {local}, but TensorFlow's "
+                f"Slurm rank {rank} runs on {node} (local task {local}), but TensorFlow's "
                 f"SlurmClusterResolver makes it {role} {index} at {given}: it assumes ranks fill "
                 "the nodes in sorted name order (srun --distribution=block, node names that "
                 "sort as Slurm orders them)")
