@@ -1,7 +1,8 @@
 """Cluster layout: which ps and worker tasks exist and where they listen.
 
 The layout comes from --ps-hosts/--worker-hosts, from a TF_CONFIG value (as Kubernetes' TFJob
-sets it), or from the defaults below, which match `make run-cluster`'s localhost layout so that
+sets it), from an srun step's environment (through TensorFlow's SlurmClusterResolver), or from
+the defaults below, which match `make run-cluster`'s localhost layout so that
 `sync-mnist --role worker --index 1` works in a second terminal with no other flag.
 """
 
