@@ -255,6 +255,12 @@ def from_slurm(environ: Mapping[str, str], num_ps: int = DEFAULT_NUM_PS,
         auto_set_gpu=False)
     spec = resolver.cluster_spec().as_dict()
     role, index = resolver.get_task_info()
+    # What the docstring promises, checked: the resolver read the same rank from os.environ,
+    # and put the first num_ps ranks in the ps job.
+    expected = ("ps", rank) if rank < num_ps else ("worker", rank - num_ps)
+    if (role, index) != expected:
+        raise ClusterError(f"SlurmClusterResolver made rank {rank} {role} {index}, not "
+                           f"{expected[0]} {expected[1]}")
     layout = ClusterLayout(tuple(spec["ps"]), tuple(spec["worker"]))
     node, local = environ.get("SLURMD_NODENAME"), environ.get("SLURM_LOCALID")
     if node and local and local.isdigit():

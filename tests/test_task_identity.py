@@ -276,3 +276,12 @@ def test_the_task_process_exits_with_the_code_its_error_maps_to(error, code, tmp
     assert out.stderr.splitlines()[-1].endswith(f"[worker 1] failed: {name}: "
                                                 f"{error.split(', ')[-1][1:-2]}")
     assert json.loads(record.read_text())["exit_code"] == code
+
+
+def test_the_rank_given_and_the_resolvers_must_agree(monkeypatch):
+    # The resolver reads SLURM_PROCID from os.environ itself; a different one is caught.
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    env = {"SLURM_PROCID": "2", "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_TASKS_PER_NODE": "3"}
+    with pytest.raises(ClusterError) as raised:
+        cluster.from_slurm(env)
+    assert str(raised.value) == "SlurmClusterResolver made rank 2 ps 0, not worker 1"
