@@ -212,7 +212,8 @@ EVALUATOR = ("TF_CONFIG has an evaluator (a TFJob Evaluator replica): sync-mnist
                  "task": {"type": "worker", "index": 1}}),
      'TF_CONFIG has a "sparseCluster" (a TFJob with enableDynamicWorker): synchronous training '
      "needs a fixed list of workers; set enableDynamicWorker to false"),
-    (_tf_config({"ps": ["p:1"], "worker": {"0": "w:1", "1": "w:2"}}, {"type": "worker", "index": 0}),
+    (_tf_config({"ps": ["p:1"], "worker": {"0": "w:1", "1": "w:2"}},
+                {"type": "worker", "index": 0}),
      "TF_CONFIG's 'worker' job is a map, not a list (a TFJob with enableDynamicWorker): "
      "synchronous training needs a fixed list of workers; set enableDynamicWorker to false"),
     (_tf_config({"ps": "p:1", "worker": ["w:1"]}, {"type": "worker", "index": 0}),
@@ -226,7 +227,8 @@ EVALUATOR = ("TF_CONFIG has an evaluator (a TFJob Evaluator replica): sync-mnist
     (_tf_config({"chief": ["c:1"], "ps": ["p:1"], "worker": ["w:1", "w:2"]},
                 {"type": "worker", "index": 2}),
      'TF_CONFIG says this task is worker 2, outside its "worker" job (2 tasks: 0-1)'),
-    (_tf_config({"chief": ["c:1"], "ps": ["p:1"], "worker": ["w:1"]}, {"type": "chief", "index": 1}),
+    (_tf_config({"chief": ["c:1"], "ps": ["p:1"], "worker": ["w:1"]},
+                {"type": "chief", "index": 1}),
      "TF_CONFIG says this task is chief 1; the only chief task is 0"),
     (_tf_config({"ps": ["p:1"], "worker": ["w:1"]}, {"type": "chief", "index": 0}),
      "TF_CONFIG says this task is chief 0, but its cluster has no 'chief' job"),

@@ -156,7 +156,8 @@ def test_slurm_resolution_needs_no_gpu_and_leaves_cuda_alone(monkeypatch):
     # The resolver's defaults run nvidia-smi; here there is none, and nothing may be set.
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    env = {"SLURM_PROCID": "2", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "2(x2)"}
+    env = {"SLURM_PROCID": "2", "SLURM_STEP_NODELIST": "n[1-2]",
+           "SLURM_STEP_TASKS_PER_NODE": "2(x2)"}
     monkeypatch.setenv("SLURM_PROCID", "2")  # the resolver reads the rank from os.environ
     layout, role, index = cluster.from_slurm(env, num_ps=1, base_port=2222)
     assert (role, index) == ("worker", 1)
