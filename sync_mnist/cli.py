@@ -7,6 +7,10 @@ One task per host:
     sync-mnist --role ps     --index 0 --ps-hosts h0:2222 --worker-hosts h1:2222,h2:2222,h3:2222
     sync-mnist --role worker --index 0 --ps-hosts h0:2222 --worker-hosts h1:2222,h2:2222,h3:2222
     ... (worker 1 and 2 likewise)
+
+The same command in every task, which learns its place from the environment:
+    TF_CONFIG='{"cluster": {...}, "task": {...}}' sync-mnist   # a Kubernetes TFJob pod
+    srun --ntasks 4 sync-mnist                                 # a Slurm step: rank 0 is the ps
 """
 
 from __future__ import annotations
@@ -119,9 +123,11 @@ def task_parser() -> argparse.ArgumentParser:
                      "parameter-server cluster that trains MNIST.",
                      epilog="`sync-mnist plot LOGDIR` draws a finished run instead (see "
                             "`sync-mnist plot --help`).")
-    parser.add_argument("--role", required=True, help="ps or worker")
-    parser.add_argument("--index", type=int, required=True,
-                        help="task index within its role; worker 0 is the chief")
+    parser.add_argument("--role", help="ps or worker (default: from TF_CONFIG, or from the "
+                        "rank in an srun step; given beside TF_CONFIG, it must agree)")
+    parser.add_argument("--index", type=int,
+                        help="task index within its role; worker 0 is the chief (default: as "
+                             "--role)")
     ps_default, worker_default = cluster_lib.default_hosts(cluster_lib.DEFAULT_NUM_PS,
                                                            cluster_lib.DEFAULT_NUM_WORKERS)
     parser.add_argument("--ps-hosts", default=None,
@@ -130,18 +136,57 @@ def task_parser() -> argparse.ArgumentParser:
     parser.add_argument("--worker-hosts", default=None,
                         help="comma-separated host:port of every worker task (default: "
                              f"TF_CONFIG if set, else {','.join(worker_default)})")
+    slurm = parser.add_argument_group(
+        "Slurm (an srun step with no --role, --index, host flags or TF_CONFIG)")
+    slurm.add_argument("--ps", type=int, default=None,
+                       help=f"the first PS ranks are ps tasks, the rest workers (default: "
+                            f"{cluster_lib.DEFAULT_NUM_PS})")
+    slurm.add_argument("--base-port", type=int, default=None,
+                       help="the port of the first task on each node, the next task's is one "
+                            f"more (default: {cluster_lib.DEFAULT_BASE_PORT})")
     _add_training_options(parser)
     return parser
 
 
-def _cluster_layout(args: argparse.Namespace) -> cluster_lib.ClusterLayout:
-    if args.ps_hosts is None and args.worker_hosts is None and os.environ.get("TF_CONFIG"):
-        layout, role, index = cluster_lib.from_tf_config(os.environ["TF_CONFIG"])
-        if (role, index) != (args.role, args.index):
+def _task_in_cluster(args: argparse.Namespace, parser: argparse.ArgumentParser
+                     ) -> tuple[cluster_lib.ClusterLayout, str, int]:
+    """The cluster and this task's role and index in it: from the flags, from TF_CONFIG (no
+    host flags), or from an srun step (no host flags, no TF_CONFIG, no --role/--index)."""
+    hosts_given = args.ps_hosts is not None or args.worker_hosts is not None
+    tf_config = os.environ.get("TF_CONFIG")
+    in_srun = (not hosts_given and not tf_config and args.role is None and args.index is None
+               and os.environ.get("SLURM_PROCID") is not None)
+    if not in_srun and (args.ps is not None or args.base_port is not None):
+        raise config_lib.ConfigError("--ps and --base-port apply only in an srun step with no "
+                                     "--role, --index, host flags or TF_CONFIG")
+    if in_srun:
+        num_ps = cluster_lib.DEFAULT_NUM_PS if args.ps is None else args.ps
+        if num_ps < 1:
+            raise config_lib.ConfigError(f"--ps {num_ps}: a cluster needs at least one ps task")
+        from sync_mnist import tfcompat
+
+        _quiet_tensorflow(args.verbose)  # the resolver imports TensorFlow
+        tfcompat.graph_mode(args.verbose)
+        return cluster_lib.from_slurm(
+            os.environ, num_ps=num_ps,
+            base_port=cluster_lib.DEFAULT_BASE_PORT if args.base_port is None else args.base_port)
+    if not hosts_given and tf_config:
+        layout, role, index = cluster_lib.from_tf_config(tf_config)
+        if args.role not in (None, role) or args.index not in (None, index):
+            given = " ".join(f"--{name} {value}" for name, value in (("role", args.role),
+                             ("index", args.index)) if value is not None)
             raise cluster_lib.ClusterError(
-                f"TF_CONFIG says this task is {role} {index}, but --role {args.role} "
-                f"--index {args.index} was given")
-        return layout
+                f"TF_CONFIG says this task is {role} {index}, but {given} was given")
+        return layout, role, index
+    missing = [flag for flag, value in (("--role", args.role), ("--index", args.index))
+               if value is None]
+    if missing:
+        parser.error(f"the following arguments are required: {', '.join(missing)}"
+                     f"{' (or a TF_CONFIG, or an srun step)' if len(missing) == 2 else ''}")
+    return _cluster_layout(args), args.role, args.index
+
+
+def _cluster_layout(args: argparse.Namespace) -> cluster_lib.ClusterLayout:
     ps_default, worker_default = cluster_lib.default_hosts(cluster_lib.DEFAULT_NUM_PS,
                                                            cluster_lib.DEFAULT_NUM_WORKERS)
     return cluster_lib.ClusterLayout.parse(
@@ -154,13 +199,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["plot"]:  # a subcommand, named by the first word
         return plot_main(argv[1:])
-    args = task_parser().parse_args(argv)
-    _setup_logging(args.verbose, f"{args.role} {args.index}")
+    parser = task_parser()
+    args = parser.parse_args(argv)
     try:
-        config = TaskConfig(role=args.role, index=args.index, cluster=_cluster_layout(args),
+        layout, role, index = _task_in_cluster(args, parser)
+        config = TaskConfig(role=role, index=index, cluster=layout,
                             train=_train_config(args), summary_json=args.summary_json)
     except ValueError as e:  # ConfigError, ClusterError
         return _usage_error(e)
+    _setup_logging(args.verbose, config.name)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     return _run_task(config, args.verbose)
 
@@ -198,6 +245,9 @@ def _run_task(config: TaskConfig, verbose: bool) -> int:
         else:
             result = worker.run_worker(config)
         code = report.exit_code_for(result)
+    except cluster_lib.Unreachable as e:  # a ps that may still come: retried, as a timeout
+        _usage_error(e)
+        result.error, code = _first_line(e), config_lib.EXIT_TIMEOUT
     except (ValueError, data.DataError) as e:  # ConfigError, ClusterError, DataError
         _usage_error(e)
         result.error, code = _first_line(e), config_lib.EXIT_USAGE
@@ -216,7 +266,7 @@ def _run_task(config: TaskConfig, verbose: bool) -> int:
             if verbose:
                 log.exception("traceback")
             result.error = f"{type(e).__name__}: {_first_line(e)}"
-            code = config_lib.EXIT_FAILED
+            code = config_lib.EXIT_PEER_LOST if _peer_lost(e) else config_lib.EXIT_FAILED
     _finish(config, result, code)
 
 
@@ -331,12 +381,17 @@ def _task_arguments(argv: list[str], launcher_only: tuple[str, ...]) -> list[str
 
 
 def _setup_logging(verbose: bool, tag: str) -> None:
-    if not verbose:
-        # TensorFlow's C++ logs (cuInit, CPU features, gRPC start-up) say nothing a user needs.
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    _quiet_tensorflow(verbose)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_Formatter(f"%(asctime)s [{tag}] %(message)s", datefmt="%H:%M:%S"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
+
+
+def _quiet_tensorflow(verbose: bool) -> None:
+    """Before TensorFlow is imported."""
+    if not verbose:
+        # TensorFlow's C++ logs (cuInit, CPU features, gRPC start-up) say nothing a user needs.
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
 class _Formatter(logging.Formatter):
@@ -363,6 +418,13 @@ def _interrupted_inside_tensorflow(error: Exception) -> bool:
     """SIGTERM during a TensorFlow call: pybind11 wraps our KeyboardInterrupt in a RuntimeError
     ("MISMATCH of original and normalized active exception types ... KeyboardInterrupt")."""
     return isinstance(error, RuntimeError) and "KeyboardInterrupt" in str(error)
+
+
+def _peer_lost(error: Exception) -> bool:
+    """A ps or worker went away under a running call: a restarted task can rejoin, so retry."""
+    import tensorflow as tf  # already loaded: only a running task gets here
+
+    return isinstance(error, (tf.errors.UnavailableError, tf.errors.AbortedError))
 
 
 def _raise_interrupt(signum, frame):

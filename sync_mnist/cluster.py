@@ -1,7 +1,8 @@
 """Cluster layout: which ps and worker tasks exist and where they listen.
 
 The layout comes from --ps-hosts/--worker-hosts, from a TF_CONFIG value (as Kubernetes' TFJob
-sets it), or from the defaults below, which match `make run-cluster`'s localhost layout so that
+sets it), from an srun step's environment (through TensorFlow's SlurmClusterResolver), or from
+the defaults below, which match `make run-cluster`'s localhost layout so that
 `sync-mnist --role worker --index 1` works in a second terminal with no other flag.
 """
 
@@ -12,6 +13,7 @@ import errno
 import json
 import socket
 import time
+from typing import Mapping
 
 DEFAULT_HOST = "localhost"
 DEFAULT_BASE_PORT = 2222
@@ -22,6 +24,10 @@ ROLES = ("ps", "worker")
 
 class ClusterError(ValueError):
     """The cluster description is unusable; the message names the offending value."""
+
+
+class Unreachable(ClusterError):
+    """A peer did not accept connections within the bound: it may be late, dead or misnamed."""
 
 
 def default_hosts(num_ps: int, num_workers: int, base_port: int = DEFAULT_BASE_PORT,
@@ -112,33 +118,160 @@ def _split(flag: str, value: str) -> tuple[str, ...]:
     return hosts
 
 
-def from_tf_config(text: str) -> tuple[ClusterLayout, str, int]:
-    """Parse a TF_CONFIG value: {"cluster": {"ps": [...], "worker": [...]}, "task": {...}}.
+# TF_CONFIG jobs that name the chief: TFJob's Chief replica ("chief"), or its older name, Master.
+CHIEF_JOBS = ("chief", "master")
 
-    A "chief" job, as some launchers write it, is treated as worker 0 so that the chief and the
-    workers share one index space.
+
+def from_tf_config(text: str) -> tuple[ClusterLayout, str, int]:
+    """Parse a TF_CONFIG value into the layout and this task's role and index.
+
+    The shape is {"cluster": {"ps": [...], "worker": [...]}, "task": {"type": T, "index": I}},
+    as TensorFlow and the Kubeflow TFJob operator write it. The operator adds
+    "environment": "cloud" (ignored here, as TensorFlow 2 ignores it) and, for a TFJob with a
+    Chief (or Master) replica, a job of its own for it: that task is worker 0, the chief, and the
+    "worker" job's tasks follow it, so the chief and the workers share one index space.
+
+    Raises:
+      ClusterError: naming the offending value. That includes what sync-mnist cannot run: an
+        evaluator task or job (training here evaluates on the chief), and a worker map instead
+        of a list ("sparseCluster", TFJob's enableDynamicWorker): SyncReplicasOptimizer
+        averages a fixed number of workers' gradients, so the workers cannot come and go.
     """
     try:
         config = json.loads(text)
     except json.JSONDecodeError as e:
         raise ClusterError(f"TF_CONFIG is not valid JSON ({e.msg} at character {e.pos})") from None
+    if isinstance(config, dict) and "sparseCluster" in config:
+        raise ClusterError("TF_CONFIG has a \"sparseCluster\" (a TFJob with enableDynamicWorker): "
+                           "synchronous training needs a fixed list of workers; set "
+                           "enableDynamicWorker to false")
     if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict):
         raise ClusterError("TF_CONFIG has no \"cluster\" object")
     cluster = config["cluster"]
     task = config.get("task")
     if not isinstance(task, dict) or "type" not in task or "index" not in task:
         raise ClusterError("TF_CONFIG has no \"task\" with \"type\" and \"index\" for this process")
-    chief = list(cluster.get("chief", []))
-    workers = chief + list(cluster.get("worker", []))
-    layout = ClusterLayout(tuple(cluster.get("ps", [])), tuple(workers))
     role, index = str(task["type"]), task["index"]
-    if not isinstance(index, int):
+    if role == "evaluator" or "evaluator" in cluster:
+        raise ClusterError("TF_CONFIG has an evaluator (a TFJob Evaluator replica): sync-mnist has "
+                           "no evaluator task; the chief evaluates on the test set at the end; "
+                           "remove that replica")
+    for job, hosts in cluster.items():
+        if job not in ("ps", "worker", *CHIEF_JOBS):
+            raise ClusterError(f"TF_CONFIG has a job {job!r}: sync-mnist runs only ps, worker and "
+                               "chief tasks")
+        if isinstance(hosts, dict):
+            raise ClusterError(f"TF_CONFIG's {job!r} job is a map, not a list (a TFJob with "
+                               "enableDynamicWorker): synchronous training needs a fixed list of "
+                               "workers; set enableDynamicWorker to false")
+        if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
+            raise ClusterError(f"TF_CONFIG's {job!r} job is not a list of host:port strings: "
+                               f"{hosts!r}")
+    chief_jobs = [job for job in CHIEF_JOBS if cluster.get(job)]
+    chief = [host for job in chief_jobs for host in cluster[job]]
+    if len(chief) > 1:
+        raise ClusterError(f"TF_CONFIG has {len(chief)} chief tasks ({', '.join(chief)}); "
+                           "a cluster has at most one")
+    layout = ClusterLayout(tuple(cluster.get("ps", [])),
+                           tuple(chief) + tuple(cluster.get("worker", [])))
+    if not isinstance(index, int) or isinstance(index, bool):
         raise ClusterError(f"TF_CONFIG task index {index!r} is not an integer")
-    if role == "chief":
+    if role in CHIEF_JOBS:
+        if role not in chief_jobs:
+            raise ClusterError(f"TF_CONFIG says this task is {role} {index}, but its cluster has "
+                               f"no {role!r} job")
+        if index != 0:
+            raise ClusterError(f"TF_CONFIG says this task is {role} {index}; "
+                               "the only chief task is 0")
         role = "worker"
-    elif role == "worker":
-        index += len(chief)
+    elif role == "worker" and chief:
+        count = len(cluster.get("worker", []))
+        if not 0 <= index < count:
+            raise ClusterError(f"TF_CONFIG says this task is worker {index}, outside its "
+                               f"\"worker\" job ({count} task{'s' if count != 1 else ''}"
+                               f"{f': 0-{count - 1}' if count else ''})")
+        index += len(chief)  # worker 0 is the chief: TF_CONFIG's workers follow it
     layout.check_task(role, index)
+    return layout, role, index
+
+
+def from_slurm(environ: Mapping[str, str], num_ps: int = DEFAULT_NUM_PS,
+               base_port: int = DEFAULT_BASE_PORT) -> tuple[ClusterLayout, str, int]:
+    """The layout of an srun step and this task's role and index in it.
+
+    TensorFlow's SlurmClusterResolver does the work: it lists the step's nodes in sorted order,
+    gives the tasks on a node consecutive ports from base_port, makes the first num_ps ranks ps
+    tasks (its jobs are taken in name order, and "ps" sorts before "worker") and the rest
+    workers, and maps this rank to its task.
+
+    Args:
+      environ: the process environment, with srun's SLURM_STEP_NODELIST and
+        SLURM_STEP_TASKS_PER_NODE, and SLURM_PROCID (which the resolver itself reads from
+        os.environ). SLURMD_NODENAME and SLURM_LOCALID, where set, are checked against the
+        address the resolver gives this rank.
+      num_ps: ps tasks; the rest of the step's tasks are workers.
+      base_port: the port of the first task on each node.
+
+    Raises:
+      ClusterError: a variable is missing or malformed, the step is too small, or this rank
+        would be given an address that is not its own.
+    """
+    from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver as slurm
+
+    def var(name: str) -> str:
+        if not environ.get(name):
+            raise ClusterError(f"{name} is not set: not inside an srun step? (SLURM_PROCID is "
+                               f"{environ.get('SLURM_PROCID')!r})")
+        return environ[name]
+
+    rank_text = var("SLURM_PROCID")
+    if not rank_text.isdigit():
+        raise ClusterError(f"SLURM_PROCID {rank_text!r} is not a task rank")
+    try:
+        nodes = slurm.expand_hostlist(var("SLURM_STEP_NODELIST"))
+        counts = slurm.expand_tasks_per_node(var("SLURM_STEP_TASKS_PER_NODE"))
+    except ValueError as e:
+        raise ClusterError(str(e)) from None
+    if len(nodes) != len(counts):
+        raise ClusterError(f"SLURM_STEP_NODELIST names {len(nodes)} nodes but "
+                           f"SLURM_STEP_TASKS_PER_NODE counts tasks for {len(counts)}")
+    total = sum(counts)
+    if total < num_ps + 1:
+        raise ClusterError(f"the srun step has {total} task{'s' if total != 1 else ''}; --ps "
+                           f"{num_ps} leaves no worker (start at least {num_ps + 1} tasks)")
+    if not 1 <= base_port <= 65536 - max(counts):
+        raise ClusterError(f"--base-port {base_port}: {max(counts)} tasks on a node need ports "
+                           f"{base_port}-{base_port + max(counts) - 1}, outside 1-65535")
+    rank = int(rank_text)
+    if rank >= total:
+        raise ClusterError(f"SLURM_PROCID {rank} is outside the step's {total} tasks")
+    # CPU-safe: with no GPU counts given, the resolver runs nvidia-smi, and fails without it.
+    # It also pairs each task on a node with a slot of gpus_per_task GPUs and drops the tasks
+    # beyond the last slot (0 GPUs: no task at all), so every task gets a nominal slot of one;
+    # auto_set_gpu=False keeps it away from CUDA_VISIBLE_DEVICES, and nothing else reads them.
+    resolver = slurm.SlurmClusterResolver(
+        jobs={"ps": num_ps, "worker": total - num_ps}, port_base=base_port,
+        gpus_per_node=max(counts), gpus_per_task=1, tasks_per_node=dict(zip(nodes, counts)),
+        auto_set_gpu=False)
+    spec = resolver.cluster_spec().as_dict()
+    role, index = resolver.get_task_info()
+    # What the docstring promises, checked: the resolver read the same rank from os.environ,
+    # and put the first num_ps ranks in the ps job.
+    expected = ("ps", rank) if rank < num_ps else ("worker", rank - num_ps)
+    if (role, index) != expected:
+        raise ClusterError(f"SlurmClusterResolver made rank {rank} {role} {index}, not "
+                           f"{expected[0]} {expected[1]}")
+    layout = ClusterLayout(tuple(spec["ps"]), tuple(spec["worker"]))
+    node, local = environ.get("SLURMD_NODENAME"), environ.get("SLURM_LOCALID")
+    if node and local and local.isdigit():
+        mine, given = f"{node}:{base_port + int(local)}", layout.address(role, index)
+        if mine != given:
+            # The resolver assumes srun's block distribution over nodes in sorted name order.
+            raise ClusterError(
+                f"Slurm rank {rank} runs on {node} (local task {local}), but TensorFlow's "
+                f"SlurmClusterResolver makes it {role} {index} at {given}: it assumes ranks fill "
+                "the nodes in sorted name order (srun --distribution=block, node names that "
+                "sort as Slurm orders them)")
     return layout, role, index
 
 
@@ -159,7 +292,7 @@ def check_port_free(address: str, label: str) -> None:
 def wait_reachable(address: str, label: str, timeout: float) -> float:
     """Poll a TCP connect to address until it succeeds; return the seconds it took.
 
-    Raises ClusterError naming the address if nothing accepts within `timeout` seconds, so an
+    Raises Unreachable naming the address if nothing accepts within `timeout` seconds, so an
     unreachable ps is a one-line error instead of an endless "CreateSession still waiting".
     """
     host, port = parse_address(address)
@@ -172,7 +305,7 @@ def wait_reachable(address: str, label: str, timeout: float) -> float:
         except OSError as e:
             last_error = e.strerror or str(e)
         if time.monotonic() - start >= timeout:
-            raise ClusterError(
+            raise Unreachable(
                 f"{label} at {address} is unreachable: {last_error} for {timeout:g} s")
         time.sleep(0.2)
 

@@ -19,12 +19,17 @@ OPTIMIZERS = ("adam", "sgd", "momentum")
 SETUPS = ("fixed", "question")
 
 # Exit codes, documented in the README. Every process (task or launcher) uses the same table.
+# They follow the TFJob operator's ExitCode restart policy: 1-127 are permanent (a restart
+# cannot mend bad input or a run that was not synchronous), 128-255 are retried (the pod is
+# made again and the task rejoins). 129-192 are 128 + a signal (137: SIGKILL), so the codes
+# of our own that ask for a retry sit above them.
 EXIT_OK = 0
 EXIT_FAILED = 1  # a task crashed, or the launcher saw a task fail
-EXIT_USAGE = 2  # bad input: flags, cluster layout, data files, ports, an unreachable ps
+EXIT_USAGE = 2  # bad input: flags, cluster layout, TF_CONFIG, Slurm, data files, ports in use
 EXIT_NOT_SYNCHRONOUS = 3  # training ran to the end, but the counters show it was not synchronous
-EXIT_TIMEOUT = 4  # a bounded wait expired: a peer is missing, dead or stuck
-EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM
+EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM (retried: a pod is sent SIGTERM when it is evicted)
+EXIT_TIMEOUT = 200  # a bounded wait expired: a peer is missing, dead or stuck; an unreachable ps
+EXIT_PEER_LOST = 201  # TensorFlow reported a peer gone mid-run (UnavailableError, AbortedError)
 
 # Allowance, on top of --timeout, for tasks to start: import TensorFlow and load data. Waits
 # that begin before the other side can exist (the ps for its first worker, a worker for the

@@ -24,6 +24,7 @@ import pytest
 
 from sync_mnist import cli, launch
 from sync_mnist.cluster import free_ports
+from sync_mnist.config import EXIT_TIMEOUT, EXIT_USAGE
 
 REPO = Path(__file__).resolve().parents[1]
 RAN = 99  # what the recorders return: validation passed and the task/cluster would have run
@@ -33,6 +34,7 @@ RAN = 99  # what the recorders return: validation passed and the task/cluster wo
 def recorders(monkeypatch):
     """Records what would have run, in place of the task and the launched cluster."""
     monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("SLURM_PROCID", raising=False)  # the tests may run inside an srun step
     calls = {"task": [], "cluster": []}
 
     def run_task(config, verbose):
@@ -138,6 +140,34 @@ TASK_ERRORS = {
                                            _tf_config({"type": "worker", "index": 3}),
                                            "error: worker index 3 is outside the cluster "
                                            "(3 worker tasks: 0-2)"),
+    # TF_CONFIG alone, as every TFJob pod runs: --role/--index, if given, must agree with it.
+    "TF_CONFIG alone, task outside": ([], _tf_config({"type": "worker", "index": 3}),
+                                      "error: worker index 3 is outside the cluster "
+                                      "(3 worker tasks: 0-2)"),
+    "--role beside TF_CONFIG disagrees": (["--role", "ps"],
+                                          _tf_config({"type": "worker", "index": 1}),
+                                          "error: TF_CONFIG says this task is worker 1, but "
+                                          "--role ps was given"),
+    "--index beside TF_CONFIG disagrees": (["--index", "2"],
+                                           _tf_config({"type": "worker", "index": 1}),
+                                           "error: TF_CONFIG says this task is worker 1, but "
+                                           "--index 2 was given"),
+    "TF_CONFIG evaluator": ([], _tf_config({"type": "evaluator", "index": 0}),
+                            "error: TF_CONFIG has an evaluator (a TFJob Evaluator replica): "
+                            "sync-mnist has no evaluator task; the chief evaluates on the test "
+                            "set at the end; remove that replica"),
+    "TF_CONFIG worker map": ([], json.dumps({"cluster": {"ps": ["a:1"], "worker": {"0": "b:1"}},
+                                             "task": {"type": "worker", "index": 0}}),
+                             "error: TF_CONFIG's 'worker' job is a map, not a list (a TFJob with "
+                             "enableDynamicWorker): synchronous training needs a fixed list of "
+                             "workers; set enableDynamicWorker to false"),
+    "--ps outside an srun step": (["--ps", "2", *WORKER_1], None,
+                                  "error: --ps and --base-port apply only in an srun step with "
+                                  "no --role, --index, host flags or TF_CONFIG"),
+    "--base-port beside TF_CONFIG": (["--base-port", "3000"],
+                                     _tf_config({"type": "worker", "index": 1}),
+                                     "error: --ps and --base-port apply only in an srun step "
+                                     "with no --role, --index, host flags or TF_CONFIG"),
 }
 
 
@@ -154,7 +184,7 @@ def test_task_rejects_bad_input_in_one_line(argv, tf_config, expected, hosts, re
     if tf_config is not None:
         monkeypatch.setenv("TF_CONFIG", tf_config)
     code = _call(cli.main, [a.format(**hosts) for a in argv])
-    assert code == 2
+    assert code == EXIT_USAGE
     _assert_one_line(capsys.readouterr(), expected.format(**hosts))
     assert recorders["task"] == []
 
@@ -163,6 +193,9 @@ def test_task_rejects_bad_input_in_one_line(argv, tf_config, expected, hosts, re
 # fragment that names the offending value.
 ARGPARSE_ERRORS = {
     "missing index": (["--role", "worker"], "the following arguments are required: --index"),
+    "missing role": (["--index", "0"], "the following arguments are required: --role"),
+    "no task at all": ([], "the following arguments are required: --role, --index (or a "
+                           "TF_CONFIG, or an srun step)"),
     "index not an integer": (["--role", "worker", "--index", "one"],
                              "argument --index: invalid int value: 'one'"),
     "train steps not an integer": ([*WORKER_1, "--train-steps", "5.5"],
@@ -314,7 +347,8 @@ TRAINING_OPTIONS = {"--train-steps", "--epochs", "--batch-size", "--learning-rat
 
 
 @pytest.mark.parametrize("entry, own_options, required", [
-    (cli.main, {"--role", "--index", "--ps-hosts", "--worker-hosts"}, {"--role", "--index"}),
+    (cli.main, {"--role", "--index", "--ps-hosts", "--worker-hosts", "--ps", "--base-port"},
+     set()),  # --role and --index may come from TF_CONFIG or an srun step
     (cli.launch_main, {"--ps", "--workers", "--base-port", "--isolate", "--max-restarts"},
      set()),
 ], ids=["sync-mnist", "sync-mnist-cluster"])
@@ -395,7 +429,8 @@ def test_real_command_names_an_unreachable_ps_and_ends():
         "--role", "worker", "--index", "1", "--ps-hosts", f"127.0.0.1:{ps}",
         "--worker-hosts", f"127.0.0.1:{w0},127.0.0.1:{w1},127.0.0.1:{w2}",
         "--dataset", "synthetic", "--train-steps", "5", "--timeout", "2"])
-    assert code == 2, err
+    # Retried under a TFJob's ExitCode policy: the ps may be a pod that is still starting.
+    assert code == EXIT_TIMEOUT, err
     assert "Traceback" not in err
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, err

@@ -158,6 +158,38 @@ def test_from_tf_config_makes_the_chief_worker_0_and_shifts_the_workers():
     assert (role, index) == ("worker", 2)
 
 
+def test_from_tf_config_reads_the_operators_shapes():
+    # A TFJob with PS 1 + Worker 3 and no Chief replica, exactly as the operator writes it.
+    text = ('{"cluster":{"ps":["j-ps-0.ns.svc:2222"],"worker":["j-worker-0.ns.svc:2222",'
+            '"j-worker-1.ns.svc:2222","j-worker-2.ns.svc:2222"]},'
+            '"task":{"type":"worker","index":2},"environment":"cloud"}')
+    layout, role, index = cluster.from_tf_config(text)
+    assert layout.as_dict() == {"ps": ["j-ps-0.ns.svc:2222"],
+                                "worker": [f"j-worker-{i}.ns.svc:2222" for i in range(3)]}
+    assert (role, index) == ("worker", 2)
+
+
+@pytest.mark.parametrize("chief_job", cluster.CHIEF_JOBS)
+def test_from_tf_config_places_every_task_of_the_chief_layout(chief_job):
+    # TFJob's Chief (or older Master) replica: one index space, the chief first.
+    spec = {chief_job: ["j-chief-0:2222"], "ps": ["j-ps-0:2222"],
+            "worker": ["j-worker-0:2222", "j-worker-1:2222"]}
+    expected = {(chief_job, 0): ("worker", 0), ("worker", 0): ("worker", 1),
+                ("worker", 1): ("worker", 2), ("ps", 0): ("ps", 0)}
+    for (task_type, task_index), place in expected.items():
+        text = json.dumps({"cluster": spec, "task": {"type": task_type, "index": task_index},
+                           "environment": "cloud"})
+        layout, role, index = cluster.from_tf_config(text)
+        assert (role, index) == place
+        assert layout.worker_hosts == ("j-chief-0:2222", "j-worker-0:2222", "j-worker-1:2222")
+        # Each task's own address is the one TF_CONFIG gave it.
+        assert layout.address(role, index) == spec[task_type][task_index]
+
+
+EVALUATOR = ("TF_CONFIG has an evaluator (a TFJob Evaluator replica): sync-mnist has no "
+             "evaluator task; the chief evaluates on the test set at the end; remove that replica")
+
+
 @pytest.mark.parametrize("text, message", [
     ("not json", "TF_CONFIG is not valid JSON (Expecting value at character 0)"),
     ('{"cluster": ', "TF_CONFIG is not valid JSON (Expecting value at character 12)"),
@@ -168,8 +200,44 @@ def test_from_tf_config_makes_the_chief_worker_0_and_shifts_the_workers():
      'TF_CONFIG has no "task" with "type" and "index" for this process'),
     (_tf_config({"ps": ["p:1"], "worker": ["w:1", "w:2"]}, {"type": "worker", "index": 2}),
      "worker index 2 is outside the cluster (2 worker tasks: 0-1)"),
+    (_tf_config({"ps": ["p:1"], "worker": ["w:1"]}, {"type": "boss", "index": 0}),
+     "role 'boss' is not one of: ps, worker"),
     (_tf_config({"ps": ["p:1"], "worker": ["w:1"]}, {"type": "evaluator", "index": 0}),
-     "role 'evaluator' is not one of: ps, worker"),
+     EVALUATOR),
+    # The TFJob operator lists an Evaluator replica in every task's cluster.
+    (_tf_config({"ps": ["p:1"], "worker": ["w:1"], "evaluator": ["e:1"]},
+                {"type": "worker", "index": 0}), EVALUATOR),
+    # enableDynamicWorker: a "sparseCluster" whose workers are a map, or a worker map.
+    (json.dumps({"sparseCluster": {"ps": ["p:1"], "worker": {"1": "w:1"}},
+                 "task": {"type": "worker", "index": 1}}),
+     'TF_CONFIG has a "sparseCluster" (a TFJob with enableDynamicWorker): synchronous training '
+     "needs a fixed list of workers; set enableDynamicWorker to false"),
+    (_tf_config({"ps": ["p:1"], "worker": {"0": "w:1", "1": "w:2"}},
+                {"type": "worker", "index": 0}),
+     "TF_CONFIG's 'worker' job is a map, not a list (a TFJob with enableDynamicWorker): "
+     "synchronous training needs a fixed list of workers; set enableDynamicWorker to false"),
+    (_tf_config({"ps": "p:1", "worker": ["w:1"]}, {"type": "worker", "index": 0}),
+     "TF_CONFIG's 'ps' job is not a list of host:port strings: 'p:1'"),
+    (_tf_config({"ps": ["p:1"], "worker": ["w:1"], "learner": ["l:1"]},
+                {"type": "worker", "index": 0}),
+     "TF_CONFIG has a job 'learner': sync-mnist runs only ps, worker and chief tasks"),
+    (_tf_config({"ps": ["p:1"], "worker": ["w:1"]}, {"type": "worker", "index": True}),
+     "TF_CONFIG task index True is not an integer"),
+    # The Chief layout: TF_CONFIG's own worker indices are checked against the worker job.
+    (_tf_config({"chief": ["c:1"], "ps": ["p:1"], "worker": ["w:1", "w:2"]},
+                {"type": "worker", "index": 2}),
+     'TF_CONFIG says this task is worker 2, outside its "worker" job (2 tasks: 0-1)'),
+    (_tf_config({"chief": ["c:1"], "ps": ["p:1"], "worker": ["w:1"]},
+                {"type": "chief", "index": 1}),
+     "TF_CONFIG says this task is chief 1; the only chief task is 0"),
+    (_tf_config({"ps": ["p:1"], "worker": ["w:1"]}, {"type": "chief", "index": 0}),
+     "TF_CONFIG says this task is chief 0, but its cluster has no 'chief' job"),
+    (_tf_config({"chief": ["c:1", "c:2"], "ps": ["p:1"], "worker": ["w:1"]},
+                {"type": "chief", "index": 0}),
+     "TF_CONFIG has 2 chief tasks (c:1, c:2); a cluster has at most one"),
+    (_tf_config({"chief": ["c:1"], "master": ["m:1"], "ps": ["p:1"], "worker": ["w:1"]},
+                {"type": "chief", "index": 0}),
+     "TF_CONFIG has 2 chief tasks (c:1, m:1); a cluster has at most one"),
     (_tf_config({"ps": ["p:1"], "worker": ["w:1"]}, {"type": "worker", "index": "0"}),
      "TF_CONFIG task index '0' is not an integer"),
     (_tf_config({"worker": ["w:1"]}, {"type": "worker", "index": 0}),

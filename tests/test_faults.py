@@ -25,6 +25,7 @@ import pytest
 
 from procs import Proc, Processes, processes_mentioning, read_json
 from sync_mnist.cluster import free_ports
+from sync_mnist.config import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT
 
 pytestmark = pytest.mark.cluster
 
@@ -128,7 +129,7 @@ def test_lost_backup_worker_is_reported_and_the_rest_finish(processes, tmp_path)
     cluster.tasks["worker", 2].kill()
 
     for key in (("worker", 0), ("worker", 1), ("ps", 0)):
-        assert cluster.tasks[key].wait(BOUND) == 0, cluster.tasks[key].output
+        assert cluster.tasks[key].wait(BOUND) == EXIT_OK, cluster.tasks[key].output
     assert time.monotonic() - killed_at < 60  # no wait for a --timeout: its server is gone
     chief = cluster.record("worker", 0)
     pushes = chief["pushed"][2]
@@ -155,8 +156,8 @@ def test_lost_worker_without_backup_ends_every_task_within_the_timeout(processes
     cluster.tasks["worker", 1].kill()
 
     chief, ps = cluster.tasks["worker", 0], cluster.tasks["ps", 0]
-    assert chief.wait(timeout + 60) == 4, chief.output
-    assert ps.wait(timeout + 60) == 4, ps.output
+    assert chief.wait(timeout + 60) == EXIT_TIMEOUT, chief.output
+    assert ps.wait(timeout + 60) == EXIT_TIMEOUT, ps.output
     # Within --timeout (the ps a few seconds more), plus slack for a loaded machine.
     assert time.monotonic() - killed_at < timeout + 30
     worker1 = cluster.hosts[3].split(",")[1]
@@ -166,7 +167,7 @@ def test_lost_worker_without_backup_ends_every_task_within_the_timeout(processes
     ps_error = ps.wait_for_line(r"ps 0: no progress for", 1).string
     assert re.search(r"global_step stuck at \d+; missing: worker 1 \(no gradient for update "
                      r"\d+; nothing listens at", ps_error), ps_error
-    assert cluster.record("worker", 0)["exit_code"] == 4
+    assert cluster.record("worker", 0)["exit_code"] == EXIT_TIMEOUT
     assert processes_mentioning(cluster.marker) == []
 
 
@@ -248,7 +249,7 @@ def test_killed_ps_not_restarted_ends_every_worker_with_a_clear_error(processes,
     cluster.tasks["ps", 0].kill()
     for index in (0, 1):
         worker = cluster.tasks["worker", index]
-        assert worker.wait(timeout + 60) == 4, worker.output
+        assert worker.wait(timeout + 60) == EXIT_TIMEOUT, worker.output
         worker.wait_for_line(r"lost the ps mid-run and it did not come back: ps 0 at "
                              r"\S+ is unreachable", 1)
     assert time.monotonic() - killed_at < 2 * timeout + 30
@@ -264,7 +265,7 @@ def test_killed_ps_restarted_without_a_checkpoint_is_an_error_not_a_fresh_start(
     cluster.tasks["ps", 0].kill()
     cluster.start("ps", 0)
     chief = cluster.tasks["worker", 0]
-    assert chief.wait(BOUND) == 1, chief.output
+    assert chief.wait(BOUND) == EXIT_FAILED, chief.output
     assert chief.lines[-1].endswith(
         "failed: ModelLost: the ps was restarted and has lost the model, and there is no "
         "checkpoint to restore it from (give the chief --logdir)")
@@ -283,7 +284,7 @@ def test_launcher_restarts_a_killed_worker_and_reports_it(processes, tmp_path):
     launcher.wait_for_line(r"\[worker 1\] step=20 ", BOUND)
     os.kill(pid, signal.SIGKILL)
 
-    assert launcher.wait(BOUND) == 0, launcher.output
+    assert launcher.wait(BOUND) == EXIT_OK, launcher.output
     launcher.wait_for_line(r"worker 1 exited with code -9; restarting it \(restart 1 of 1\)", 1)
     new_pid = int(launcher.wait_for_line(rf"started worker 1 \(pid (?!{pid}\))(\d+)\)", 1)[1])
     assert new_pid != pid

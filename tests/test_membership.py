@@ -12,7 +12,7 @@ import tensorflow as tf
 from sync_mnist import membership, report, session, sync
 from sync_mnist.cli import _cluster_layout, task_parser, _train_config
 from sync_mnist.cluster import ClusterLayout, free_ports
-from sync_mnist.config import ConfigError, TaskConfig
+from sync_mnist.config import EXIT_FAILED, EXIT_TIMEOUT, EXIT_USAGE, ConfigError, TaskConfig
 from sync_mnist.report import TaskResult
 
 tf1 = tf.compat.v1
@@ -206,12 +206,12 @@ def test_launcher_restarts_dead_tasks_within_its_budget_and_never_bad_input():
     from sync_mnist import launch
 
     ps, chief, worker = (_FakeTask("ps", 0, -9, 0), _FakeTask("worker", 0, 0),
-                         _FakeTask("worker", 1, 4, 1, 0))
+                         _FakeTask("worker", 1, EXIT_TIMEOUT, EXIT_FAILED, 0))
     # Three deaths, two restarts allowed: the third stops the cluster.
     assert launch._wait([ps, chief, worker], ps_serve_forever=False, max_restarts=2) is worker
     assert (ps.starts, worker.starts) == (2, 2)
     # Exit 2 (bad input) and 3 (not synchronous) are final: a restart would not mend them.
-    bad = _FakeTask("worker", 1, 2, 0)
+    bad = _FakeTask("worker", 1, EXIT_USAGE, 0)
     assert launch._wait([bad], ps_serve_forever=False, max_restarts=5) is bad
     assert bad.starts == 1
 

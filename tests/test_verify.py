@@ -10,6 +10,7 @@ import re
 import pytest
 
 from sync_mnist import report
+from sync_mnist.config import EXIT_FAILED, EXIT_NOT_SYNCHRONOUS, EXIT_OK, EXIT_TIMEOUT
 from sync_mnist.report import TaskResult
 from sync_mnist.sync import Counters, verify
 
@@ -123,12 +124,12 @@ def test_async_run_whose_global_step_is_not_the_sum():
 # ---------------------------------------------------------------------------- report
 
 @pytest.mark.parametrize("mode, synchronous, exit_code, expected", [
-    ("sync", False, 0, 3),  # trained to the end, but not in lockstep
-    ("sync", True, 0, 0),
-    ("sync", None, 0, 0),  # a ps, which gives no verdict
-    ("async", False, 0, 0),  # async is never synchronous, and promises not to be
-    ("sync", False, 4, 4),  # a timeout stays a timeout
-    ("sync", True, 1, 1),
+    ("sync", False, EXIT_OK, EXIT_NOT_SYNCHRONOUS),  # trained to the end, but not in lockstep
+    ("sync", True, EXIT_OK, EXIT_OK),
+    ("sync", None, EXIT_OK, EXIT_OK),  # a ps, which gives no verdict
+    ("async", False, EXIT_OK, EXIT_OK),  # async is never synchronous, and promises not to be
+    ("sync", False, EXIT_TIMEOUT, EXIT_TIMEOUT),  # a timeout stays a timeout
+    ("sync", True, EXIT_FAILED, EXIT_FAILED),
 ])
 def test_exit_code_for(mode, synchronous, exit_code, expected):
     result = TaskResult(role="worker", index=0, mode=mode, synchronous=synchronous,
@@ -139,12 +140,13 @@ def test_exit_code_for(mode, synchronous, exit_code, expected):
 def test_format_table_has_a_row_per_task_with_its_numbers():
     reading = dict(contributions=[20, 20, 20], pushed=[21, 20, 22], dropped=[1, 0, 2])
     results = [
-        TaskResult(role="worker", index=2, mode="sync", local_steps=22, exit_code=3,
-                   examples_per_sec=987.6, ready_at=1002.25, peak_rss_mb=781.4, **reading),
+        TaskResult(role="worker", index=2, mode="sync", local_steps=22,
+                   exit_code=EXIT_NOT_SYNCHRONOUS, examples_per_sec=987.6, ready_at=1002.25,
+                   peak_rss_mb=781.4, **reading),
         TaskResult(role="ps", index=0, mode="sync", peak_rss_mb=756.6, **reading),
         TaskResult(role="worker", index=0, mode="sync", local_steps=21, examples_per_sec=1234.4,
                    ready_at=1000.0, **reading),
-        TaskResult(role="worker", index=1, mode="sync", local_steps=20, exit_code=4,
+        TaskResult(role="worker", index=1, mode="sync", local_steps=20, exit_code=EXIT_TIMEOUT,
                    blocked=True, error="released by its timeout"),
     ]
     lines = report.format_table(results).splitlines()
@@ -154,9 +156,9 @@ def test_format_table_has_a_row_per_task_with_its_numbers():
     # local, pushed, accepted, unused, rate, peak memory, note.
     assert [line.split() for line in lines[1:]] == [
         ["worker", "0", "0", "+0.0s", "21", "21", "20", "1", "1234", "-"],
-        ["worker", "1", "4", "-", "20", "20", "20", "0", "-", "-", "BLOCKED:", "released", "by",
-         "its", "timeout"],
-        ["worker", "2", "3", "+2.2s", "22", "22", "20", "2", "988", "781"],
+        ["worker", "1", str(EXIT_TIMEOUT), "-", "20", "20", "20", "0", "-", "-", "BLOCKED:",
+         "released", "by", "its", "timeout"],
+        ["worker", "2", str(EXIT_NOT_SYNCHRONOUS), "+2.2s", "22", "22", "20", "2", "988", "781"],
         ["ps", "0", "0", "757"],
     ]
 
@@ -168,6 +170,6 @@ def test_format_table_shows_a_worker_ready_before_the_chief_with_its_sign():
 
 
 def test_format_table_without_a_counter_reading_shows_dashes():
-    results = [TaskResult(role="worker", index=0, mode="sync", exit_code=4)]
+    results = [TaskResult(role="worker", index=0, mode="sync", exit_code=EXIT_TIMEOUT)]
     assert report.format_table(results).splitlines()[1].split() == \
-        ["worker", "0", "4", "-", "-", "-", "-", "-", "-", "-"]
+        ["worker", "0", str(EXIT_TIMEOUT), "-", "-", "-", "-", "-", "-", "-"]
