@@ -333,13 +333,7 @@ def load_mnist(data_dir: str | os.PathLike | None = None) -> Dataset:
     Raises:
         DataError: a file is damaged, malformed or missing; names the file.
     """
-    if data_dir is None:
-        check_shipped()
-        fmt, paths = "idx", tuple(SHIPPED_DIR / name for name in MNIST_FILES)
-        source = "the complete MNIST shipped with sync_mnist"
-    else:
-        fmt, paths = find_mnist(data_dir)
-        source = f"MNIST from {data_dir} ({paths[0].name}{'' if fmt == 'npz' else ', ...'})"
+    fmt, paths, source = _mnist_files(data_dir)
     if fmt == "npz":
         train_x, train_y, test_x, test_y = _read_npz(paths[0])
     else:
@@ -353,6 +347,36 @@ def load_mnist(data_dir: str | os.PathLike | None = None) -> Dataset:
         test_labels=test_y.astype(np.int64),
         description=f"mnist: {source} ({len(train_y):,} train / {len(test_y):,} test digits)",
     )
+
+
+def _mnist_files(data_dir) -> tuple[str, tuple[Path, ...], str]:
+    if data_dir is None:
+        check_shipped()
+        paths = tuple(SHIPPED_DIR / name for name in MNIST_FILES)
+        return "idx", paths, "the complete MNIST shipped with sync_mnist"
+    fmt, paths = find_mnist(data_dir)
+    return fmt, paths, f"MNIST from {data_dir} ({paths[0].name}{'' if fmt == 'npz' else ', ...'})"
+
+
+def load_test_split(dataset: Dataset, data_dir: str | os.PathLike | None = None, *,
+                    seed: int = 0) -> Dataset:
+    """`dataset` with its test split read again from its source (the chief evaluates at the
+    end, and holds the test digits only then).
+
+    Raises:
+        DataError: as `load_dataset`.
+    """
+    if dataset.name == "mnist":
+        fmt, paths, _ = _mnist_files(data_dir)
+        if fmt == "npz":
+            _, _, images, labels = _read_npz(paths[0])
+        else:
+            images, labels = _read_idx_pair(paths[2], paths[3])
+        images, labels = images.reshape(len(images), NUM_PIXELS), labels.astype(np.int64)
+    else:
+        full = load_dataset(dataset.name, data_dir, seed=seed)
+        images, labels = full.test_images, full.test_labels
+    return dataclasses.replace(dataset, test_images=images, test_labels=labels)
 
 
 def _read_idx_pair(images_path: Path, labels_path: Path) -> tuple[np.ndarray, np.ndarray]:

@@ -133,8 +133,12 @@ class WorkerRun:
 
     def load_shard(self, dataset: data.Dataset | None) -> None:
         """Before the server: loading briefly holds the whole training set, and that peak should
-        not add to the memory the server and the session take."""
+        not add to the memory the server and the session take. While it trains, even the chief
+        holds only its shard: it reads the test digits after training (`finish`)."""
+        self.test_later = dataset is None and self.config.is_chief
         self.dataset, self.shard, self.target = load_shard(self.config, dataset)
+        if self.test_later:
+            self.dataset = self.dataset.without_test()
         self.result.target_steps = self.target
         self.result.dataset = self.dataset.name
         self.result.dataset_description = self.dataset.description
@@ -297,6 +301,9 @@ class WorkerRun:
         result.lost = lost
         result.synchronous, result.verdict = self.verdict.synchronous, self.verdict.line
         if config.is_chief:
+            self.shard = None  # trained: make room for the test digits
+            if self.test_later:
+                self.dataset = data.load_test_split(self.dataset, train.data_dir, seed=train.seed)
             result.test_accuracy, result.test_loss = evaluate(side, g, self.dataset,
                                                               self.bounded)
             log.info("test_accuracy=%.4f test_loss=%.4f on %d test examples of %s",
