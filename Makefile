@@ -5,8 +5,20 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 ARGS   ?=
+JOBS   ?= 3
 
-.PHONY: install run-cluster test soak clean
+# The test tiers. `make test` runs all of them (not the soak), JOBS test processes at a time:
+# most cluster tests wait on TensorFlow servers and timeouts more than they compute.
+#   test-fast:      no TensorFlow in the test process: parsing, data, reports, deploy files (< 30 s)
+#   test-inprocess: graphs and in-process clusters (exact sync arithmetic, counters)
+#   test-cluster:   whole clusters through the real command line
+FAST_TESTS := tests/test_cli_errors.py tests/test_config_cluster.py tests/test_data.py \
+              tests/test_real_data.py tests/test_netns.py tests/test_task_identity.py \
+              tests/test_tfjob.py tests/test_slurm.py tests/test_watch.py
+INPROCESS_TESTS := tests/test_model.py tests/test_verify.py tests/test_membership.py \
+                   tests/test_sync_cluster.py tests/test_rejoin.py
+
+.PHONY: install run-cluster test test-fast test-inprocess test-cluster soak clean
 
 install: $(STAMP)
 
@@ -20,7 +32,16 @@ run-cluster: install
 	$(BIN)/sync-mnist-cluster $(ARGS)
 
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(JOBS)
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not cluster" $(FAST_TESTS)
+
+test-inprocess: install
+	$(BIN)/python -m pytest -q $(INPROCESS_TESTS)
+
+test-cluster: install
+	$(BIN)/python -m pytest -q -n $(JOBS) -m cluster $(addprefix --ignore=,$(INPROCESS_TESTS))
 
 soak: install
 	$(BIN)/python -m pytest -q -m soak
