@@ -23,7 +23,7 @@ import time
 
 import tensorflow as tf
 
-from sync_mnist import data, membership, report, session, sync
+from sync_mnist import data, membership, ps, report, session, sync
 from sync_mnist.config import TaskConfig
 from sync_mnist.worker import (Progress, build_graph, contributions_so_far, evaluate,
                                load_shard)
@@ -37,8 +37,7 @@ STOP_GRACE_SECS = 1  # Supervisor.stop's wait for the queue runner; not part of 
 def run_question_ps(config: TaskConfig, *, server=None) -> None:
     """The question's ps: serve forever, as server.join() does. Ends only when stopped."""
     if server is None:
-        server = tf.distribute.Server(config.cluster.spec(), job_name="ps",
-                                      task_index=config.index, start=True)
+        server = ps.start_server(config)
     log.info("serving %s with server.join(), as the question did: this never returns",
              config.cluster.address("ps", config.index))
     # server.join() blocks in C++, where Python's signal handlers cannot run; join in a thread
