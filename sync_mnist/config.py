@@ -24,6 +24,16 @@ EXIT_USAGE = 2  # bad input: flags, cluster layout, data files, ports, an unreac
 EXIT_NOT_SYNCHRONOUS = 3  # training ran to the end, but the counters show it was not synchronous
 EXIT_TIMEOUT = 4  # a bounded wait expired: a peer is missing, dead or stuck
 EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM
+# What each code means, in the words the launcher's last line uses ("exit code 3 (...)").
+EXIT_MEANINGS = {
+    EXIT_OK: "done; in sync mode, verified synchronous",
+    EXIT_FAILED: "a task failed; the launcher: some task failed",
+    EXIT_USAGE: "bad input",
+    EXIT_NOT_SYNCHRONOUS: "training ran to the end, but the counters show it was not "
+                          "synchronous",
+    EXIT_TIMEOUT: "a bounded wait expired: a peer is missing, dead or stuck",
+    EXIT_INTERRUPTED: "interrupted",
+}
 
 # Allowance, on top of --timeout, for tasks to start: import TensorFlow and load data. Waits
 # that begin before the other side can exist (the ps for its first worker, a worker for the
