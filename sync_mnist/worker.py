@@ -259,10 +259,26 @@ def run_worker(config: TaskConfig, *, dataset: data.Dataset | None = None,
     if writer:
         tf1.summary.FileWriterCache.clear()  # closes, so the events file ends complete
     # Sync: only now may the ps tasks exit: the chief has read everything it needs from them.
-    with graph.as_default(), tf1.Session(server.target, config=tf_config) as done:
-        done.run(g.report_done, options=bounded)
+    report_done(server.target, graph, g.report_done, tf_config, timeout=train.timeout,
+                me=config.name, ps_hosts=config.cluster.ps_hosts)
     log.info("verdict: %s", verdict.line)
     return result
+
+
+def report_done(target: str, graph: tf.Graph, op: tf.Operation, tf_config: tf1.ConfigProto, *,
+                timeout: float, me: str, ps_hosts: tuple[str, ...]) -> None:
+    """Runs `op`, this worker's entry in every ps's done-queue, within `timeout` seconds."""
+    def report():
+        done = tf1.Session(target, graph=graph, config=tf_config)
+        try:
+            done.run(op, options=tf1.RunOptions(timeout_in_ms=int(timeout * 1000)))
+        finally:
+            session.close_bounded(done.close, done)
+
+    # Sync: a ps that accepts connections but does not answer would hold the session's creation
+    # and first run past any RunOptions.
+    session.bounded_call(report, timeout, f"{me}: waited {timeout:g} s to report done to the "
+                                          f"ps ({', '.join(ps_hosts)})")
 
 
 def _check_published(side: SideSession, members: membership.Membership, mine: dict,
