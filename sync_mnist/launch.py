@@ -315,9 +315,10 @@ def _wait(tasks: list[_Task], *, ps_serve_forever: bool, max_restarts: int = 0,
                     return task
         if not running:
             return None
-        if first_end is not None and time.monotonic() - first_end[0] > end_bound:
-            late = [t for t in tasks if t.poll() is None
-                    and not (ps_serve_forever and t.role == "ps")]
+        late = [t for t in tasks if t.poll() is None
+                and not (ps_serve_forever and t.role == "ps")] \
+            if first_end is not None and time.monotonic() - first_end[0] > end_bound else []
+        if late:
             for t in late:
                 t.overdue = (f"still running {end_bound:g} s after {first_end[1].tag} ended; "
                              "stopped by the launcher")
