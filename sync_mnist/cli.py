@@ -32,7 +32,14 @@ DEFAULT_EPOCHS = 12
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage errors as one line and exit code 2 (argparse's code), without the usage dump."""
+    """Usage errors as one line and exit code 2 (argparse's code), without the usage dump.
+
+    No abbreviations: the launcher forwards its argv to every task, where an abbreviation may
+    name another option (`--worker` is `--workers` here, `--worker-hosts` there).
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(allow_abbrev=False, **kwargs)
 
     def error(self, message):
         self.exit(config_lib.EXIT_USAGE, f"{self.prog}: error: {message}\n")
@@ -366,7 +373,11 @@ def launch_main(argv: list[str] | None = None) -> int:
 
 
 def _task_arguments(argv: list[str], launcher_only: tuple[str, ...]) -> list[str]:
-    """The launcher's own argv minus its own options: what every task is started with."""
+    """The launcher's own argv minus its own options: what every task is started with.
+
+    Exact because the parser takes no abbreviations: every option in argv is spelled in full,
+    as `--name value` or `--name=value`, and each launcher-only option takes one value.
+    """
     out, skip = [], False
     for arg in argv:
         if skip:

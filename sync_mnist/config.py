@@ -30,6 +30,17 @@ EXIT_NOT_SYNCHRONOUS = 3  # training ran to the end, but the counters show it wa
 EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM (retried: a pod is sent SIGTERM when it is evicted)
 EXIT_TIMEOUT = 200  # a bounded wait expired: a peer is missing, dead or stuck; an unreachable ps
 EXIT_PEER_LOST = 201  # TensorFlow reported a peer gone mid-run (UnavailableError, AbortedError)
+# What each code means, in the words the launcher's last line uses ("exit code 3 (...)").
+EXIT_MEANINGS = {
+    EXIT_OK: "done; in sync mode, verified synchronous",
+    EXIT_FAILED: "a task failed; the launcher: some task failed",
+    EXIT_USAGE: "bad input",
+    EXIT_NOT_SYNCHRONOUS: "training ran to the end, but the counters show it was not "
+                          "synchronous",
+    EXIT_INTERRUPTED: "interrupted",
+    EXIT_TIMEOUT: "a bounded wait expired: a peer is missing, dead or stuck",
+    EXIT_PEER_LOST: "a peer was lost mid-run",
+}
 
 # Allowance, on top of --timeout, for tasks to start: import TensorFlow and load data. Waits
 # that begin before the other side can exist (the ps for its first worker, a worker for the

@@ -34,7 +34,19 @@ KILL_GRACE_SECS = 5.0  # between SIGTERM and SIGKILL when stopping the cluster
 # some lock contention that the tasks, two or three to a core here, do not notice. glibc reads
 # it at start-up, so it must be in the environment the task is started with.
 TASK_ENV = {"MALLOC_ARENA_MAX": "1"}
+# How each task starts: `python -m sync_mnist`, what a user runs on each host (tests put a
+# stand-in here).
+TASK_COMMAND = [sys.executable, "-m", "sync_mnist"]
+# Once a worker has ended by itself, every other task must end within 2 x --timeout (a
+# non-chief's bound at the finish barrier; a question worker's last wait for a token) plus this
+# much: the ps's grace beyond --timeout, a blocked unwinding's last resort, the evaluation.
+EXIT_GRACE_SECS = 30.0
+QUESTION_READY_POLL_SECS = 30.0  # tf.compat.v1.train.Supervisor's default recovery_wait_secs
 _PR_SET_PDEATHSIG = 1
+# Resolved here, in the launcher, before any fork: a library or symbol lookup (dlopen, dlsym)
+# between fork and exec can deadlock on a lock that another thread of the launcher held.
+_libc = ctypes.CDLL(None, use_errno=True)
+_prctl = _libc.prctl
 
 
 class _Task:
@@ -46,18 +58,19 @@ class _Task:
         self.stopped = False  # still running when the launcher stopped the cluster
         self.restarts = 0  # times --max-restarts restarted it
         self.lost = False  # a worker that died while backups carried on without it
+        self.overdue: str | None = None  # why the launcher stopped it past a bound of its own
         self.waiting_for_chief = threading.Event()
         self._argv, self._namespace = argv, namespace
         self._spawn()
 
     def _spawn(self) -> None:
-        namespace = self._namespace
+        namespace, launcher = self._namespace, os.getpid()
         self.exited_at: float | None = None
         self.proc = subprocess.Popen(
             self._argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, env={**TASK_ENV, **os.environ},
             start_new_session=True,  # its own process group, so stopping it stops its children
-            preexec_fn=lambda: _child_setup(namespace), text=True, bufsize=1)
+            preexec_fn=lambda: _child_setup(namespace, launcher), text=True, bufsize=1)
         self.reader = threading.Thread(target=self._forward, daemon=True)
         self.reader.start()
         log.info("started %s (pid %d)", self.tag, self.proc.pid)
@@ -102,6 +115,8 @@ class _Task:
         if self.stopped:
             result.blocked = True
             result.error = "still running at the end; stopped by the launcher"
+        if self.overdue:
+            result.blocked, result.error = True, self.overdue
         return result
 
 
@@ -113,16 +128,19 @@ def _print(line: str) -> None:
         print(line, flush=True)
 
 
-def _child_setup(namespace: netns.PrivateNamespace | None) -> None:
+def _child_setup(namespace: netns.PrivateNamespace | None, launcher: int) -> None:
+    """Between fork and exec of a task: join the namespace, then die with the launcher.
+
+    Runs in the child of a threaded parent, so it calls only what was resolved before the
+    fork. `launcher` is the launcher's pid, taken before the fork.
+    """
     if namespace is not None:
         namespace.enter()  # first: joining a user namespace would clear the death signal
-    _die_with_parent()
-
-
-def _die_with_parent() -> None:
     # Children get SIGKILL if the launcher dies, even by SIGKILL: no orphans, ever.
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != launcher:
+        # The launcher died before the death signal was set, so it will never come: go now.
+        os._exit(config_lib.EXIT_INTERRUPTED)
 
 
 def choose_hosts(num_ps: int, num_workers: int, base_port: int):
@@ -174,7 +192,7 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
         try:
             def start(role: str, index: int) -> _Task:
                 summary = Path(tmp) / f"{role}-{index}.json"
-                argv = [sys.executable, "-m", "sync_mnist", "--role", role,
+                argv = [*TASK_COMMAND, "--role", role,
                         "--index", str(index), "--ps-hosts", ",".join(ps_hosts),
                         "--worker-hosts", ",".join(worker_hosts), *task_args,
                         "--dataset", dataset, "--summary-json", str(summary)]
@@ -192,8 +210,13 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
                 # Sync: with backups (R < N) the others can finish without a lost worker.
                 spare = num_workers - train.aggregate(num_workers) \
                     if train.setup == "fixed" and train.mode == "sync" else 0
+                # The question's workers may still be waiting out Supervisor's 30 s readiness
+                # poll when its chief, training alone, has ended.
+                end_bound = 2 * train.timeout + EXIT_GRACE_SECS + (
+                    QUESTION_READY_POLL_SECS if train.setup == "question" else 0.0)
                 failed = _wait(tasks, ps_serve_forever=train.setup == "question",
-                               max_restarts=max_restarts, spare_workers=spare)
+                               max_restarts=max_restarts, spare_workers=spare,
+                               end_bound=end_bound)
         except KeyboardInterrupt:
             interrupted, failed = True, None
             log.error("interrupted; stopping every task")
@@ -213,8 +236,18 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
         path = Path(summary_json)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(summary, indent=2) + "\n")
+    code = _exit_code(tasks, results, summary, train, failed=failed, interrupted=interrupted)
+    # The last line: `make run-cluster` turns every failure into make's own code 2.
+    _print(f"exit code {code} ({config_lib.EXIT_MEANINGS[code]})")
+    return code
+
+
+def _exit_code(tasks: list[_Task], results: list[report.TaskResult], summary: dict,
+               train: TrainConfig, *, failed: _Task | None, interrupted: bool) -> int:
     if interrupted:
         return config_lib.EXIT_INTERRUPTED
+    if any(t.overdue for t in tasks):  # a bound of the launcher's own expired
+        return config_lib.EXIT_TIMEOUT
     # The question's ps never exits by itself: stopping it is expected, not a failure.
     expected_stop = {("ps", t.index) for t in tasks if t.role == "ps" and t.stopped
                      and train.setup == "question" and failed is None}
@@ -240,8 +273,8 @@ def _wait_until_waiting(tasks: list[_Task], others: list[_Task],
                           "cluster", failed.tag, failed.proc.returncode)
                 return failed
             if time.monotonic() > deadline:
-                log.error("%s did not start waiting for the chief within %g s; stopping the "
-                          "cluster", task.tag, timeout)
+                task.overdue = f"did not start waiting for the chief within {timeout:g} s"
+                log.error("%s %s; stopping the cluster", task.tag, task.overdue)
                 return task
     return None
 
@@ -251,25 +284,30 @@ _FINAL_EXITS = (config_lib.EXIT_OK, config_lib.EXIT_USAGE, config_lib.EXIT_NOT_S
 
 
 def _wait(tasks: list[_Task], *, ps_serve_forever: bool, max_restarts: int = 0,
-          spare_workers: int = 0) -> _Task | None:
+          spare_workers: int = 0, end_bound: float = float("inf")) -> _Task | None:
     """Waits for every task; on the first failure, returns that task (the caller stops the rest).
 
     A task that dies (a signal, a crash, a timeout) is started again with the same command
     while fewer than `max_restarts` restarts have been made in all. Failing that, a worker
     other than the chief may be left dead while `spare_workers` allow (backups, R < N): the
     chief declares it lost and the rest finish without it. Each task bounds its own waits
-    with --timeout, so this loop ends. With ps_serve_forever (the question's server.join()),
-    it ends when every worker has.
+    with --timeout, so this loop ends; should a task hang all the same, the loop ends
+    `end_bound` seconds after the first worker ended by itself, marking what still runs
+    overdue. With ps_serve_forever (the question's server.join()), it ends when every worker
+    has.
     """
     restarts = 0
+    first_end: tuple[float, _Task] | None = None  # when, and which worker, ended by itself
     while True:
         running = False
         for task in tasks:
             code = task.poll()
             if code is None:
                 running = running or not (ps_serve_forever and task.role == "ps")
-            elif code not in (config_lib.EXIT_OK, config_lib.EXIT_NOT_SYNCHRONOUS) \
-                    and not task.lost:
+            elif code in (config_lib.EXIT_OK, config_lib.EXIT_NOT_SYNCHRONOUS):
+                if first_end is None and task.role == "worker":
+                    first_end = (time.monotonic(), task)
+            elif not task.lost:
                 if code not in _FINAL_EXITS and restarts < max_restarts:
                     restarts += 1
                     log.warning("%s exited with code %d; restarting it (restart %d of %d)",
@@ -286,6 +324,16 @@ def _wait(tasks: list[_Task], *, ps_serve_forever: bool, max_restarts: int = 0,
                     return task
         if not running:
             return None
+        late = [t for t in tasks if t.poll() is None
+                and not (ps_serve_forever and t.role == "ps")] \
+            if first_end is not None and time.monotonic() - first_end[0] > end_bound else []
+        if late:
+            for t in late:
+                t.overdue = (f"still running {end_bound:g} s after {first_end[1].tag} ended; "
+                             "stopped by the launcher")
+            log.error("%s still running %g s after %s ended; stopping the cluster",
+                      ", ".join(t.tag for t in late), end_bound, first_end[1].tag)
+            return late[0]
         time.sleep(0.1)
 
 
@@ -301,7 +349,11 @@ def _stop(tasks: list[_Task]) -> None:
             t.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             t.signal_group(signal.SIGKILL)
-            t.proc.wait()
+            try:
+                t.proc.wait(timeout=KILL_GRACE_SECS)
+            except subprocess.TimeoutExpired:  # stuck in the kernel; nothing more to do
+                log.error("%s (pid %d) survived SIGKILL for %g s", t.tag, t.proc.pid,
+                          KILL_GRACE_SECS)
         t.poll()
     for t in tasks:
         t.reader.join(timeout=5)

@@ -76,12 +76,14 @@ def settings(config: TaskConfig, dataset: str | None = None) -> dict:
     """What every task of one cluster must agree on, as published and compared.
 
     Host names are left out: one machine may rightly be `localhost` to itself and an address to
-    the others. A ps knows no dataset and compares only what it has.
+    the others. A ps compares the cluster size, which shapes the variables it holds, and the
+    setup, which decides its life (a done-queue, or the question's server.join()); the
+    training settings do not touch it, and it knows no dataset.
     """
     train, n = config.train, config.cluster.num_workers
-    values = {"workers": n, "ps": config.cluster.num_ps}
+    values = {"workers": n, "ps": config.cluster.num_ps, "setup": train.setup}
     if config.role == "worker":
-        values.update(batch_size=train.batch_size, mode=train.mode, setup=train.setup,
+        values.update(batch_size=train.batch_size, mode=train.mode,
                       replicas_to_aggregate=train.replicas_to_aggregate,
                       train_steps=train.train_steps, epochs=train.epochs,
                       optimizer=train.optimizer, learning_rate=train.learning_rate,

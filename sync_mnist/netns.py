@@ -43,6 +43,9 @@ _PR_SET_PDEATHSIG = 1
 _READY = "ready"
 
 _libc = ctypes.CDLL(None, use_errno=True)
+# Looked up now, at import: `enter` and `_die_with_parent` run between fork and exec, where a
+# symbol lookup (dlsym) in a threaded parent can deadlock.
+_SETNS, _UNSHARE, _PRCTL = _libc.setns, _libc.unshare, _libc.prctl
 
 
 class Unavailable(RuntimeError):
@@ -227,19 +230,19 @@ def _why(error: OSError, not_permitted: str = "") -> str:
 
 
 def _unshare(flags: int) -> None:
-    if _libc.unshare(flags) != 0:
+    if _UNSHARE(flags) != 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
 
 
 def _setns(fd: int, nstype: int) -> None:
-    if _libc.setns(fd, nstype) != 0:
+    if _SETNS(fd, nstype) != 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
 
 
 def _die_with_parent() -> None:
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 if __name__ == "__main__":

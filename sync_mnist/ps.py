@@ -15,6 +15,7 @@ import time
 
 import tensorflow as tf
 
+from sync_mnist import cluster as cluster_lib
 from sync_mnist import membership, protocol, report, session, sync
 from sync_mnist.config import START_SECS, TaskConfig, TaskTimeout
 
@@ -25,13 +26,19 @@ POLL_SECS = 1.0  # how often the ps checks for progress while it waits for done 
 PS_GRACE_SECS = 5.0  # beyond --timeout without progress, before the ps gives up (see run_ps)
 
 
+def start_server(config: TaskConfig):
+    """This ps's gRPC server, once its port is known to be free (a taken port is exit 2)."""
+    cluster_lib.check_port_free(config.cluster.address("ps", config.index), config.name)
+    return tf.distribute.Server(config.cluster.spec(), job_name="ps", task_index=config.index,
+                                start=True)
+
+
 def run_ps(config: TaskConfig, *, server=None) -> report.TaskResult:
     """Serves variables until every worker has reported done; returns the counters it holds."""
     started = time.monotonic()
     n, timeout = config.cluster.num_workers, config.train.timeout
     if server is None:
-        server = tf.distribute.Server(config.cluster.spec(), job_name="ps",
-                                      task_index=config.index, start=True)
+        server = start_server(config)
     result = report.TaskResult(role="ps", index=config.index, mode=config.train.mode,
                                replicas_to_aggregate=config.train.aggregate(n))
     graph = tf.Graph()

@@ -12,7 +12,9 @@ SyncReplicasOptimizer as the fixed design, but the way the question wired them:
 
 The only additions are what makes the outcome visible and bounded: the same ps-side counters,
 a --timeout on every step (so a worker blocked on the token queue is released and says so),
-a bound on the readiness wait, and with --logdir the chief's summaries of the counters. The launcher stops the ps, which never stops by itself.
+a bound on the readiness wait, every task's start-up comparison of its settings with the
+chief's, and with --logdir the chief's summaries of the counters. The launcher stops the ps,
+which never stops by itself.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ import time
 
 import tensorflow as tf
 
-from sync_mnist import data, membership, report, session, sync
-from sync_mnist.config import TaskConfig
+from sync_mnist import data, membership, ps, report, session, sync
+from sync_mnist.config import START_SECS, TaskConfig
 from sync_mnist.metrics import Progress, contributions_so_far, write_summaries
 from sync_mnist.worker import build_graph, evaluate, load_shard
 
@@ -37,15 +39,44 @@ STOP_GRACE_SECS = 1  # Supervisor.stop's wait for the queue runner; not part of 
 def run_question_ps(config: TaskConfig, *, server=None) -> None:
     """The question's ps: serve forever, as server.join() does. Ends only when stopped."""
     if server is None:
-        server = tf.distribute.Server(config.cluster.spec(), job_name="ps",
-                                      task_index=config.index, start=True)
+        server = ps.start_server(config)
     log.info("serving %s with server.join(), as the question did: this never returns",
              config.cluster.address("ps", config.index))
     # server.join() blocks in C++, where Python's signal handlers cannot run; join in a thread
     # so that SIGTERM/Ctrl-C still stop the process.
     threading.Thread(target=server.join, daemon=True).start()
+    _check_settings(config, server)
     while True:
         time.sleep(3600)
+
+
+def _check_settings(config: TaskConfig, server) -> None:
+    """Not in the question: the start-up check of the fixed setup's ps, so that a ps started
+    with other settings than the chief's (say, in a fixed cluster) exits 2 instead of serving
+    forever. Raises ConfigError on a difference; gives up checking, not serving, if no chief
+    has published within the start-up allowance and --timeout."""
+    mine = membership.settings(config)
+    graph = tf.Graph()
+    with graph.as_default():
+        members = membership.build_membership(config.cluster.num_workers, mine)
+    poll = tf1.RunOptions(timeout_in_ms=int(ps.POLL_SECS * 1000))
+    wait = START_SECS + config.train.timeout
+    deadline = time.monotonic() + wait
+    with tf1.Session(server.target, graph=graph,
+                     config=session.session_config(["/job:ps"])) as sess:
+        while time.monotonic() < deadline:
+            try:
+                if sess.run(members.published_ready, options=poll):
+                    published = sess.run(members.published, options=poll)
+                    break
+            except tf.errors.OpError:
+                pass  # ps 0 is not up yet
+            time.sleep(session.READY_POLL_SECS)
+        else:
+            log.warning("no chief published its settings within %g s; serving on unchecked",
+                        wait)
+            return
+    membership.check_agreement(mine, published, me=config.name, restarted_chief=False)
 
 
 def run_question_worker(config: TaskConfig, *, dataset: data.Dataset | None = None,

@@ -104,6 +104,32 @@ class _Bounded:
         return self._timeout - (now - self._failing_since)
 
 
+def bounded_call(call, timeout: float, what: str):
+    """Returns call(), or raises TaskTimeout naming `what` if it has not returned in `timeout` s.
+
+    For TensorFlow calls that no RunOptions can bound: creating a session, and the first run in
+    it, wait without end for a task that accepts connections but does not answer. The call
+    runs in a thread of its own; past the bound it is left to finish, or not, in the
+    background (TaskTimeout then sees that the process ends). Its exceptions are the caller's.
+    """
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["value"] = call()
+        except BaseException as e:  # re-raised in the caller's thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TaskTimeout(f"{what}; it did not answer")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
 def close_bounded(close, sess) -> None:
     """Calls close() for at most CLOSE_SECS; past that, leaves it running in the background.
 
@@ -149,17 +175,27 @@ class _ChiefSessionManager(tf1.train.SessionManager):
     """
 
     def __init__(self, *, model_missing: tf.Tensor, status: SessionStatus,
-                 checkpoint_dir: str | None, **kwargs):
+                 checkpoint_dir: str | None, timeout: float, ps_hosts: Sequence[str],
+                 **kwargs):
         super().__init__(**kwargs)
         self._model_missing, self._status = model_missing, status
         self._checkpoint_dir = checkpoint_dir
         self._local_init = kwargs["local_init_op"]
+        self._timeout, self._ps_hosts = timeout, tuple(ps_hosts)
 
     def prepare_session(self, master, **kwargs):
+        # The stock part takes no RunOptions, and session creation none at all: bound it whole.
+        return bounded_call(lambda: self._prepare(master, **kwargs), self._timeout,
+                            f"the chief: waited {self._timeout:g} s for the ps "
+                            f"({', '.join(self._ps_hosts)}) to keep, restore or initialise the "
+                            "model")
+
+    def _prepare(self, master, **kwargs):
+        options = tf1.RunOptions(timeout_in_ms=int(self._timeout * 1000))
         sess = tf1.Session(master, graph=self._model_missing.graph, config=kwargs.get("config"))
         try:
-            if not len(sess.run(self._model_missing)):
-                sess.run(self._local_init)
+            if not len(sess.run(self._model_missing, options=options)):
+                sess.run(self._local_init, options=options)
                 self._status.model = "continued"
                 return sess
         except BaseException:
@@ -178,15 +214,18 @@ class _ChiefSessionManager(tf1.train.SessionManager):
 
 
 class _ChiefSessionCreator(tf1.train.ChiefSessionCreator, _Bounded):
-    def __init__(self, scaffold, master, config, *, checkpoint_dir, model_missing, status):
+    def __init__(self, scaffold, master, config, *, checkpoint_dir, model_missing, status,
+                 prepare_timeout, ps_hosts):
         super().__init__(scaffold, master, config, checkpoint_dir=checkpoint_dir)
         self._model_missing, self._status_for_manager = model_missing, status
+        self._prepare_timeout, self._ps_hosts_for_manager = prepare_timeout, ps_hosts
 
     def _get_session_manager(self):
         if self._session_manager is None:
             self._session_manager = _ChiefSessionManager(
                 model_missing=self._model_missing, status=self._status_for_manager,
-                checkpoint_dir=self._checkpoint_dir,
+                checkpoint_dir=self._checkpoint_dir, timeout=self._prepare_timeout,
+                ps_hosts=self._ps_hosts_for_manager,
                 local_init_op=self._scaffold.local_init_op,
                 local_init_feed_dict=self._scaffold.local_init_feed_dict,
                 ready_op=self._scaffold.ready_op,
@@ -255,7 +294,8 @@ def monitored_session(master: str, *, is_chief: bool, hooks: list, config: tf1.C
                                    *[_init_if_uninitialized(v) for v in transient]))
         creator = _ChiefSessionCreator(
             scaffold, master, config, checkpoint_dir=checkpoint_dir, status=status,
-            model_missing=tf1.report_uninitialized_variables(everything))
+            model_missing=tf1.report_uninitialized_variables(everything),
+            prepare_timeout=bound, ps_hosts=ps_hosts)
         if checkpoint_dir:
             hooks.append(tf1.train.CheckpointSaverHook(
                 checkpoint_dir, save_secs=save_secs,

@@ -101,7 +101,7 @@ def run_worker(config: TaskConfig, *, dataset: data.Dataset | None = None,
       dataset: data to train on; loaded from config.train when None (tests pass their own).
       server: an already started tf.distribute.Server for this task (tests); started if None.
     """
-    run = WorkerRun(config)
+    run = WorkerRun(config, own_server=server is None)
     run.load_shard(dataset)
     run.start_server(server)
     run.build_graph()
@@ -115,8 +115,11 @@ def run_worker(config: TaskConfig, *, dataset: data.Dataset | None = None,
 class WorkerRun:
     """One worker's run, phase by phase; each phase leaves what the next one needs on self."""
 
-    def __init__(self, config: TaskConfig):
+    def __init__(self, config: TaskConfig, *, own_server: bool = True):
         self.config, self.train_config = config, config.train
+        if own_server:  # a taken port is the user's to fix: say so before anything slow
+            cluster_lib.check_port_free(config.cluster.address("worker", config.index),
+                                        config.name)
         self.started = time.monotonic()
         self.bounded = tf1.RunOptions(timeout_in_ms=int(config.train.timeout * 1000))
         # Only the chief writes checkpoints and summaries; it checks where, before anything slow.
@@ -146,7 +149,6 @@ class WorkerRun:
     def start_server(self, server) -> None:
         config, i = self.config, self.config.index
         if server is None:
-            cluster_lib.check_port_free(config.cluster.address("worker", i), config.name)
             server = tf.distribute.Server(config.cluster.spec(), job_name="worker",
                                           task_index=i, start=True)
         self.server = server
@@ -315,10 +317,27 @@ class WorkerRun:
 
     def report_done(self) -> None:
         # Sync: only now may the ps tasks exit: the chief has read everything it needs from them.
-        with self.graph.as_default(), tf1.Session(self.server.target,
-                                                  config=self.tf_config) as done:
-            done.run(self.g.report_done, options=self.bounded)
+        config = self.config
+        report_done(self.server.target, self.graph, self.g.report_done, self.tf_config,
+                    timeout=self.train_config.timeout, me=config.name,
+                    ps_hosts=config.cluster.ps_hosts)
         log.info("verdict: %s", self.verdict.line)
+
+
+def report_done(target: str, graph: tf.Graph, op: tf.Operation, tf_config: tf1.ConfigProto, *,
+                timeout: float, me: str, ps_hosts: tuple[str, ...]) -> None:
+    """Runs `op`, this worker's entry in every ps's done-queue, within `timeout` seconds."""
+    def report():
+        done = tf1.Session(target, graph=graph, config=tf_config)
+        try:
+            done.run(op, options=tf1.RunOptions(timeout_in_ms=int(timeout * 1000)))
+        finally:
+            session.close_bounded(done.close, done)
+
+    # Sync: a ps that accepts connections but does not answer would hold the session's creation
+    # and first run past any RunOptions.
+    session.bounded_call(report, timeout, f"{me}: waited {timeout:g} s to report done to the "
+                                          f"ps ({', '.join(ps_hosts)})")
 
 
 def _check_published(side: SideSession, members: membership.Membership, mine: dict,

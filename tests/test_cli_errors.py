@@ -313,6 +313,50 @@ def test_launcher_valid_flags_reach_the_cluster_and_its_tasks(recorders):
     assert kwargs["task_args"] == ["--train-steps", "7", "--seed", "3"]
 
 
+# Abbreviations: argparse would take `--worker 2` for `--workers 2`, and the launcher would then
+# forward it verbatim to every task, where it abbreviates --worker-hosts ("malformed host:port
+# '2'"); `--max`, `--iso` and `--base` made every task fail with "unrecognized arguments".
+ABBREVIATIONS = {
+    "launcher --worker": (cli.launch_main, "sync-mnist-cluster", ["--worker", "2"]),
+    "launcher --max": (cli.launch_main, "sync-mnist-cluster", ["--max", "1"]),
+    "launcher --iso": (cli.launch_main, "sync-mnist-cluster", ["--iso", "off"]),
+    "launcher --base": (cli.launch_main, "sync-mnist-cluster", ["--base", "0"]),
+    "launcher --train": (cli.launch_main, "sync-mnist-cluster", ["--train", "5"]),
+    "task --batch": (cli.main, "sync-mnist", [*WORKER_1, "--batch", "50"]),
+    "task --worker": (cli.main, "sync-mnist", ["--role", "worker", "--index", "1",
+                                               "--ps-hosts", "{ps}", "--worker", "{workers}"]),
+}
+
+
+@pytest.mark.parametrize("entry, prog, argv", ABBREVIATIONS.values(), ids=ABBREVIATIONS.keys())
+def test_abbreviated_options_are_usage_errors_naming_the_option(entry, prog, argv, hosts,
+                                                                recorders, capsys):
+    argv = [a.format(**hosts) for a in argv]
+    abbreviated = [a for a in argv if a in ("--worker", "--max", "--iso", "--base", "--train",
+                                            "--batch", "--ps")]
+    code = _call(entry, argv)
+    assert recorders == {"task": [], "cluster": []}, "the abbreviation was taken for an option"
+    assert code == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    (line,) = captured.err.splitlines()
+    assert line.startswith(f"{prog}: error: unrecognized arguments: {abbreviated[0]} "), line
+
+
+def test_launcher_forwards_exactly_the_training_options(recorders):
+    """What the tasks get, parsed by the task's own parser, is the launcher's training config."""
+    argv = ["--verbose", "--ps=2", "--train-steps=7", "--seed", "-3", "--workers", "4",
+            "--summary-json", "out.json", "--max-restarts", "1", "--isolate", "off",
+            "--base-port", "0", "--setup", "fixed", "--batch-size=50", "--timeout", "9"]
+    assert cli.launch_main(argv) == RAN
+    (kwargs,) = recorders["cluster"]
+    assert kwargs["task_args"] == ["--verbose", "--train-steps=7", "--seed", "-3", "--setup",
+                                   "fixed", "--batch-size=50", "--timeout", "9"]
+    task = cli.task_parser().parse_args(["--role", "worker", "--index", "0",
+                                         *kwargs["task_args"]])
+    assert cli._train_config(task) == kwargs["train"]
+
+
 # ---------------------------------------------------------------------------- --help
 
 def _help_entries(text: str) -> dict[str, str]:
@@ -438,3 +482,19 @@ def test_real_command_names_an_unreachable_ps_and_ends():
     assert errors[0].endswith(" for 2 s")
     assert err.splitlines()[-1] == errors[0]  # the last word, after the worker's start-up lines
     assert seconds < 60  # it ends: bounded by --timeout 2 plus start-up, even on a loaded machine
+
+
+@pytest.mark.cluster
+def test_real_command_names_a_port_already_in_use_by_a_ps():
+    ps, w0, w1 = free_ports(3)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", ps))
+        held.listen()
+        code, out, err, _ = _run_task_process([
+            "--role", "ps", "--index", "0", "--ps-hosts", f"127.0.0.1:{ps}",
+            "--worker-hosts", f"127.0.0.1:{w0},127.0.0.1:{w1}",
+            "--dataset", "synthetic", "--train-steps", "5", "--timeout", "5"])
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert err.splitlines() == [f"error: port {ps} (ps 0, 127.0.0.1:{ps}) is already in use"]
+    assert out == ""

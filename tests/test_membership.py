@@ -97,8 +97,15 @@ def test_settings_leave_hosts_out_and_compare_equal_across_tasks():
     assert worker == chief
     membership.check_agreement(worker, json.dumps(chief), me="worker 1", restarted_chief=False)
     ps = membership.settings(_config("--role", "ps", "--index", "0", *HOSTS3))
-    assert ps == {"workers": 3, "ps": 1}
+    # A ps compares what shapes its variables and decides its life: the cluster and the setup.
+    assert ps == {"workers": 3, "ps": 1, "setup": "fixed"}
     membership.check_agreement(ps, json.dumps(chief), me="ps 0", restarted_chief=False)
+    question_ps = membership.settings(_config("--role", "ps", "--index", "0", *HOSTS3,
+                                              "--setup", "question"))
+    with pytest.raises(ConfigError, match=r"^ps 0 has --setup question but the chief has "
+                                          r"fixed$"):
+        membership.check_agreement(question_ps, json.dumps(chief), me="ps 0",
+                                   restarted_chief=False)
 
 
 @pytest.mark.parametrize("argv, restarted, expected", [

@@ -5,7 +5,8 @@ the variable), with no traceback. All the cases run at once, as real processes, 
 module fixture, since each costs a TensorFlow start-up; the table test then checks each.
 
   * Mismatches are found at start-up against the settings the chief publishes on ps 0: a
-    worker compares them as soon as they are there, before it joins; a ps when it sees them.
+    worker compares them as soon as they are there, before it joins; a ps (of either setup)
+    when it sees them.
   * The chief checks its --logdir before it starts its server, and a checkpoint there against
     its model before it waits for the ps.
 """
@@ -65,6 +66,13 @@ def outcomes(tmp_path_factory):
             procs.task("ps", 0, *_cluster_args(ps_b, workers_b), *COMMON),
             "error: ps 0 has 3 workers in --worker-hosts but the chief has 2")
         procs.task("worker", 0, *_cluster_args(ps_b, workers_b[:2]), *COMMON)
+        # Cluster C: a ps started with --setup question, whose server.join() would serve
+        # forever, and a chief with the default setup.
+        ps_c, workers_c = _hosts(2)
+        expected["ps with another setup"] = (
+            procs.task("ps", 0, *_cluster_args(ps_c, workers_c), *COMMON, "--setup", "question"),
+            "error: ps 0 has --setup question but the chief has fixed")
+        procs.task("worker", 0, *_cluster_args(ps_c, workers_c), *COMMON)
         # Chiefs alone, with a logdir they cannot use; their ps need not exist.
         not_a_dir = tmp / "a-file"
         not_a_dir.write_text("")
@@ -104,7 +112,8 @@ def outcomes(tmp_path_factory):
 
 CASES = ["worker with another cluster size", "worker with another batch size",
          "worker with another mode", "worker with another setup",
-         "ps with another cluster size", "unwritable logdir", "checkpoint of another model"]
+         "ps with another cluster size", "ps with another setup", "unwritable logdir",
+         "checkpoint of another model"]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -151,3 +151,18 @@ def test_cosine_decay_falls_from_the_rate_to_zero_over_the_run():
         for k in range(6):
             sess.run(step)
             assert sess.run(x) == pytest.approx(-2 * sum(rates[:k + 1]), abs=1e-6), k
+
+
+def test_with_two_ps_tasks_each_holds_part_of_the_model():
+    from sync_mnist import worker
+    from sync_mnist.cluster import ClusterLayout
+    from sync_mnist.config import TaskConfig, TrainConfig
+
+    config = TaskConfig(role="worker", index=1,
+                        cluster=ClusterLayout(("p0:1", "p1:1"), ("w0:1", "w1:1", "w2:1")),
+                        train=TrainConfig(train_steps=1))
+    with tf.Graph().as_default():
+        worker.build_graph(config, dataset="synthetic")
+        weights = {v.op.name: v.device for v in tf1.trainable_variables()}
+    # replica_device_setter deals the variables round-robin: both ps hold model weights.
+    assert set(weights.values()) == {"/job:ps/task:0", "/job:ps/task:1"}, weights

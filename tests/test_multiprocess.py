@@ -77,3 +77,27 @@ def test_tasks_by_hand_with_a_late_worker_stay_in_lockstep(processes, tmp_path):
     assert workers[2]["ready_at"] > workers[0]["ready_at"]
     ps = read_json(tmp_path / "ps0.json")
     assert ps["contributions"] == [STEPS] * 3 and ps["exit_code"] == 0
+
+
+def test_two_ps_tasks_train_in_lockstep_with_exact_counters(processes, tmp_path):
+    marker = str(tmp_path / "data")
+    launcher = processes.launcher("--ps", "2", "--base-port", "0", *COMMON, "--data-dir", marker,
+                                  "--summary-json", str(tmp_path / "cluster.json"))
+    assert launcher.wait(BOUND) == 0, launcher.output
+
+    summary = read_json(tmp_path / "cluster.json")
+    assert summary["global_step"] == STEPS
+    # Each of the 30 updates averaged one gradient of each worker, the model being split over
+    # both ps (tests/test_model.py checks the split): counted on the ps, and by the workers.
+    assert summary["contributions"] == summary["pushed"] == summary["local_steps"] == [STEPS] * 3
+    assert summary["dropped"] == [0, 0, 0] and summary["solo_updates"] == 0
+    assert summary["synchronous"] is True
+    assert "verification: synchronous: each of 30 updates" in launcher.output
+    # Both ps tasks drained their done-queues and exited by themselves, having read the same
+    # final counters.
+    ps = sorted((t for t in summary["tasks"] if t["role"] == "ps"), key=lambda t: t["index"])
+    assert [(t["index"], t["exit_code"], t["blocked"]) for t in ps] == [(0, 0, False),
+                                                                         (1, 0, False)]
+    for t in ps:
+        assert (t["global_step"], t["contributions"]) == (STEPS, [STEPS] * 3)
+    assert processes_mentioning(marker) == []

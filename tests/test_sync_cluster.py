@@ -61,7 +61,9 @@ class _Worker:
                     return self.tokens[-1]
 
                 start = 0 if self.local_step is None else int(sess.run(self.local_step))
-                self.local_steps = sync.train_loop(run_step, start_step=start, planned=steps,
+                # Stopping on the token, the planned count must not matter: make it wrong.
+                planned = 10 * steps if stop_on_token else steps
+                self.local_steps = sync.train_loop(run_step, start_step=start, planned=planned,
                                                    target=steps, stop_on_token=stop_on_token)
         except BaseException as e:  # reported by the test's main thread
             self.error = e
@@ -74,9 +76,11 @@ class _Worker:
 def _train(num_workers, replicas, steps, mode="sync", before_push=None):
     servers, cluster = local_cluster(num_workers)
     workers = [_Worker(cluster, i, num_workers, replicas, mode) for i in range(num_workers)]
+    # The production stop rule (worker.run_worker): in sync mode, stop once the token reaches
+    # the target; the local count matters only in async mode.
     threads = [threading.Thread(target=w.run, args=(servers[w.index].target, steps),
                                 kwargs={"before_push": before_push,
-                                        "stop_on_token": replicas < num_workers},
+                                        "stop_on_token": mode == "sync"},
                                 daemon=True)
                for w in workers]
     for t in threads:
@@ -103,9 +107,11 @@ def test_lockstep_update_averages_one_gradient_per_worker():
     # Each update is 0 - mean(0.1, 0.3, 0.5) * 2.0, applied `steps` times.
     per_update = (GRADS[0] + GRADS[1] + GRADS[2]) / 3 * LEARNING_RATE
     np.testing.assert_allclose(x, [-per_update * steps] * 2, rtol=1e-6)
-    # The token a worker gets back is the global step after the update its push joined.
+    # The token a worker gets back is the global step after the update its push joined; each
+    # stopped on the token that reached the target, after exactly `steps` local steps.
     for w in workers:
         assert w.tokens == [1, 2, 3]
+        assert w.local_steps == steps
     verdict = sync.verify(counters, mode="sync", target_steps=steps, replicas_to_aggregate=3)
     assert verdict.synchronous and verdict.as_promised, verdict.line
 

@@ -1,0 +1,148 @@
+"""The private TensorFlow names this package relies on, checked fast: graphs only, no cluster.
+
+TensorFlow has no public handle on some of what the fix needs: SyncReplicasOptimizer's token
+queue, local step and chief queue runner (sync.py), the session creators' hook for their
+SessionManager and the attributes it reads (session.py), and the switch for deprecation
+warnings (tfcompat.py). A TensorFlow that renamed one would fail a cluster run much later, or
+worse, quietly bring back the 30 s readiness poll or a traceback at every close. Each check
+here names the attribute, and checks that TensorFlow itself still uses it.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import tensorflow as tf
+
+from sync_mnist import session, sync
+
+tf1 = tf.compat.v1
+
+
+def _sync_graph():
+    """One worker's graph of a 2-worker cluster; the hosts are never contacted."""
+    graph = tf.Graph()
+    cluster = tf.train.ClusterSpec({"ps": ["ps0:2222"], "worker": ["w0:2222", "w1:2222"]})
+    with graph.as_default(), tf1.device(tf1.train.replica_device_setter(
+            worker_device="/job:worker/task:0", cluster=cluster)):
+        state = sync.build_shared_state(2)
+        x = tf1.get_variable("x", initializer=tf.zeros([2]))
+        training = sync.build_train_op(tf.reduce_sum(x), state,
+                                       tf1.train.GradientDescentOptimizer(0.1), worker_index=0,
+                                       num_workers=2, replicas_to_aggregate=2, is_chief=True)
+    return graph, training
+
+
+def test_sync_replicas_optimizer_token_queue_and_local_step():
+    graph, training = _sync_graph()
+    optimizer = training.optimizer
+    assert isinstance(optimizer, tf1.train.SyncReplicasOptimizer)
+    # _sync_token_queue: the queue TensorFlow's own get_init_tokens_op fills.
+    queue = optimizer._sync_token_queue  # pylint: disable=protected-access
+    assert isinstance(queue, tf.queue.QueueBase), "SyncReplicasOptimizer._sync_token_queue"
+    with graph.as_default():
+        before = set(graph.get_operations())
+        optimizer.get_init_tokens_op(num_tokens=1)
+    filled = {op.inputs[0].op.name for op in set(graph.get_operations()) - before
+              if op.type.startswith("QueueEnqueueMany")}
+    assert filled == {queue.queue_ref.op.name}
+    assert training.tokens_waiting.op.inputs[0].op.name == queue.queue_ref.op.name
+    # _local_step: the per-worker local step that TensorFlow tags each gradient push with.
+    local_step = optimizer._local_step  # pylint: disable=protected-access
+    assert local_step.op.name.endswith("sync_rep_local_step"), "SyncReplicasOptimizer._local_step"
+    assert local_step in graph.get_collection(tf1.GraphKeys.LOCAL_VARIABLES)
+    pushes = [op for op in graph.get_operations() if op.type.endswith("AccumulatorApplyGradient")
+              and "who_accumulator" not in op.inputs[0].op.name]
+    assert pushes, "no gradient pushes found"
+    for push in pushes:  # each push's local_step input reads that very variable
+        assert local_step.op.name in _ancestor_names(push.inputs[1])
+
+
+def test_sync_replicas_optimizer_chief_queue_runner_is_the_replaced_one():
+    graph, training = _sync_graph()
+    optimizer = training.optimizer
+    runner = optimizer._chief_queue_runner  # pylint: disable=protected-access
+    # What TensorFlow's session hook starts is what sync.py put there, which ends quietly
+    # when its session closes.
+    assert optimizer.get_chief_queue_runner() is runner
+    assert tf.errors.CancelledError in runner.queue_closed_exception_types
+    (hook,) = training.hooks
+    with graph.as_default():
+        hook.begin()
+    assert optimizer.get_chief_queue_runner() is runner
+
+
+def _ancestor_names(tensor: tf.Tensor) -> set[str]:
+    names, todo = set(), [tensor.op]
+    while todo:
+        op = todo.pop()
+        if op.name not in names:
+            names.add(op.name)
+            todo.extend(t.op for t in op.inputs)
+    return names
+
+
+class _NoSession:
+    """Stands in for MonitoredSession: only asks the creator for a session, as it does first."""
+
+    def __init__(self, creator, hooks, stop_grace_period_secs):
+        self.creator, self.session = creator, creator.create_session()
+
+
+def _fake_session():
+    return types.SimpleNamespace(close=lambda: None)
+
+
+@pytest.fixture
+def no_session(monkeypatch):
+    monkeypatch.setattr(tf1.train, "MonitoredSession", _NoSession)
+
+
+def test_worker_session_creator_uses_the_prompt_session_manager(no_session, monkeypatch):
+    polls = []
+
+    def wait_for_session(self, master, config=None, max_wait_secs=None):
+        polls.append(self._recovery_wait_secs)  # pylint: disable=protected-access
+        return _fake_session()
+
+    monkeypatch.setattr(tf1.train.SessionManager, "wait_for_session", wait_for_session)
+    with tf.Graph().as_default():
+        tf1.get_variable("v", [1])
+        made = session.monitored_session("grpc://nowhere:1", is_chief=False, hooks=[],
+                                         config=None, timeout=1.0)
+    # WorkerSessionCreator._get_session_manager is still the hook its create_session calls,
+    # and SessionManager._recovery_wait_secs is still its poll interval.
+    assert polls == [session.READY_POLL_SECS], "WorkerSessionCreator._get_session_manager"
+    assert made.session is not None
+
+
+def test_chief_session_creator_uses_the_chiefs_session_manager(no_session, monkeypatch,
+                                                               tmp_path):
+    calls = []
+
+    def prepare(self, master, **kwargs):
+        calls.append((type(self), master, kwargs))
+        return _fake_session()
+
+    monkeypatch.setattr(session._ChiefSessionManager, "_prepare", prepare)
+    # Should TensorFlow use a stock manager after all, it gets no further than this either.
+    monkeypatch.setattr(tf1.train.SessionManager, "prepare_session", prepare)
+    with tf.Graph().as_default():
+        tf1.get_variable("v", [1])
+        session.monitored_session("grpc://nowhere:1", is_chief=True, hooks=[], config=None,
+                                  timeout=1.0, checkpoint_dir=str(tmp_path), save_steps=100)
+    # ChiefSessionCreator._get_session_manager is still the hook its create_session calls, and
+    # it still keeps the checkpoint directory as _checkpoint_dir.
+    (kind, master, kwargs), = calls
+    assert kind is session._ChiefSessionManager, "ChiefSessionCreator._get_session_manager"
+    assert master == "grpc://nowhere:1"
+    assert kwargs["checkpoint_dir"] == str(tmp_path)
+
+
+def test_deprecation_switch_exists():
+    from tensorflow.python.util import deprecation
+
+    # tfcompat.py sets it to hide deprecation warnings; a renamed switch would silently not.
+    assert isinstance(getattr(deprecation, "_PRINT_DEPRECATION_WARNINGS", None), bool), (
+        "tensorflow.python.util.deprecation._PRINT_DEPRECATION_WARNINGS")
