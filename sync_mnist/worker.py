@@ -12,7 +12,7 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from sync_mnist import cluster as cluster_lib
-from sync_mnist import data, membership, model, report, session, sync
+from sync_mnist import data, export, membership, model, report, session, sync
 from sync_mnist.config import START_SECS, TaskConfig
 from sync_mnist.ps import TaskTimeout, done_queue
 
@@ -125,6 +125,8 @@ def run_worker(config: TaskConfig, *, dataset: data.Dataset | None = None,
     logdir = train.logdir if train.logdir and config.is_chief else None
     if logdir:
         session.check_logdir(logdir)
+    if config.is_chief and train.export_dir:
+        export.check_export_dir(train.export_dir)
     if server is None:
         cluster_lib.check_port_free(config.cluster.address("worker", i), config.name)
         server = tf.distribute.Server(config.cluster.spec(), job_name="worker", task_index=i,
@@ -255,12 +257,17 @@ def run_worker(config: TaskConfig, *, dataset: data.Dataset | None = None,
                      len(dataset.test_labels), dataset.name)
             if writer:
                 _write_summaries(writer, counters, test_accuracy=result.test_accuracy)
+            if train.export_dir:  # the weights evaluated just now, read while the ps serves
+                weights = export.read_weights(lambda f: side.run(f, options=bounded), graph)
     side.close()
     if writer:
         tf1.summary.FileWriterCache.clear()  # closes, so the events file ends complete
     # Sync: only now may the ps tasks exit: the chief has read everything it needs from them.
     with graph.as_default(), tf1.Session(server.target, config=tf_config) as done:
         done.run(g.report_done, options=bounded)
+    if config.is_chief and train.export_dir:
+        export.write_saved_model(weights, train.export_dir)
+        log.info("saved the trained model to %s", train.export_dir)
     log.info("verdict: %s", verdict.line)
     return result
 
