@@ -7,6 +7,10 @@ One task per host:
     sync-mnist --role ps     --index 0 --ps-hosts h0:2222 --worker-hosts h1:2222,h2:2222,h3:2222
     sync-mnist --role worker --index 0 --ps-hosts h0:2222 --worker-hosts h1:2222,h2:2222,h3:2222
     ... (worker 1 and 2 likewise)
+
+The model the chief saved (--export-dir, or LOGDIR/saved_model), in TensorFlow 2, no cluster:
+    sync-mnist evaluate --model DIR
+    sync-mnist predict  --model DIR digit.png ...
 """
 
 from __future__ import annotations
