@@ -11,6 +11,10 @@ One task per host:
 The same command in every task, which learns its place from the environment:
     TF_CONFIG='{"cluster": {...}, "task": {...}}' sync-mnist   # a Kubernetes TFJob pod
     srun --ntasks 4 sync-mnist                                 # a Slurm step: rank 0 is the ps
+
+The model the chief saved (--export-dir, or LOGDIR/saved_model), in TensorFlow 2, no cluster:
+    sync-mnist evaluate --model DIR
+    sync-mnist predict  --model DIR digit.png ...
 """
 
 from __future__ import annotations
@@ -81,6 +85,10 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
     save.add_argument("--save-secs", type=float, default=None,
                       help="seconds between checkpoints instead of --save-steps, with --logdir "
                            "(default: none: every --save-steps steps)")
+    g.add_argument("--export-dir", type=Path, default=None,
+                   help="where the chief saves the trained model (a SavedModel) at the end; "
+                        "an earlier model there is replaced (default: LOGDIR/saved_model "
+                        "with --logdir, else none)")
     g.add_argument("--timeout", type=float, default=300.0,
                    help="seconds any blocking wait may last: for the ps, the chief, an update, "
                         "the other workers (default: 300)")
@@ -121,15 +129,22 @@ def _train_config(args: argparse.Namespace) -> TrainConfig:
                        optimizer=args.optimizer, seed=args.seed, dataset=args.dataset,
                        data_dir=args.data_dir, logdir=args.logdir, timeout=args.timeout,
                        mode=args.mode, log_every=args.log_every, save_steps=args.save_steps,
-                       save_secs=args.save_secs,
+                       save_secs=args.save_secs, export_dir=_export_dir(args),
                        replicas_to_aggregate=args.replicas_to_aggregate, setup=args.setup)
+
+
+def _export_dir(args: argparse.Namespace) -> Path | None:
+    if args.export_dir is None and args.logdir is not None:
+        return args.logdir / "saved_model"
+    return args.export_dir
 
 
 def task_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="sync-mnist", description="Run one task of a synchronous "
                      "parameter-server cluster that trains MNIST.",
                      epilog="`sync-mnist plot LOGDIR` draws a finished run instead (see "
-                            "`sync-mnist plot --help`).")
+                            "`sync-mnist plot --help`); to use a trained model: sync-mnist "
+                            "evaluate --model DIR, sync-mnist predict --model DIR IMAGE.png ...")
     parser.add_argument("--role", help="ps or worker (default: from TF_CONFIG, or from the "
                         "rank in an srun step; given beside TF_CONFIG, it must agree)")
     parser.add_argument("--index", type=int,
@@ -206,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["plot"]:  # a subcommand, named by the first word
         return plot_main(argv[1:])
+    if argv and argv[0] in MODEL_COMMANDS:  # the first word only: task flags stay as they are
+        return model_main(argv)
     parser = task_parser()
     args = parser.parse_args(argv)
     try:
@@ -370,6 +387,62 @@ def launch_main(argv: list[str] | None = None) -> int:
                               task_args=passthrough, summary_json=args.summary_json,
                               verbose=args.verbose, isolate=args.isolate,
                               max_restarts=args.max_restarts)
+
+
+MODEL_COMMANDS = ("evaluate", "predict")
+
+
+def model_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="sync-mnist", description="Use a model that training exported "
+                     "(--export-dir, or LOGDIR/saved_model).")
+    commands = parser.add_subparsers(dest="command", required=True)
+    evaluate = commands.add_parser(
+        "evaluate", help="accuracy, loss and confusion matrix on the test digits",
+        description="Accuracy, loss and confusion matrix of a trained model on the test digits.")
+    predict = commands.add_parser(
+        "predict", help="the digit in each 28x28 grayscale PNG",
+        description="The digit in each 28x28 grayscale PNG (white on black, as in MNIST), "
+                    "with its probability.")
+    for command in (evaluate, predict):
+        command.add_argument("--model", type=Path, required=True,
+                             help="the SavedModel directory (required)")
+        command.add_argument("--verbose", action="store_true",
+                             help="show TensorFlow's C++ logs (default: hidden)")
+    evaluate.add_argument("--data-dir", type=Path, default=None,
+                          help="your own MNIST files, as for training (default: none: the "
+                               "copy that ships with sync_mnist)")
+    predict.add_argument("images", nargs="+", type=Path, metavar="IMAGE.png",
+                         help="28x28 grayscale PNG files")
+    return parser
+
+
+def model_main(argv: list[str]) -> int:
+    """`sync-mnist evaluate|predict`: exit 0, 2 on bad input (model, images, data), else 1."""
+    args = model_parser().parse_args(argv)
+    _setup_logging(args.verbose, args.command)
+    from sync_mnist import tfcompat
+
+    tfcompat.eager_mode(args.verbose)
+    from sync_mnist import data, inference
+
+    try:
+        model = inference.load_model(args.model)
+        if args.command == "evaluate":
+            images, labels, description = inference.test_digits(args.data_dir)
+            print(f"model {args.model} on {description}")
+            print(inference.evaluate(model, images, labels).format())
+        else:
+            for prediction in inference.predict(model, args.images):
+                print(prediction.format())
+    except (inference.ModelError, inference.ImageError, data.DataError) as e:
+        for line in str(e).splitlines():  # every bad image, one per line
+            print(f"error: {line}", file=sys.stderr)
+        return config_lib.EXIT_USAGE
+    except Exception as e:  # a TensorFlow error or a bug: one line, then the exit code
+        logging.getLogger("sync_mnist").error("failed: %s: %s", type(e).__name__,
+                                              _first_line(e))
+        return config_lib.EXIT_FAILED
+    return config_lib.EXIT_OK
 
 
 def _task_arguments(argv: list[str], launcher_only: tuple[str, ...]) -> list[str]:

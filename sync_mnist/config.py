@@ -96,6 +96,7 @@ class TrainConfig:
     log_every: int = 20  # local steps between progress lines
     save_steps: int = 100  # global steps between checkpoints (chief, with a logdir)
     save_secs: float | None = None  # seconds between checkpoints instead, when given
+    export_dir: Path | None = None  # the chief's SavedModel at the end; None: none
 
     def __post_init__(self) -> None:
         if (self.train_steps is None) == (self.epochs is None):

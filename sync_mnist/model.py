@@ -35,6 +35,24 @@ def build_model(images: tf.Tensor, labels: tf.Tensor,
     Returns:
       ModelOutputs with logits [batch, 10] and scalar loss and accuracy.
     """
+    logits = build_logits(images, hidden_units)
+    loss = tf.reduce_mean(
+        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+    correct = tf.equal(tf.argmax(logits, axis=1), labels)
+    accuracy = tf.reduce_mean(tf.cast(correct, tf.float32))
+    return ModelOutputs(logits, loss, accuracy)
+
+
+def build_logits(images: tf.Tensor, hidden_units: tuple[int, ...] = HIDDEN_UNITS) -> tf.Tensor:
+    """The MLP alone, for training and for the exported inference graph (export.py).
+
+    Args:
+      images: float32 [batch, 784], pixels scaled to [0, 1].
+      hidden_units: widths of the ReLU hidden layers.
+
+    Returns:
+      logits [batch, 10]; the variables are `layer<k>/weights` and `layer<k>/biases`.
+    """
     sizes = (IMAGE_PIXELS, *hidden_units, NUM_CLASSES)
     x = images
     for layer, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
@@ -47,12 +65,7 @@ def build_model(images: tf.Tensor, labels: tf.Tensor,
         x = tf.matmul(x, weights) + biases
         if layer < len(sizes) - 2:
             x = tf.nn.relu(x)
-    logits = x
-    loss = tf.reduce_mean(
-        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
-    correct = tf.equal(tf.argmax(logits, axis=1), labels)
-    accuracy = tf.reduce_mean(tf.cast(correct, tf.float32))
-    return ModelOutputs(logits, loss, accuracy)
+    return x
 
 
 def make_optimizer(name: str, learning_rate: float, *, decay_steps: int | None = None,

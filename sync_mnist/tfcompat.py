@@ -26,6 +26,16 @@ def graph_mode(verbose: bool) -> None:
         warnings.filterwarnings("ignore", category=UserWarning, module="tensorflow")
 
 
+def eager_mode(verbose: bool) -> None:
+    """Loads TensorFlow 2 as it comes (eager), to use an exported model; quiet unless verbose."""
+    with contextlib.nullcontext() if verbose else _stderr_silenced():
+        import tensorflow as tf
+    if not verbose:
+        tf.get_logger().setLevel(logging.ERROR)
+        # The loader's notes on a TF1 SavedModel ("Fingerprint not found") come through absl.
+        logging.getLogger("absl").setLevel(logging.ERROR)
+
+
 @contextlib.contextmanager
 def _stderr_silenced():
     """Points file descriptor 2 at /dev/null while TensorFlow loads.

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from sync_mnist import cluster as cluster_lib
-from sync_mnist import data, membership, metrics, model, protocol, report, session, sync
+from sync_mnist import data, export, membership, metrics, model, protocol, report, session, sync
 from sync_mnist.config import START_SECS, TaskConfig, TaskTimeout
 from sync_mnist.session import SideSession
 
@@ -126,6 +126,9 @@ class WorkerRun:
         self.logdir = config.train.logdir if config.train.logdir and config.is_chief else None
         if self.logdir:
             session.check_logdir(self.logdir)
+        self.export_dir = config.train.export_dir if config.is_chief else None
+        if self.export_dir:
+            export.check_export_dir(self.export_dir)
         self.result = report.TaskResult(role="worker", index=config.index,
                                         mode=config.train.mode,
                                         replicas_to_aggregate=self._aggregate)
@@ -314,6 +317,9 @@ class WorkerRun:
             if self.writer:
                 metrics.write_summaries(self.writer, counters,
                                         test_accuracy=result.test_accuracy)
+            if self.export_dir:  # the weights evaluated just now, read while the ps serves
+                self.weights = export.read_weights(
+                    lambda fetches: side.run(fetches, options=self.bounded), self.graph)
 
     def report_done(self) -> None:
         # Sync: only now may the ps tasks exit: the chief has read everything it needs from them.
@@ -321,6 +327,9 @@ class WorkerRun:
         report_done(self.server.target, self.graph, self.g.report_done, self.tf_config,
                     timeout=self.train_config.timeout, me=config.name,
                     ps_hosts=config.cluster.ps_hosts)
+        if self.export_dir:  # after the done report: a failed write never holds up the ps
+            export.write_saved_model(self.weights, self.export_dir)
+            log.info("saved the trained model to %s", self.export_dir)
         log.info("verdict: %s", self.verdict.line)
 
 

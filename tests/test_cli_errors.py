@@ -387,7 +387,7 @@ TRAINING_OPTIONS = {"--train-steps", "--epochs", "--batch-size", "--learning-rat
                     "--optimizer", "--seed", "--dataset", "--data-dir", "--logdir",
                     "--save-steps", "--save-secs", "--timeout", "--mode",
                     "--replicas-to-aggregate", "--setup", "--log-every", "--summary-json",
-                    "--verbose"}
+                    "--export-dir", "--verbose"}
 
 
 @pytest.mark.parametrize("entry, own_options, required", [
