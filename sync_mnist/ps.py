@@ -51,9 +51,10 @@ def run_ps(config: TaskConfig, *, server=None) -> report.TaskResult:
     done: set[int] = set()
     lost: list[int] = []
     checked = False
+    counters = None
     last_step, last_progress = None, time.monotonic()
-    with tf1.Session(server.target, graph=graph,
-                     config=session.session_config(["/job:ps"])) as sess:
+    with session.closed_bounded(tf1.Session(server.target, graph=graph,
+                                            config=session.session_config(["/job:ps"]))) as sess:
         # Sync: a worker the chief declared lost will never report done; do not wait for it.
         while len(done | set(lost)) < n:
             try:
@@ -61,6 +62,11 @@ def run_ps(config: TaskConfig, *, server=None) -> report.TaskResult:
                 done.add(worker)
                 last_progress = time.monotonic()
                 log.info("worker %d reported done (%d of %d)", worker, len(done), n)
+                if counters is None:
+                    # Sync: a worker reports done only after the finish barrier, so the
+                    # counters are final now; read them while every ps is sure to be up (with
+                    # several ps, another may exit as soon as it has its last entry).
+                    counters = _final_counters(sess, state, poll)
                 continue
             except tf.errors.DeadlineExceededError:
                 pass
@@ -94,16 +100,27 @@ def run_ps(config: TaskConfig, *, server=None) -> report.TaskResult:
                     f"ps {config.index}: no progress for {idle:.0f} s ({seen}; workers done: "
                     f"{sorted(done) or 'none'} of {n}"
                     f"{'; lost: ' + str(lost) if lost else ''})")
-        counters = sync.Counters.read(sess, state, options=poll)
-    result.global_step = counters.global_step
-    result.contributions, result.pushed = counters.accepted, counters.pushed
-    result.dropped = counters.unused
+        if counters is None:  # every worker was lost
+            counters = _final_counters(sess, state, poll)
     result.train_s = time.monotonic() - started
     result.lost = lost or None
-    log.info("all %d workers done%s; global_step=%d contributions=%s; exiting", n,
+    if counters:
+        result.global_step = counters.global_step
+        result.contributions, result.pushed = counters.accepted, counters.pushed
+        result.dropped = counters.unused
+    log.info("all %d workers done%s; global_step=%s contributions=%s; exiting", n,
              f" or lost ({', '.join(f'worker {w}' for w in lost)})" if lost else "",
-             counters.global_step, counters.accepted)
+             counters.global_step if counters else "unread", counters.accepted if counters
+             else "unread (another ps had already exited)")
     return result
+
+
+def _final_counters(sess, state: sync.SharedState, options) -> sync.Counters | None:
+    try:
+        return sync.Counters.read(sess, state, options=options)
+    except tf.errors.OpError as e:
+        log.warning("could not read the final counters: %s", str(e).splitlines()[0])
+        return None
 
 
 def _read_membership(sess, members: membership.Membership) -> tuple[list[int], list[int]] | None:

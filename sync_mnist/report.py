@@ -121,3 +121,68 @@ def _note(result: TaskResult) -> str:
 
 def _fmt(value, spec: str = "") -> str:
     return "-" if value is None else format(value, spec)
+
+
+def cluster_summary(results: list[TaskResult], tasks, wall: float) -> dict:
+    """The whole cluster's record: the task keys (from the chief's reading) plus wall_s, tasks.
+
+    `tasks` are the launcher's: each has role, index, restarts and exited_at (unix time).
+    """
+    workers = sorted((r for r in results if r.role == "worker"), key=lambda r: r.index)
+    chief = next((r for r in workers if r.index == 0), None)
+    reading = latest_reading(results)
+    verdicts = {r.verdict for r in workers if r.verdict}
+    ready = [r.ready_at for r in workers if r.ready_at]
+    finished = [r.finished_at for r in workers if r.finished_at]
+    exits = [t.exited_at for t in tasks if t.exited_at]
+    return {
+        "role": "cluster", "index": None,
+        "mode": chief.mode if chief else None,
+        "global_step": reading.global_step if reading else None,
+        "target_steps": reading.target_steps if reading else None,
+        "local_steps": [r.local_steps for r in workers],
+        "contributions": reading.contributions if reading else None,
+        "pushed": reading.pushed if reading else None,
+        "dropped": reading.dropped if reading else None,
+        # The verdict of the latest reading; the fixed setup's workers all read the same final
+        # counters, so there a disagreement between tasks is itself a failure.
+        "synchronous": bool(workers) and all(r.synchronous for r in workers),
+        "verdict": reading.verdict if reading else None,
+        "verdicts_agree": len(verdicts) <= 1,
+        "test_accuracy": chief.test_accuracy if chief else None,
+        "test_loss": chief.test_loss if chief else None,
+        "dataset": chief.dataset if chief else None,
+        "dataset_description": chief.dataset_description if chief else None,
+        "startup_s": max((r.startup_s for r in workers if r.startup_s), default=None),
+        "train_s": max((r.train_s for r in workers if r.train_s), default=None),
+        "examples_per_sec": sum(r.examples_per_sec or 0 for r in workers),
+        # Sync: how long after the chief the last worker was ready, and how long after the
+        # last step the last process exited.
+        "ready_lag_s": max(ready) - chief.ready_at if chief and chief.ready_at else None,
+        "ready_after_chief_s": [r.ready_at - chief.ready_at if r.ready_at else None
+                                for r in workers] if chief and chief.ready_at else None,
+        "chief_wait_s": [r.chief_wait_s for r in workers],
+        "solo_updates": reading.solo_updates if reading else None,
+        "blocked": [f"{r.role} {r.index}" for r in results if r.blocked],
+        # Sync: workers the chief declared lost at the finish, and the launcher's restarts.
+        "lost": reading.lost if reading and reading.lost else [],
+        "restarts": {f"{t.role} {t.index}": t.restarts for t in tasks if t.restarts},
+        "exit_lag_s": max(exits) - max(finished) if exits and finished else None,
+        "wall_s": wall,
+        "peak_rss_mb": max((r.peak_rss_mb for r in results if r.peak_rss_mb), default=None),
+        "tasks": [r.to_dict() for r in results],
+    }
+
+
+def closing_lines(s: dict) -> str:
+    """The two lines after the table: the figures, then the verification."""
+    acc = "-" if s["test_accuracy"] is None else f"{s['test_accuracy']:.4f}"
+    loss = "-" if s["test_loss"] is None else f"{s['test_loss']:.4f}"
+    lag = "-" if s["ready_lag_s"] is None else f"{s['ready_lag_s']:.2f} s"
+    exit_lag = "-" if s["exit_lag_s"] is None else f"{s['exit_lag_s']:.2f} s"
+    verdict = s["verdict"] or "no verdict (training did not end)"
+    return (f"global_step={s['global_step']} test_accuracy={acc} test_loss={loss} "
+            f"dataset={s['dataset']} "
+            f"examples_per_sec={s['examples_per_sec']:.0f} wall={s['wall_s']:.1f} s "
+            f"ready_lag={lag} exit_lag={exit_lag}\n"
+            f"verification: {verdict}")

@@ -8,6 +8,7 @@ for at most --timeout seconds: past that it stops and says which ps it could not
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import logging
@@ -128,6 +129,16 @@ def bounded_call(call, timeout: float, what: str):
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+@contextlib.contextmanager
+def closed_bounded(sess):
+    """`with closed_bounded(tf1.Session(...)) as sess:` closes it with close_bounded: closing
+    blocks while a peer it ran ops on is gone (say, another ps that has already exited)."""
+    try:
+        yield sess
+    finally:
+        close_bounded(sess.close, sess)
 
 
 def close_bounded(close, sess) -> None:

@@ -88,3 +88,28 @@ def fixed_run(tmp_path_factory):
     run.summary = read_json(tmp / "cluster.json")
     run.leftovers = processes_mentioning(run.marker)
     return run
+
+
+@pytest.fixture(scope="session")
+def question_run(tmp_path_factory):
+    """One launcher run of the question's setup (`--setup question`), with the fixed run's
+    --train-steps and --log-every, --timeout 10 and --logdir; shared by the tests of its
+    verdict and of its picture."""
+    from procs import Processes, processes_mentioning, read_json
+
+    tmp = tmp_path_factory.mktemp("question_run")
+    run = types.SimpleNamespace(marker=str(tmp / "data"), logdir=tmp / "logdir")
+    procs = Processes()
+    try:
+        launcher = procs.launcher(
+            "--base-port", "0", "--dataset", "synthetic", "--setup", "question",
+            "--train-steps", str(SHARED_STEPS), "--timeout", "10", "--log-every", "10",
+            "--data-dir", run.marker, "--logdir", str(run.logdir),
+            "--summary-json", str(tmp / "cluster.json"))
+        run.code = launcher.wait(300)
+        run.output = launcher.output
+    finally:
+        procs.kill_all()
+    run.summary = read_json(tmp / "cluster.json")
+    run.leftovers = processes_mentioning(run.marker)
+    return run

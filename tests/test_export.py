@@ -246,7 +246,7 @@ def test_evaluate_reports_accuracy_loss_and_confusion_matrix(trained):
 
 @pytest.mark.cluster
 def test_predict_classifies_real_digit_pngs(trained, tmp_path):
-    model_dir, _ = trained
+    model_dir, _, _ = trained
     images, labels, _ = inference.test_digits()
     paths = [_write_png(tmp_path / f"digit{i}.png", images[i][:, :, None]) for i in range(10)]
     run = _sync_mnist("predict", "--model", model_dir, *paths)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import SHARED_STEPS
-from procs import read_json
+from procs import processes_mentioning, read_json
 from sync_mnist.cluster import free_ports
 
 pytestmark = pytest.mark.cluster

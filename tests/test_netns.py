@@ -296,6 +296,6 @@ def test_auto_where_impossible_says_so_once_and_goes_on(locked_down, processes, 
     _assert_lockstep(read_json(tmp_path / "cluster.json"))
     said = [line for line in launcher.output.splitlines() if "namespace" in line]
     assert len(said) == 1, said
-    assert re.search(r"\[cluster\] no private network namespace \(unshare\(CLONE_NEWNET\): "
+    assert re.search(r"\[cluster\] warning: no private network namespace \(unshare\(CLONE_NEWNET\): "
                      r"Operation not permitted .*\): the cluster's ports are open on every "
                      r"interface of this host; use it only on a trusted network$", said[0])

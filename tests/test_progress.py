@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from types import SimpleNamespace
 
 import pytest
 
 from procs import ROOT, processes_mentioning
-from sync_mnist import cli, progress, sync, worker
+from sync_mnist import cli, metrics, progress, sync
 
 
 def _task_line(record: logging.LogRecord, tag: str) -> str:
@@ -24,11 +22,11 @@ def _task_line(record: logging.LogRecord, tag: str) -> str:
 
 
 def test_a_workers_progress_line_parses_into_its_figures(monkeypatch, caplog):
-    # The line comes from worker.Progress itself, so a change of its format breaks this test.
+    # The line comes from metrics.Progress itself, so a change of its format breaks this test.
     counters = SimpleNamespace(global_step=41, accepted=[41, 40, 41])
     monkeypatch.setattr(sync.Counters, "read", lambda *args, **kwargs: counters)
     config = SimpleNamespace(train=SimpleNamespace(log_every=20, batch_size=100))
-    meter = worker.Progress(config, side=None, state=None, writer=None, target=2000)
+    meter = metrics.Progress(config, side=None, state=None, writer=None, target=2000)
     with caplog.at_level(logging.INFO, logger="sync_mnist.worker"):
         meter.step(20, loss=0.25, accuracy=0.9)
     [record] = caplog.records

@@ -27,9 +27,9 @@ def _launch(processes, tmp_path, *args):
     return code, launcher, read_json(tmp_path / "cluster.json")
 
 
-def test_question_setup_is_measured_not_synchronous(processes, tmp_path):
-    code, launcher, s = _launch(processes, tmp_path, "--setup", "question", "--train-steps",
-                                str(SHARED_STEPS), "--timeout", "10", "--log-every", "10")
+def test_question_setup_is_measured_not_synchronous(question_run):
+    code, launcher, s = question_run.code, question_run, question_run.summary
+    assert question_run.leftovers == [], "the launcher left processes behind"
 
     assert code == 3, launcher.output  # ran, but not synchronous
     assert s["synchronous"] is False

@@ -1,7 +1,7 @@
 """Watching a run: plain output through a pipe, TensorBoard's reader, and `sync-mnist plot`.
 
-Two whole clusters through the real command line (synthetic data, free ports, a pipe for
-output), run once for the module: the fixed setup, then the question's, each with --logdir.
+On the two shared whole-cluster runs of conftest.py (synthetic data, a pipe for output): the
+fixed setup and the question's, each with --logdir.
 """
 
 from __future__ import annotations
@@ -10,37 +10,19 @@ import sys
 
 import pytest
 
-from procs import Processes, processes_mentioning, read_json
+from conftest import SHARED_STEPS as STEPS
 from sync_mnist import cli, plot
 
 pytestmark = pytest.mark.cluster
 
-BOUND = 240  # seconds a small cluster may take on a loaded 2-core machine
-STEPS = 30
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """{setup: (exit code, launcher output, logdir, cluster record)} for fixed and question."""
-    tmp = tmp_path_factory.mktemp("watch")
-    marker = str(tmp / "data")  # in every task's command line, to find leftovers
-    procs = Processes()
-    try:
-        out = {}
-        # One after the other: the question's outcome depends on its chief finishing before
-        # the others' 30 s poll ends, which a second cluster on the same cores could delay.
-        for setup in ("fixed", "question"):
-            launcher = procs.launcher(
-                "--base-port", "0", "--dataset", "synthetic", "--data-dir", marker,
-                "--setup", setup, "--train-steps", str(STEPS), "--log-every", "5",
-                "--timeout", "10" if setup == "question" else "60",
-                "--logdir", str(tmp / setup), "--summary-json", str(tmp / f"{setup}.json"))
-            out[setup] = (launcher.wait(BOUND), launcher.output, tmp / setup,
-                          read_json(tmp / f"{setup}.json"))
-        assert processes_mentioning(marker) == [], "the launcher left processes behind"
-        yield out
-    finally:
-        procs.kill_all()
+def runs(fixed_run, question_run):
+    """{setup: (exit code, launcher output, logdir, cluster record)}: the shared runs of the
+    fixed setup and the question's (conftest.py), each with --logdir."""
+    return {name: (run.code, run.output, run.logdir, run.summary)
+            for name, run in (("fixed", fixed_run), ("question", question_run))}
 
 
 def test_piped_output_is_plain_lines_with_every_tasks_progress(runs):
@@ -52,7 +34,8 @@ def test_piped_output_is_plain_lines_with_every_tasks_progress(runs):
     # Every worker's progress lines are there, one per --log-every steps, then the verdict.
     for w in range(3):
         assert f"[worker {w}] step={STEPS} global_step={STEPS}/{STEPS} " in output
-    assert output.splitlines()[-1] == f"verification: {record['verdict']}"
+    assert output.splitlines()[-2:] == [f"verification: {record['verdict']}",
+                                        "exit code 0 (done; in sync mode, verified synchronous)"]
 
 
 def _assert_contributions_match(series: plot.Series, figure, record: dict) -> None:
