@@ -1,9 +1,8 @@
 """One worker's life, as the phases of `WorkerRun`: load its shard, start its server, build
 its graph, join the cluster, train in lockstep, finish and verify, report done.
 
-docs/protocol.md (and protocol.py's docstring) tells the whole protocol that these phases are
-one side of. Lines that exist only because training is distributed and synchronous carry a
-`# Sync:` tag.
+protocol.py's docstring tells the whole protocol that these phases are one side of. Lines
+that exist only because training is distributed and synchronous carry a `# Sync:` tag.
 """
 
 from __future__ import annotations

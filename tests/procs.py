@@ -220,12 +220,15 @@ def cluster_ports(proc) -> list[int]:
     return [int(h.rsplit(":", 1)[1]) for h in hosts]
 
 
-def free_run(count: int) -> int:
+def free_run(count: int, within: tuple[int, int] | None = None) -> int:
+    """A first port such that it and the next count - 1 are free on this host right now, drawn
+    from `within` (low, high) when given."""
+    import random
+
     from sync_mnist.cluster import free_ports
 
-    """A first port such that it and the next count - 1 are free on this host right now."""
-    for _ in range(50):
-        (base,) = free_ports(1)
+    for _ in range(200):
+        base = random.randrange(within[0], within[1] - count) if within else free_ports(1)[0]
         if base + count > 65535:
             continue
         sockets = []
@@ -240,4 +243,4 @@ def free_run(count: int) -> int:
         finally:
             for s in sockets:
                 s.close()
-    raise AssertionError(f"found no {count} consecutive free ports")
+    raise AssertionError(f"found no {count} consecutive free ports {within or ''}")

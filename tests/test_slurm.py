@@ -8,14 +8,12 @@ sets. Each task must find its own place through TensorFlow's SlurmClusterResolve
 
 from __future__ import annotations
 
-import random
 import re
-import socket
 from pathlib import Path
 
 import pytest
 
-from procs import processes_mentioning
+from procs import free_run, processes_mentioning
 from sync_mnist.config import EXIT_OK
 
 pytestmark = pytest.mark.cluster
@@ -26,27 +24,9 @@ BOUND = 240  # seconds a small cluster run may take on a loaded 2-core machine
 STEPS = 20
 
 
-def _consecutive_free_ports(count: int) -> int:
-    """A base port in the script's range (20000-39999) with `count` free ports from it."""
-    for base in random.sample(range(20000, 40000 - count), 200):
-        try:
-            sockets = []
-            for port in range(base, base + count):
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sockets.append(s)
-                s.bind(("", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in sockets:
-                s.close()
-    raise AssertionError(f"no {count} consecutive free ports in 20000-39999")
-
-
 def test_sbatch_script_runs_an_srun_step_in_lockstep(processes, tmp_path):
     ntasks = 3  # 1 ps + 2 workers, all on one node
-    base = _consecutive_free_ports(ntasks)
+    base = free_run(ntasks, within=(20000, 40000))  # the script's range
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "srun").symlink_to(REPO / "tests" / "fake_srun")
