@@ -32,7 +32,7 @@ run-cluster: install
 	$(BIN)/sync-mnist-cluster $(ARGS)
 
 test: install
-	$(BIN)/python -m pytest -q -n $(JOBS)
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not cluster" $(FAST_TESTS)
@@ -41,7 +41,7 @@ test-inprocess: install
 	$(BIN)/python -m pytest -q $(INPROCESS_TESTS)
 
 test-cluster: install
-	$(BIN)/python -m pytest -q -n $(JOBS) -m cluster $(addprefix --ignore=,$(INPROCESS_TESTS))
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup -m cluster $(addprefix --ignore=,$(INPROCESS_TESTS))
 
 soak: install
 	$(BIN)/python -m pytest -q -m soak

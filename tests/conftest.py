@@ -23,6 +23,11 @@ def pytest_collection_modifyitems(config, items):
         from sync_mnist import tfcompat
 
         tfcompat.graph_mode(verbose=False)
+    # Under `make test` (pytest-xdist, --dist loadgroup), the tests of the shared runs go to one
+    # test process, so that each run happens once, not once per process.
+    for item in items:
+        if {"fixed_run", "question_run"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("shared_runs"))
 
 
 @pytest.fixture
