@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 
-.PHONY: install run-cluster test soak clean
+.PHONY: install run-cluster test soak bench clean
 
 install: $(STAMP)
 
@@ -24,6 +24,10 @@ test: install
 
 soak: install
 	$(BIN)/python -m pytest -q -m soak
+
+# About 10 minutes on 2 cores; `make bench ARGS=--quick` under 2. Writes bench-results/.
+bench: install
+	$(BIN)/sync-mnist-bench $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

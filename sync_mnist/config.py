@@ -75,6 +75,9 @@ class TrainConfig:
     log_every: int = 20  # local steps between progress lines
     save_steps: int = 100  # global steps between checkpoints (chief, with a logdir)
     save_secs: float | None = None  # seconds between checkpoints instead, when given
+    # Benchmark only (hidden --bench-no-proof): leave the ps-side counters out of the graph to
+    # price them. The run is then NOT verified: its verdict says so and claims nothing.
+    proof: bool = True
 
     def __post_init__(self) -> None:
         if (self.train_steps is None) == (self.epochs is None):
