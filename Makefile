@@ -25,8 +25,13 @@ test: install
 soak: install
 	$(BIN)/python -m pytest -q -m soak
 
-# About 10 minutes on 2 cores; `make bench ARGS=--quick` under 2. Writes bench-results/.
+# About 10 minutes on a quiet 2-core machine; `make bench ARGS=--quick` about 2. Writes
+# bench-results/. The plot needs the optional `bench` extra (matplotlib); if it cannot be
+# installed, the bench says so and still writes the table and the JSON.
 bench: install
+	test -f $(VENV)/.bench-extra || { $(BIN)/python -m pip install --quiet \
+	    --disable-pip-version-check -e '.[bench]' && touch $(VENV)/.bench-extra; } || \
+	    echo "matplotlib could not be installed: no plot"
 	$(BIN)/sync-mnist-bench $(ARGS)
 
 clean:

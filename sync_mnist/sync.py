@@ -146,7 +146,8 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
     sync_optimizer = tf1.train.SyncReplicasOptimizer(
         _AcceptanceCounter(optimizer, state, who, replicas_to_aggregate) if proof else optimizer,
         replicas_to_aggregate=replicas_to_aggregate, total_num_replicas=num_workers)
-    token = sync_optimizer.apply_gradients(grads_and_vars, global_step=state.global_step)
+    with tf1.variable_creator_scope(_local_step_by_reference):
+        token = sync_optimizer.apply_gradients(grads_and_vars, global_step=state.global_step)
     # Sync: keep our copy of the local step equal to the optimizer's: set from the value its
     # init op assigns, and from every token. (Both init ops are public attributes the session
     # hook reads in begin(), so replacing them here is enough.)
@@ -173,6 +174,19 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
             [tf1.assign(sync_optimizer._local_step, taken)]):  # pylint: disable=protected-access
         rejoin = tf1.assign(local_step, taken)
     return SyncTraining(train_op, [hook], sync_optimizer, rejoin, tokens_waiting)
+
+
+def _local_step_by_reference(next_creator, **kwargs):
+    """Makes SyncReplicasOptimizer's local step a reference variable.
+
+    Each of its accumulators reads the local step for its push. A resource variable makes a
+    read op per accumulator, and each read crosses from this worker to the ps in an RPC of its
+    own: six per step for this model. A reference variable has one snapshot, which all of them
+    share, so it crosses once.
+    """
+    if kwargs.get("name") == "sync_rep_local_step":
+        kwargs["use_resource"] = False
+    return next_creator(**kwargs)
 
 
 class _AcceptanceCounter(tf1.train.Optimizer):
