@@ -332,6 +332,7 @@ class _Proc:
         self.name, self.lines, self.on_line = name, [], on_line
         self.exit_code: int | None = None
         self.maxrss_kb = 0
+        self.final_ticks: int | None = None
         from sync_mnist.launch import _die_with_parent  # no orphans even if we are killed
 
         self.popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -357,10 +358,15 @@ class _Proc:
         self.exit_code = os.waitstatus_to_exitcode(status)
         self.popen.returncode = self.exit_code
         self.maxrss_kb = usage.ru_maxrss
+        # /proc/<pid> is gone once reaped: keep its final CPU time for later readings.
+        self.final_ticks = round((usage.ru_utime + usage.ru_stime) * os.sysconf("SC_CLK_TCK"))
         self._reader.join(timeout=5)
         return True
 
     def cpu_ticks(self) -> int:
+        """User + system CPU time so far, in clock ticks; the final figure once reaped."""
+        if self.final_ticks is not None:
+            return self.final_ticks
         try:
             fields = Path(f"/proc/{self.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:

@@ -4,7 +4,9 @@ short real run of its smallest configuration."""
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 
 import pytest
 
@@ -183,3 +185,18 @@ def test_without_proof_the_graph_has_no_counters_but_still_trains():
     assert any("who_accumulator" in n for n in with_names)
     assert not any("who_accumulator" in n for n in without_names)
     assert "ResourceScatterAdd" in with_types and "ResourceScatterAdd" not in without_types
+
+
+def test_a_reaped_process_keeps_its_cpu_time():
+    """Workers that end before worker 0 still count in the window's CPU (not as zero)."""
+    proc = bench._Proc("busy", [sys.executable, "-c", "sum(range(3 * 10**7))"], dict(os.environ))
+    try:
+        deadline = time.monotonic() + 60
+        while not proc.reap():
+            assert time.monotonic() < deadline, "the child did not end within 60 s"
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+    assert proc.exit_code == 0
+    assert proc.cpu_ticks() == proc.final_ticks > 0
+    assert proc.maxrss_kb > 0
