@@ -18,7 +18,7 @@ FAST_TESTS := tests/test_cli_errors.py tests/test_config_cluster.py tests/test_d
 INPROCESS_TESTS := tests/test_model.py tests/test_verify.py tests/test_membership.py \
                    tests/test_sync_cluster.py tests/test_rejoin.py
 
-.PHONY: install run-cluster test test-fast test-inprocess test-cluster soak clean
+.PHONY: install run-cluster test test-fast test-inprocess test-cluster soak bench clean
 
 install: $(STAMP)
 
@@ -45,6 +45,15 @@ test-cluster: install
 
 soak: install
 	$(BIN)/python -m pytest -q -m soak
+
+# About 10 minutes on a quiet 2-core machine; `make bench ARGS=--quick` about 2. Writes
+# bench-results/. The plot needs the optional `bench` extra (matplotlib); if it cannot be
+# installed, the bench says so and still writes the table and the JSON.
+bench: install
+	test -f $(VENV)/.bench-extra || { $(BIN)/python -m pip install --quiet \
+	    --disable-pip-version-check -e '.[bench]' && touch $(VENV)/.bench-extra; } || \
+	    echo "matplotlib could not be installed: no plot"
+	$(BIN)/sync-mnist-bench $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

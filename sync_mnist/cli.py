@@ -105,6 +105,8 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
                         "(default: fixed)")
     g.add_argument("--log-every", type=int, default=20,
                    help="local steps between progress lines (default: 20)")
+    # Benchmark only (sync-mnist-bench prices the proof with it): no counters, no verdict.
+    parser.add_argument("--bench-no-proof", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--summary-json", type=Path, default=None,
                         help="write the result record here as JSON (default: none)")
     parser.add_argument("--verbose", action="store_true",
@@ -130,7 +132,8 @@ def _train_config(args: argparse.Namespace) -> TrainConfig:
                        data_dir=args.data_dir, logdir=args.logdir, timeout=args.timeout,
                        mode=args.mode, log_every=args.log_every, save_steps=args.save_steps,
                        save_secs=args.save_secs, export_dir=_export_dir(args),
-                       replicas_to_aggregate=args.replicas_to_aggregate, setup=args.setup)
+                       replicas_to_aggregate=args.replicas_to_aggregate, setup=args.setup,
+                       proof=not args.bench_no_proof)
 
 
 def _export_dir(args: argparse.Namespace) -> Path | None:

@@ -97,6 +97,9 @@ class TrainConfig:
     save_steps: int = 100  # global steps between checkpoints (chief, with a logdir)
     save_secs: float | None = None  # seconds between checkpoints instead, when given
     export_dir: Path | None = None  # the chief's SavedModel at the end; None: none
+    # Benchmark only (hidden --bench-no-proof): leave the ps-side counters out of the graph to
+    # price them. The run is then NOT verified: its verdict says so and claims nothing.
+    proof: bool = True
 
     def __post_init__(self) -> None:
         if (self.train_steps is None) == (self.epochs is None):

@@ -69,7 +69,7 @@ def build_shared_state(num_workers: int) -> SharedState:
 def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Optimizer, *,
                    worker_index: int, num_workers: int, replicas_to_aggregate: int,
                    is_chief: bool, mode: str = "sync", num_tokens: int = 0,
-                   last_push: tf.Variable | None = None) -> SyncTraining:
+                   last_push: tf.Variable | None = None, proof: bool = True) -> SyncTraining:
     """Builds one worker's training step.
 
     Args:
@@ -84,6 +84,8 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
       num_tokens: tokens the chief preloads; 0 is the fix, -1 the stock default (R tokens).
       last_push: int64 [workers] on the ps; each push writes its local step there, so that a
         restarted worker can tell whether its predecessor's last gradient is waiting.
+      proof: False leaves out the counters (pushed, the who-accumulator, accepted and the
+        rest), for the benchmark to price them; such a run cannot be verified.
 
     Returns:
       SyncTraining with the op to run each step and the hooks the session needs.
@@ -100,10 +102,12 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
 
     # Sync: who contributed. A summing accumulator beside the gradient accumulators, and this
     # worker's copy of the optimizer's local step, so both are judged stale or fresh alike.
+    # (Benchmark only, proof=False: no counters and no who-accumulator. The copies to the ps
+    # and last_push, which is membership and not proof, stay: only the proof is priced.)
     with tf1.device(state.global_step.device):
-        who = tf1.ConditionalAccumulator(tf.float32, shape=[num_workers], reduction_type="SUM",
-                                         shared_name="sync_counters/who_accumulator",
-                                         name="who_accumulator")
+        who = None if not proof else tf1.ConditionalAccumulator(
+            tf.float32, shape=[num_workers], reduction_type="SUM",
+            shared_name="sync_counters/who_accumulator", name="who_accumulator")
     # A variable's name is shared across the cluster, and replica_device_setter puts every
     # variable on a ps; colocating with an op of this worker keeps this one private, as
     # SyncReplicasOptimizer does for its own local step.
@@ -118,15 +122,21 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
     for g, v in grads_and_vars:
         with tf1.device(v.device):
             arrived.append((None if g is None else tf.identity(g), v))
+    # Read now, beside the gradients, not under the gate below: a read made there would wait
+    # for the gradients to reach the ps and then cost one more ps -> worker -> ps round trip
+    # on every step. Nothing else writes local_step during a step (only its last op does,
+    # with the token), so it is the same value; SyncReplicasOptimizer reads its own copy so.
+    pushed_step = local_step.read_value()
     # Everything the counts need is made on the ps too, so that nothing waits for this worker
     # once the gradient has arrived.
     with tf1.device(state.global_step.device), \
             tf.control_dependencies([g for g, _ in arrived if g is not None]):
-        counted = [tf1.scatter_add(state.pushed, [worker_index], tf.ones([1], tf.int64)),
-                   who.apply_grad(tf.one_hot(worker_index, num_workers), local_step=local_step)]
+        counted = [] if not proof else [
+            tf1.scatter_add(state.pushed, [worker_index], tf.ones([1], tf.int64)),
+            who.apply_grad(tf.one_hot(worker_index, num_workers), local_step=pushed_step)]
         if last_push is not None:
             counted.append(tf1.scatter_update(last_push, [worker_index],
-                                              tf.reshape(local_step, [1])))
+                                              tf.reshape(pushed_step, [1])))
     with tf.control_dependencies(counted):  # Sync: count first, then push the gradients
         grads_and_vars = []
         for g, v in arrived:
@@ -134,16 +144,18 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
                 grads_and_vars.append((None if g is None else tf.identity(g), v))
 
     sync_optimizer = tf1.train.SyncReplicasOptimizer(
-        _AcceptanceCounter(optimizer, state, who, replicas_to_aggregate),
+        _AcceptanceCounter(optimizer, state, who, replicas_to_aggregate) if proof else optimizer,
         replicas_to_aggregate=replicas_to_aggregate, total_num_replicas=num_workers)
-    token = sync_optimizer.apply_gradients(grads_and_vars, global_step=state.global_step)
+    with tf1.variable_creator_scope(_local_step_by_reference):
+        token = sync_optimizer.apply_gradients(grads_and_vars, global_step=state.global_step)
     # Sync: keep our copy of the local step equal to the optimizer's: set from the value its
     # init op assigns, and from every token. (Both init ops are public attributes the session
     # hook reads in begin(), so replacing them here is enough.)
     copy_init = tf1.assign(local_step, sync_optimizer.local_step_init_op)
     sync_optimizer.local_step_init_op = copy_init
-    sync_optimizer.chief_init_op = tf.group(sync_optimizer.chief_init_op, copy_init,
-                                            who.set_global_step(state.global_step))
+    sync_optimizer.chief_init_op = tf.group(
+        sync_optimizer.chief_init_op, copy_init,
+        *([who.set_global_step(state.global_step)] if proof else []))
     train_op = tf1.assign(local_step, token)
     # Sync: num_tokens=0 is the fix for the question's asynchrony. The default preloads R
     # tokens that any worker may take, so one fast worker can supply every gradient of an
@@ -162,6 +174,19 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
             [tf1.assign(sync_optimizer._local_step, taken)]):  # pylint: disable=protected-access
         rejoin = tf1.assign(local_step, taken)
     return SyncTraining(train_op, [hook], sync_optimizer, rejoin, tokens_waiting)
+
+
+def _local_step_by_reference(next_creator, **kwargs):
+    """Makes SyncReplicasOptimizer's local step a reference variable.
+
+    Each of its accumulators reads the local step for its push. A resource variable makes a
+    read op per accumulator, and each read crosses from this worker to the ps in an RPC of its
+    own: six per step for this model. A reference variable has one snapshot, which all of them
+    share, so it crosses once.
+    """
+    if kwargs.get("name") == "sync_rep_local_step":
+        kwargs["use_resource"] = False
+    return next_creator(**kwargs)
 
 
 class _AcceptanceCounter(tf1.train.Optimizer):

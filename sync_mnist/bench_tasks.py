@@ -1,0 +1,247 @@
+"""The benchmark's own task processes: the transport floor, a single process, and TF2's
+MultiWorkerMirroredStrategy. `sync-mnist-bench` (bench.py) starts them; nobody else does.
+
+    python -m sync_mnist.bench_tasks floor-ps     --index 0 --ps-hosts ... --worker-hosts ...
+    python -m sync_mnist.bench_tasks floor-worker --index I ...
+    python -m sync_mnist.bench_tasks single ...
+    python -m sync_mnist.bench_tasks mwms --index I --worker-hosts ...   (TF2, eager + tf.function)
+
+Each worker logs `ready` once it is about to step, then `step=K global_step=G` every
+--log-every steps, as the real workers do; bench.py times its window on those lines. The PS
+rows themselves run the real `python -m sync_mnist` tasks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+
+log = logging.getLogger("sync_mnist.bench_tasks")
+
+READY = "ready to step"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sync_mnist.bench_tasks")
+    p.add_argument("role", choices=("floor-ps", "floor-worker", "single", "mwms"))
+    p.add_argument("--index", type=int, default=0)
+    p.add_argument("--ps-hosts", default="")
+    p.add_argument("--worker-hosts", default="")
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--log-every", type=int, default=100)
+    p.add_argument("--batch-size", type=int, default=100)
+    p.add_argument("--learning-rate", type=float, default=0.001)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--packed", action="store_true",
+                   help="floor-worker: move the model as one tensor each way, not 6")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s [{args.role} {args.index}] %(message)s",
+                        datefmt="%H:%M:%S")
+    ps_hosts = [h for h in args.ps_hosts.split(",") if h]
+    worker_hosts = [h for h in args.worker_hosts.split(",") if h]
+    if args.role == "mwms":
+        run_mwms(args, worker_hosts)
+    else:
+        from sync_mnist import tfcompat
+
+        tfcompat.graph_mode(verbose=False)
+        if args.role == "floor-ps":
+            run_floor_ps(ps_hosts, worker_hosts)
+        elif args.role == "floor-worker":
+            run_floor_worker(args, ps_hosts, worker_hosts)
+        else:
+            run_single(args)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # the gRPC server has no clean shutdown: leave without its destructor
+
+
+def _shard(args, num_workers: int):
+    from sync_mnist import data
+
+    dataset = data.make_synthetic(args.seed)
+    return data.Shard(dataset.train_images, dataset.train_labels, index=args.index,
+                      num_workers=num_workers, batch_size=args.batch_size, seed=args.seed)
+
+
+def _model_shapes() -> list[list[int]]:
+    from sync_mnist import model
+
+    sizes = (model.IMAGE_PIXELS, *model.HIDDEN_UNITS, model.NUM_CLASSES)
+    shapes = []
+    for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+        shapes += [[fan_in, fan_out], [fan_out]]
+    return shapes
+
+
+def _step_line(step: int, global_step: int) -> None:
+    log.info("step=%d global_step=%d", step, global_step)
+
+
+def run_floor_ps(ps_hosts, worker_hosts) -> None:
+    """A ps that only serves variables; bench.py kills it when the workers are done."""
+    import tensorflow as tf
+
+    cluster = tf.train.ClusterSpec({"ps": ps_hosts, "worker": worker_hosts})
+    tf.distribute.Server(cluster, job_name="ps", task_index=0, start=True)
+    log.info("serving")
+    while True:
+        time.sleep(3600)
+
+
+def run_floor_worker(args, ps_hosts, worker_hosts) -> None:
+    """Moves a model's worth of bytes each way per step, and nothing else.
+
+    Each step pulls a copy of the model's weights (same shapes as model.py's) from the ps to
+    this worker, scales it there (a trivial op, so the bytes must arrive), and assigns the
+    result to a gradient-sized buffer on the ps: the bytes of a pull and a push, no training.
+    Each worker has variables of its own, so the workers need not coordinate.
+    """
+    import tensorflow as tf
+
+    tf1 = tf.compat.v1
+    cluster = tf.train.ClusterSpec({"ps": ps_hosts, "worker": worker_hosts})
+    server = tf.distribute.Server(cluster, job_name="worker", task_index=args.index, start=True)
+    graph = tf.Graph()
+    with graph.as_default():
+        with tf1.device("/job:ps/task:0"):
+            weights = [tf1.get_variable(f"floor{args.index}/w{k}", s)
+                       for k, s in enumerate(_model_shapes())]
+            buffers = [tf1.get_variable(f"floor{args.index}/g{k}", s, trainable=False)
+                       for k, s in enumerate(_model_shapes())]
+        with tf1.device("/job:ps/task:0"):
+            sources = [tf.concat([tf.reshape(w, [-1]) for w in weights], 0)] if args.packed \
+                else weights
+        with tf1.device(f"/job:worker/task:{args.index}"):
+            scale = tf1.placeholder(tf.float32, [], name="scale")
+            pulled = [w * scale for w in sources]
+        with tf1.device("/job:ps/task:0"):
+            if args.packed:
+                sizes = [b.shape.num_elements() for b in buffers]
+                pulled = [tf.reshape(part, b.shape)
+                          for part, b in zip(tf.split(pulled[0], sizes), buffers)]
+            push = tf.group(*[tf1.assign(b, g) for b, g in zip(buffers, pulled)])
+        init = tf1.variables_initializer(weights + buffers)
+    config = tf1.ConfigProto(device_filters=["/job:ps", f"/job:worker/task:{args.index}"])
+    with tf1.Session(server.target, graph=graph, config=config) as sess:
+        sess.run(init)
+        sess.run(push, {scale: 1.0})  # registers the graph: not part of the timing
+        log.info(READY)
+        for step in range(1, args.steps + 1):
+            sess.run(push, {scale: 1.0})
+            if step % args.log_every == 0:
+                _step_line(step, step)
+
+
+def run_single(args) -> None:
+    """The same model, optimizer, batch and input path (feed_dict) in one plain process."""
+    import tensorflow as tf
+
+    from sync_mnist import model
+
+    tf1 = tf.compat.v1
+    shard = _shard(args, 1)
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(args.seed)
+        global_step = tf1.train.get_or_create_global_step()
+        images = tf1.placeholder(tf.float32, [None, model.IMAGE_PIXELS], name="images")
+        labels = tf1.placeholder(tf.int64, [None], name="labels")
+        outputs = model.build_model(images, labels)
+        train_op = model.make_optimizer("adam", args.learning_rate).minimize(
+            outputs.loss, global_step)
+        init = tf1.global_variables_initializer()
+    with tf1.Session(graph=graph) as sess:
+        sess.run(init)
+        log.info(READY)
+        for step in range(1, args.steps + 1):
+            x, y = shard.batch(step - 1)
+            sess.run([train_op, outputs.loss, outputs.accuracy], {images: x, labels: y})
+            if step % args.log_every == 0:
+                _step_line(step, step)
+
+
+def run_mwms(args, worker_hosts) -> None:
+    """TF2 MultiWorkerMirroredStrategy on CPU: RING all-reduce over gRPC, no Keras.
+
+    A custom loop under tf.function: variables created in the strategy's scope with
+    aggregation=ONLY_FIRST_REPLICA, gradients all-reduced (mean) through the replica context,
+    Adam applied by hand with tf.compat.v1.train.AdamOptimizer's arithmetic. The batch comes
+    in as an argument each step, as the PS workers feed theirs.
+    """
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": worker_hosts},
+                                          "task": {"type": "worker", "index": args.index}})
+    import tensorflow as tf
+
+    shard = _shard(args, len(worker_hosts))
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    first = tf.VariableAggregation.ONLY_FIRST_REPLICA
+    tf.random.set_seed(args.seed)
+    with strategy.scope():
+        params, slots_m, slots_v = [], [], []
+        for shape in _model_shapes():
+            if len(shape) == 2:
+                limit = (6.0 / (shape[0] + shape[1])) ** 0.5
+                value = tf.random.uniform(shape, -limit, limit, seed=args.seed)
+            else:
+                value = tf.zeros(shape)
+            params.append(tf.Variable(value, aggregation=first))
+            slots_m.append(tf.Variable(tf.zeros(shape), aggregation=first))
+            slots_v.append(tf.Variable(tf.zeros(shape), aggregation=first))
+        t = tf.Variable(0.0, aggregation=first)
+    lr, beta1, beta2, eps = args.learning_rate, 0.9, 0.999, 1e-8
+
+    def forward(x, y):
+        h = x
+        for k in range(0, len(params), 2):
+            h = tf.matmul(h, params[k]) + params[k + 1]
+            if k < len(params) - 2:
+                h = tf.nn.relu(h)
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=h))
+        accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(h, axis=1), y), tf.float32))
+        return loss, accuracy
+
+    def replica_step(x, y):
+        with tf.GradientTape() as tape:
+            loss, accuracy = forward(x, y)
+        grads = tape.gradient(loss, params)
+        ctx = tf.distribute.get_replica_context()
+        grads = ctx.all_reduce(tf.distribute.ReduceOp.MEAN, grads)
+        step = t.assign_add(1.0)
+        lr_t = lr * tf.sqrt(1.0 - beta2 ** step) / (1.0 - beta1 ** step)
+        for p, m, v, g in zip(params, slots_m, slots_v, grads):
+            m_new = m.assign(beta1 * m + (1.0 - beta1) * g)
+            v_new = v.assign(beta2 * v + (1.0 - beta2) * tf.square(g))
+            p.assign_sub(lr_t * m_new / (tf.sqrt(v_new) + eps))
+        return loss, accuracy
+
+    @tf.function
+    def train_step(x, y):
+        return strategy.run(replica_step, args=(x, y))
+
+    x, y = shard.batch(0)
+    train_step(tf.constant(x), tf.constant(y))  # traces and joins the collective: not timed
+    log.info(READY)
+    for step in range(1, args.steps + 1):
+        x, y = shard.batch(step)
+        loss, accuracy = train_step(x, y)
+        loss, accuracy = loss.numpy(), accuracy.numpy()  # as sess.run hands back its fetches
+        if step % args.log_every == 0:
+            _step_line(step, step)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
