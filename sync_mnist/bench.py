@@ -333,11 +333,13 @@ class _Proc:
         self.exit_code: int | None = None
         self.maxrss_kb = 0
         self.final_ticks: int | None = None
-        from sync_mnist.launch import _die_with_parent  # no orphans even if we are killed
+        from sync_mnist.launch import _child_setup  # no orphans even if we are killed
 
+        me = os.getpid()
         self.popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, text=True, env=env,
-                                      start_new_session=True, preexec_fn=_die_with_parent)
+                                      start_new_session=True,
+                                      preexec_fn=lambda: _child_setup(None, me))
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 

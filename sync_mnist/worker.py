@@ -341,6 +341,10 @@ def report_done(target: str, graph: tf.Graph, op: tf.Operation, tf_config: tf1.C
         done = tf1.Session(target, graph=graph, config=tf_config)
         try:
             done.run(op, options=tf1.RunOptions(timeout_in_ms=int(timeout * 1000)))
+        except (tf.errors.UnavailableError, tf.errors.AbortedError):
+            # Sync: a ps exits as soon as it holds the last entry, which may be this one, before
+            # the call has returned here; a ps that is gone has nothing left to wait for.
+            log.info("the ps had exited by the end of my done report")
         finally:
             session.close_bounded(done.close, done)
 
