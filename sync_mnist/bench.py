@@ -314,7 +314,7 @@ def plot(rows: Sequence[Row], path: Path) -> str | None:
     ax.set_xlabel("workers")
     ax.set_ylabel("examples/s (median, min-max of repeats)")
     ax.set_xticks(sorted({r.workers for r in rows}))
-    ax.set_title("sync_mnist bench (shared, loaded 2-core machine)")
+    ax.set_title(f"sync_mnist bench ({os.cpu_count()} CPUs)")
     ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -55,6 +55,7 @@ class Membership(NamedTuple):
 def build_membership(num_workers: int, settings: dict) -> Membership:
     """Creates the variables on ps 0. Every task calls this; only the chief's initial value of
     `published` is ever used, because only the chief initialises variables."""
+    # Sync: on ps 0, where every task's graph finds them by name.
     with tf1.device("/job:ps/task:0"), tf1.variable_scope("sync_membership"):
         published = tf1.get_variable(
             "published", initializer=tf.constant(json.dumps(settings, sort_keys=True)),
@@ -162,6 +163,7 @@ def finish_barrier(run: Callable, m: Membership, *, index: int,
     were still waiting for.
     """
     n = cluster.num_workers
+    # Sync: after its last push; no gradient of this worker is in flight any more.
     run(m.mark, {m.mark_worker: [index], m.mark_value: [FINISHED]})
     is_chief = index == 0
     started = time.monotonic()
@@ -171,10 +173,10 @@ def finish_barrier(run: Callable, m: Membership, *, index: int,
     while True:
         finished, last_push = (list(map(int, x)) for x in run([m.finished, m.last_push]))
         running = [w for w in range(n) if finished[w] == RUNNING]
-        if not running:
+        if not running:  # Sync: the barrier opens: the counters are final for every reader
             return [w for w in range(n) if finished[w] == LOST]
         now = time.monotonic()
-        if is_chief:
+        if is_chief:  # Sync: only the chief declares a worker lost, so all read the same list
             for w in running:
                 if last_seen.get(w, (None,))[0] != last_push[w]:
                     last_seen[w] = (last_push[w], now)
