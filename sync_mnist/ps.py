@@ -22,7 +22,7 @@ from sync_mnist.config import START_SECS, TaskConfig, TaskTimeout
 tf1 = tf.compat.v1
 log = logging.getLogger(__name__)
 
-POLL_SECS = 1.0  # how often the ps checks for progress while it waits for done entries
+POLL_SECS = 1.0  # the bound on each of the ps's own reads while it waits for done entries
 PS_GRACE_SECS = 5.0  # beyond --timeout without progress, before the ps gives up (see run_ps)
 
 
@@ -44,8 +44,13 @@ def run_ps(config: TaskConfig, *, server=None) -> report.TaskResult:
     graph = tf.Graph()
     with graph.as_default():
         state, members, done_queues = protocol.build_shared(config)
+        # Sync: a dequeue cut short by RunOptions' timeout can take an entry and lose it with
+        # the cancelled step (tests/test_ps.py shows it), so the ps never waits inside a dequeue:
+        # it is the queue's only reader, and takes what size() says is there.
+        waiting = done_queues[config.index].size()
         take_done = done_queues[config.index].dequeue()
     poll = tf1.RunOptions(timeout_in_ms=int(POLL_SECS * 1000))
+    bounded = tf1.RunOptions(timeout_in_ms=int(timeout * 1000))
     log.info("serving %s; waiting for %d workers to report done (timeout %g s without progress)",
              config.cluster.address("ps", config.index), n, timeout)
     done: set[int] = set()
@@ -57,8 +62,10 @@ def run_ps(config: TaskConfig, *, server=None) -> report.TaskResult:
                                             config=session.session_config(["/job:ps"]))) as sess:
         # Sync: a worker the chief declared lost will never report done; do not wait for it.
         while len(done | set(lost)) < n:
-            try:
-                worker = int(sess.run(take_done, options=poll))
+            if _entries_waiting(sess, waiting, poll):
+                # Its entry is there and the ps is its only reader: this cannot wait, and no
+                # short bound may cut it off (and lose the entry) while it registers its graph.
+                worker = int(sess.run(take_done, options=bounded))
                 done.add(worker)
                 last_progress = time.monotonic()
                 log.info("worker %d reported done (%d of %d)", worker, len(done), n)
@@ -68,8 +75,7 @@ def run_ps(config: TaskConfig, *, server=None) -> report.TaskResult:
                     # several ps, another may exit as soon as it has its last entry).
                     counters = _final_counters(sess, state, poll)
                 continue
-            except tf.errors.DeadlineExceededError:
-                pass
+            time.sleep(session.READY_POLL_SECS)
             step = _read_global_step(sess, state)
             if step is not None and not checked:
                 # Sync: the chief has published its settings with the model: compare ours.
@@ -132,6 +138,14 @@ def _read_membership(sess, members: membership.Membership) -> tuple[list[int], l
             tf.errors.UnavailableError):
         return None
     return [int(v) for v in last_push], [int(v) for v in finished]
+
+
+def _entries_waiting(sess, size, options) -> int:
+    """How many done entries the queue holds; 0 if the read ran out of time (none is lost)."""
+    try:
+        return int(sess.run(size, options=options))
+    except tf.errors.DeadlineExceededError:
+        return 0
 
 
 def _read_global_step(sess, state: sync.SharedState) -> int | None:
