@@ -16,6 +16,9 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
+# tryfirst: pytest-xdist reads the xdist_group marks in a hook of its own, registered after
+# this file, and so otherwise called first, before the marks below exist.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     # Graph mode, as the package runs, once TensorFlow is in (collected test modules that
     # import it have imported it by now).

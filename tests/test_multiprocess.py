@@ -39,6 +39,15 @@ def test_launcher_runs_in_lockstep_and_leaves_nothing_behind(fixed_run):
     assert fixed_run.leftovers == []  # no task mentioning the run's --data-dir is alive
 
 
+@pytest.mark.usefixtures("fixed_run")
+def test_the_shared_runs_are_one_group_under_xdist(request):
+    # Under `make test` (--dist loadgroup) every test of the shared runs must go to one test
+    # process, or each process starts its own copy of each run (conftest.py).
+    if not getattr(request.config.option, "loadgroup", False):
+        pytest.skip("not run by pytest-xdist with --dist loadgroup")
+    assert request.node.nodeid.endswith("@shared_runs"), request.node.nodeid
+
+
 def test_async_mode_shows_the_async_signature(processes, tmp_path):
     launcher = processes.launcher("--base-port", "0", *COMMON, "--mode", "async",
                                   "--summary-json", str(tmp_path / "cluster.json"))
