@@ -26,11 +26,25 @@ def pytest_collection_modifyitems(config, items):
         from sync_mnist import tfcompat
 
         tfcompat.graph_mode(verbose=False)
-    # Under `make test` (pytest-xdist, --dist loadgroup), the tests of the shared runs go to one
-    # test process, so that each run happens once, not once per process.
+    # Under `make test` (pytest-xdist, --dist loadgroup), the tests that share a run go to one
+    # test process, so that each run happens once, not once per process that runs one of them:
+    # the session runs below, and a test module's own module-scoped fixture.
     for item in items:
-        if {"fixed_run", "question_run"} & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group("shared_runs"))
+        group = _shared_run_group(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _shared_run_group(item) -> str | None:
+    names = set(getattr(item, "fixturenames", ()))
+    if {"fixed_run", "question_run"} & names:
+        return "shared_runs"
+    info = getattr(item, "_fixtureinfo", None)
+    for fixturedefs in (info.name2fixturedefs.values() if info else ()):
+        if any(d.scope == "module" and d.baseid == item.nodeid.split("::")[0]
+               for d in fixturedefs):
+            return item.nodeid.split("::")[0]
+    return None
 
 
 @pytest.fixture
