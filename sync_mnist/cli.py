@@ -190,7 +190,7 @@ def _task_in_cluster(args: argparse.Namespace, parser: argparse.ArgumentParser
             raise config_lib.ConfigError(f"--ps {num_ps}: a cluster needs at least one ps task")
         from sync_mnist import tfcompat
 
-        _quiet_tensorflow(args.verbose)  # the resolver imports TensorFlow
+        _before_tensorflow(args.verbose)  # the resolver imports TensorFlow
         tfcompat.graph_mode(args.verbose)
         return cluster_lib.from_slurm(
             os.environ, num_ps=num_ps,
@@ -468,14 +468,19 @@ def _task_arguments(argv: list[str], launcher_only: tuple[str, ...]) -> list[str
 
 
 def _setup_logging(verbose: bool, tag: str) -> None:
-    _quiet_tensorflow(verbose)
+    _before_tensorflow(verbose)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_Formatter(f"%(asctime)s [{tag}] %(message)s", datefmt="%H:%M:%S"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
 
 
-def _quiet_tensorflow(verbose: bool) -> None:
+def _before_tensorflow(verbose: bool) -> None:
     """Before TensorFlow is imported."""
+    # `import tensorflow` imports Keras 3 eagerly, which this graph-mode program never uses:
+    # about 0.9 s of CPU in every task's start-up, 4 tasks at once on a 2-core machine. With
+    # TF_USE_LEGACY_KERAS, TensorFlow tries tf_keras instead, which is not installed, and
+    # goes on without either (tests/test_task_identity.py checks that Keras stays out).
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     if not verbose:
         # TensorFlow's C++ logs (cuInit, CPU features, gRPC start-up) say nothing a user needs.
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

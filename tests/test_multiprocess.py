@@ -48,65 +48,41 @@ def test_the_shared_runs_are_one_group_under_xdist(request):
     assert request.node.nodeid.endswith("@shared_runs"), request.node.nodeid
 
 
-def test_async_mode_shows_the_async_signature(processes, tmp_path):
-    launcher = processes.launcher("--base-port", "0", *COMMON, "--mode", "async",
-                                  "--summary-json", str(tmp_path / "cluster.json"))
-    assert launcher.wait(BOUND) == 0, launcher.output
-
-    summary = read_json(tmp_path / "cluster.json")
-    # Every push is an update of its own: global_step is the total of the local steps.
-    assert summary["local_steps"] == [STEPS] * 3
-    assert summary["global_step"] == 3 * STEPS == sum(summary["pushed"])
-    assert summary["synchronous"] is False
-    assert "asynchronous (--mode async)" in summary["verdict"]
-
-
-def test_tasks_by_hand_with_a_late_worker_stay_in_lockstep(processes, tmp_path):
-    ports = free_ports(4)
-    hosts = ("--ps-hosts", f"localhost:{ports[0]}",
-             "--worker-hosts", ",".join(f"localhost:{p}" for p in ports[1:]))
+def test_tasks_by_hand_with_two_ps_and_a_late_worker_stay_in_lockstep(processes, tmp_path):
+    # By hand, as on separate hosts: no launcher. Two ps tasks, so the model is split over
+    # them (tests/test_model.py checks the split) and each must drain its own done-queue.
+    marker = str(tmp_path / "data")  # in every task's command line, to find leftovers
+    ports = free_ports(5)
+    hosts = ("--ps-hosts", ",".join(f"localhost:{p}" for p in ports[:2]),
+             "--worker-hosts", ",".join(f"localhost:{p}" for p in ports[2:]))
     tasks = {}
-    for role, index in (("ps", 0), ("worker", 0), ("worker", 1)):
+    for role, index in (("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1)):
         tasks[role, index] = processes.task(
-            role, index, *hosts, *COMMON, "--summary-json", str(tmp_path / f"{role}{index}.json"))
+            role, index, *hosts, *COMMON, "--data-dir", marker,
+            "--summary-json", str(tmp_path / f"{role}{index}.json"))
     # Worker 2 joins only after the chief has started training: the others must wait for it.
     tasks["worker", 0].wait_for_line(r"\[worker 0\] ready after", BOUND)
     tasks["worker", 2] = processes.task(
-        "worker", 2, *hosts, *COMMON, "--summary-json", str(tmp_path / "worker2.json"))
+        "worker", 2, *hosts, *COMMON, "--data-dir", marker,
+        "--summary-json", str(tmp_path / "worker2.json"))
 
     for (role, index), proc in tasks.items():
         assert proc.wait(BOUND) == 0, proc.output
     workers = [read_json(tmp_path / f"worker{i}.json") for i in range(3)]
     for w in workers:
+        # Each of the 30 updates averaged one gradient of each worker: counted on the ps, and
+        # by the workers.
         assert w["global_step"] == STEPS
-        assert w["contributions"] == [STEPS] * 3
+        assert w["contributions"] == w["pushed"] == [STEPS] * 3
+        assert w["dropped"] == [0, 0, 0] and w["solo_updates"] == 0
         assert w["local_steps"] == STEPS
         assert w["synchronous"] is True
     # The chief was ready before the late worker started, so the others really waited.
     assert workers[2]["ready_at"] > workers[0]["ready_at"]
-    ps = read_json(tmp_path / "ps0.json")
-    assert ps["contributions"] == [STEPS] * 3 and ps["exit_code"] == 0
-
-
-def test_two_ps_tasks_train_in_lockstep_with_exact_counters(processes, tmp_path):
-    marker = str(tmp_path / "data")
-    launcher = processes.launcher("--ps", "2", "--base-port", "0", *COMMON, "--data-dir", marker,
-                                  "--summary-json", str(tmp_path / "cluster.json"))
-    assert launcher.wait(BOUND) == 0, launcher.output
-
-    summary = read_json(tmp_path / "cluster.json")
-    assert summary["global_step"] == STEPS
-    # Each of the 30 updates averaged one gradient of each worker, the model being split over
-    # both ps (tests/test_model.py checks the split): counted on the ps, and by the workers.
-    assert summary["contributions"] == summary["pushed"] == summary["local_steps"] == [STEPS] * 3
-    assert summary["dropped"] == [0, 0, 0] and summary["solo_updates"] == 0
-    assert summary["synchronous"] is True
-    assert "verification: synchronous: each of 30 updates" in launcher.output
     # Both ps tasks drained their done-queues and exited by themselves, having read the same
     # final counters.
-    ps = sorted((t for t in summary["tasks"] if t["role"] == "ps"), key=lambda t: t["index"])
-    assert [(t["index"], t["exit_code"], t["blocked"]) for t in ps] == [(0, 0, False),
-                                                                         (1, 0, False)]
-    for t in ps:
-        assert (t["global_step"], t["contributions"]) == (STEPS, [STEPS] * 3)
+    for index in (0, 1):
+        ps = read_json(tmp_path / f"ps{index}.json")
+        assert (ps["exit_code"], ps["blocked"]) == (0, False)
+        assert (ps["global_step"], ps["contributions"]) == (STEPS, [STEPS] * 3)
     assert processes_mentioning(marker) == []

@@ -4,7 +4,8 @@ A TensorFlow gRPC server listens on every interface and runs any graph any clien
 localhost launcher therefore runs the whole cluster in one network namespace with loopback
 only. These tests show, from outside that namespace, that its ports cannot be reached while
 the cluster trains, that `--isolate off` leaves them reachable, and that where no namespace
-can be made the launcher says so once (auto) or refuses with exit 2 (on).
+can be made the launcher says so once (auto) or refuses with exit 2 (on). The `--isolate off`
+run is also the launcher's only async run.
 
 "Where no namespace can be made" is reproduced for real, not mocked: a user namespace of the
 test's own in which CAP_SYS_ADMIN is dropped and user.max_user_namespaces is 0, as in a
@@ -269,8 +270,12 @@ def test_isolated_cluster_is_unreachable_from_outside_and_trains_in_lockstep(fix
 
 
 @pytest.mark.cluster
-def test_isolate_off_leaves_the_ports_reachable_from_this_host(processes, tmp_path):
+def test_isolate_off_leaves_the_ports_reachable_and_async_mode_shows_its_signature(
+        processes, tmp_path):
+    # Two behaviours from one run, to save a cluster's start-up: --isolate off, and the async
+    # mode's counters (which no other launcher test runs).
     launcher = processes.launcher("--isolate", "off", "--base-port", "0", *COMMON,
+                                  "--mode", "async",
                                   "--summary-json", str(tmp_path / "cluster.json"))
     ports = cluster_ports(launcher)
     launcher.wait_for_line(CHIEF_READY, BOUND)
@@ -279,8 +284,14 @@ def test_isolate_off_leaves_the_ports_reachable_from_this_host(processes, tmp_pa
     assert [p for p in ports if not reachable_from_here(p)] == []
 
     assert launcher.wait(BOUND) == 0, launcher.output
-    _assert_lockstep(read_json(tmp_path / "cluster.json"))
     assert "network namespace" not in launcher.output
+    summary = read_json(tmp_path / "cluster.json")
+    # Every push is an update of its own: global_step is the total of the local steps.
+    assert summary["local_steps"] == [STEPS] * 3
+    assert summary["global_step"] == 3 * STEPS == sum(summary["pushed"])
+    assert summary["synchronous"] is False
+    assert "asynchronous (--mode async)" in summary["verdict"]
+    assert [t["exit_code"] for t in summary["tasks"]] == [0, 0, 0, 0]
 
 
 @pytest.mark.cluster

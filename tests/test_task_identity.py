@@ -286,3 +286,17 @@ def test_the_rank_given_and_the_resolvers_must_agree(monkeypatch):
     with pytest.raises(ClusterError) as raised:
         cluster.from_slurm(env)
     assert str(raised.value) == "SlurmClusterResolver made rank 2 ps 0, not worker 1"
+
+
+@pytest.mark.cluster  # starts TensorFlow: not for `make test-fast`
+def test_a_task_starts_tensorflow_without_keras():
+    # Keras 3 costs every task about 0.9 s of CPU at start-up and is never used (cli.py); if
+    # TensorFlow stops honouring TF_USE_LEGACY_KERAS this way, this fails.
+    probe = ("import sys; from sync_mnist import cli; cli._before_tensorflow(False); "
+             "import tensorflow as tf; tf.compat.v1.train.AdamOptimizer; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('keras', 'tf_keras')))")
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "[]"
