@@ -10,6 +10,7 @@ stops the run, every worker ends on the same update, the ps counters still verif
 
 from __future__ import annotations
 
+import json
 import threading
 import types
 
@@ -83,6 +84,26 @@ def test_config_rejects_a_target_without_the_proof_counters():
     with pytest.raises(ConfigError, match=r"^--target-accuracy needs the proof counters; drop "
                                           r"--bench-no-proof$"):
         TrainConfig(train_steps=10, eval_every=5, target_accuracy=0.9, proof=False)
+
+
+def test_a_worker_without_the_chiefs_target_is_refused_naming_both_values():
+    # It would never read the stop, and wait at the end for tokens that never come.
+    from sync_mnist import membership
+
+    layout = ClusterLayout(("p:1",), ("w0:1", "w1:1"))
+
+    def settings(index, **flags):
+        config = TaskConfig(role="worker", index=index, cluster=layout,
+                            train=TrainConfig(train_steps=5, **flags))
+        return membership.settings(config, "synthetic")
+
+    chief = json.dumps(settings(0, eval_every=5, target_accuracy=0.9))
+    with pytest.raises(ConfigError, match=r"^worker 1 has --eval-every none \(the default\) but "
+                                          r"the chief has 5; worker 1 has --target-accuracy none "
+                                          r"\(the default\) but the chief has 0.9$"):
+        membership.check_agreement(settings(1), chief, me="worker 1", restarted_chief=False)
+    membership.check_agreement(settings(1, eval_every=5, target_accuracy=0.9), chief,
+                               me="worker 1", restarted_chief=False)
 
 
 def _step_and_update_ops(flags: dict) -> tuple[dict, dict]:
