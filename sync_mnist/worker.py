@@ -311,8 +311,10 @@ class WorkerRun:
                                 stopped=stopped)
         if stopped and stopped(last_token) and (
                 local < self.planned if train.mode == "async" else last_token < self.target):
-            log.info("stopped at global_step %d: the chief's evaluation reached the target "
-                     "accuracy (planned: %d)", last_token, self.target)
+            log.info("stopped after %d local steps, at global_step %d: the chief's evaluation "
+                     "reached the target accuracy (planned: %s)", local, last_token,
+                     f"{self.planned} local steps" if train.mode == "async"
+                     else f"{self.target} updates")
         result = self.result
         result.finished_at = time.time()
         result.local_steps, result.last_token = local, last_token or None
