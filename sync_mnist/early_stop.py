@@ -75,10 +75,11 @@ def latch(stop: StopVars, global_step: tf.Variable) -> tf.Operation:
     Built inside the update op, under a control dependency on global_step += 1, and before the
     update's tokens are handed out (sync.build_train_op's `after_update`).
     """
-    step = global_step.read_value()
-    first = tf.logical_and(stop.reached_at.read_value() > NONE,
-                           tf.equal(stop.stop_step.read_value(), NONE))
-    return tf.group(tf1.assign(stop.stop_step, tf.where(first, step, stop.stop_step.read_value())),
+    step, current = global_step.read_value(), stop.stop_step.read_value()
+    # Only this op writes stop_step in sync mode, and the chief's queue runner makes one update
+    # at a time, so a read-then-write cannot lose a latch.
+    first = tf.logical_and(stop.reached_at.read_value() > NONE, tf.equal(current, NONE))
+    return tf.group(tf1.assign(stop.stop_step, tf.where(first, step, current)),
                     name="latch_stop_step")
 
 

@@ -57,7 +57,7 @@ class TaskResult:
     time_to_target_s: float | None = None  # seconds to the first evaluation at or above it
     updates_to_target: int | None = None  # the global step of that evaluation
     accuracy_at_target: float | None = None  # its test accuracy
-    stop_step: int | None = None  # the update the cluster stopped on for the target
+    stop_step: int | None = None  # the update the cluster stopped on (async: the stop's step)
     exit_code: int = config_lib.EXIT_OK
     error: str | None = None
 

@@ -349,7 +349,8 @@ class WorkerRun:
         if g.stop is not None:  # Sync: the run was planned to end where the target stopped it
             stop_step = int(side.run(g.stop_vars.stop_step, options=self.bounded))
             result.target_accuracy, result.stop_step = train.target_accuracy, stop_step or None
-            end = early_stop.end_step(self.target, stop_step)
+            if train.mode == "sync":  # (async mode counts local steps, and verifies no target)
+                end = early_stop.end_step(self.target, stop_step)
         self.verdict = sync.verify(
             counters, mode=train.mode, target_steps=end,
             replicas_to_aggregate=self._aggregate, lost=lost) if train.proof else sync.Verdict(
