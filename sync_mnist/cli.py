@@ -105,6 +105,15 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
                         "(default: fixed)")
     g.add_argument("--log-every", type=int, default=20,
                    help="local steps between progress lines (default: 20)")
+    g.add_argument("--eval-every", type=int, default=None, metavar="K",
+                   help="the chief evaluates on the test digits every K updates (global "
+                        "steps), into TensorBoard (test/accuracy) and the result record "
+                        "(default: none: only at the end)")
+    g.add_argument("--target-accuracy", type=float, default=None, metavar="A",
+                   help="stop the whole cluster, all workers on the same update, at the first "
+                        "of those evaluations whose test accuracy reaches A (0 < A <= 1; needs "
+                        "--eval-every); not reached: training runs the planned length and "
+                        "still exits 0 (default: none)")
     # Benchmark only (sync-mnist-bench prices the proof with it): no counters, no verdict.
     parser.add_argument("--bench-no-proof", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--summary-json", type=Path, default=None,
@@ -133,7 +142,8 @@ def _train_config(args: argparse.Namespace) -> TrainConfig:
                        mode=args.mode, log_every=args.log_every, save_steps=args.save_steps,
                        save_secs=args.save_secs, export_dir=_export_dir(args),
                        replicas_to_aggregate=args.replicas_to_aggregate, setup=args.setup,
-                       proof=not args.bench_no_proof)
+                       proof=not args.bench_no_proof, eval_every=args.eval_every,
+                       target_accuracy=args.target_accuracy)
 
 
 def _export_dir(args: argparse.Namespace) -> Path | None:

@@ -100,11 +100,18 @@ class TrainConfig:
     # Benchmark only (hidden --bench-no-proof): leave the ps-side counters out of the graph to
     # price them. The run is then NOT verified: its verdict says so and claims nothing.
     proof: bool = True
+    # Time to accuracy (early_stop.py): the chief evaluates on the test digits every this many
+    # updates (global steps); None: only once, at the end.
+    eval_every: int | None = None
+    # The cluster stops at the first of those evaluations whose accuracy reaches this; None: it
+    # trains the planned steps or epochs.
+    target_accuracy: float | None = None
 
     def __post_init__(self) -> None:
         if (self.train_steps is None) == (self.epochs is None):
             raise ConfigError("give exactly one of --train-steps and --epochs")
-        for name in ("train_steps", "epochs", "batch_size", "log_every", "save_steps"):
+        for name in ("train_steps", "epochs", "batch_size", "log_every", "save_steps",
+                     "eval_every"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
@@ -120,6 +127,22 @@ class TrainConfig:
         _check_choice("--setup", self.setup, SETUPS)
         if self.setup == "question" and self.mode != "sync":
             raise ConfigError("--setup question replays SyncReplicasOptimizer: use --mode sync")
+        self._check_time_to_accuracy()
+
+    def _check_time_to_accuracy(self) -> None:
+        a = self.target_accuracy
+        if a is not None and not 0 < a <= 1:
+            raise ConfigError(f"--target-accuracy must be in (0, 1], a fraction of the test "
+                              f"digits, got {a}")
+        if a is not None and self.eval_every is None:
+            raise ConfigError(f"--target-accuracy {a} needs --eval-every K: the target is "
+                              "checked at those evaluations")
+        if self.setup == "question" and self.eval_every is not None:
+            raise ConfigError(f"--eval-every {self.eval_every} applies to --setup fixed only, "
+                              "not to the question's replay")
+        if a is not None and not self.proof:
+            # The stop is latched by the update op that the proof counters wrap (sync.py).
+            raise ConfigError("--target-accuracy needs the proof counters; drop --bench-no-proof")
 
     def aggregate(self, num_workers: int) -> int:
         """Gradients averaged per update: every worker's unless fewer are asked for."""

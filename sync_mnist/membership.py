@@ -89,7 +89,9 @@ def settings(config: TaskConfig, dataset: str | None = None) -> dict:
                       train_steps=train.train_steps, epochs=train.epochs,
                       optimizer=train.optimizer, learning_rate=train.learning_rate,
                       lr_decay=train.lr_decay,
-                      seed=train.seed, dataset=dataset)
+                      seed=train.seed, dataset=dataset,
+                      # Sync: a worker without the target would never read the stop.
+                      eval_every=train.eval_every, target_accuracy=train.target_accuracy)
     return values
 
 

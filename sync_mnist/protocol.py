@@ -14,7 +14,9 @@ The protocol, in the order it happens (where each step lives in brackets):
      queue runner makes each update from R gradients, adds 1 to global_step and hands every
      worker a token. With R = N, each update holds exactly one gradient per worker [sync.py].
   5. **Stop.** A worker stops when the token it is handed reaches the target step, so every
-     worker stops on the same update, after a resume or a rejoin too [sync.train_loop].
+     worker stops on the same update, after a resume or a rejoin too [sync.train_loop]. With
+     --target-accuracy, the chief's evaluation that reaches it makes the next update the last
+     one, announced with that update's tokens [early_stop.py].
   6. **Finish barrier.** Each worker marks itself finished; the chief marks lost any worker
      whose server is gone or that has not pushed for --timeout. When no worker is still
      running, no gradient is in flight, and every task reads the same final counters
@@ -39,7 +41,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from sync_mnist import membership, sync
+from sync_mnist import early_stop, membership, sync
 from sync_mnist.config import TaskConfig
 
 tf1 = tf.compat.v1
@@ -49,6 +51,7 @@ class Shared(NamedTuple):
     state: sync.SharedState  # global_step and the counters that prove synchrony
     members: membership.Membership  # published settings, last pushes, the finish barrier
     done_queues: list  # one per ps: "I have finished" entries, one per worker
+    stop: early_stop.StopVars  # --target-accuracy: the update the cluster stops on
 
 
 def build_shared(config: TaskConfig, dataset: str | None = None) -> Shared:
@@ -64,7 +67,9 @@ def build_shared(config: TaskConfig, dataset: str | None = None) -> Shared:
         state = sync.build_shared_state(n)
     # Explicitly on ps 0 (inside build_membership), outside any setter.
     members = membership.build_membership(n, membership.settings(config, dataset))
-    return Shared(state, members, [done_queue(p, n) for p in range(config.cluster.num_ps)])
+    done_queues = [done_queue(p, n) for p in range(config.cluster.num_ps)]
+    # Explicitly on ps 0 too, last: built whatever the flags, so every task's graph is the same.
+    return Shared(state, members, done_queues, early_stop.build_stop_vars())
 
 
 def done_queue(ps_index: int, num_workers: int):

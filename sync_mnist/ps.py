@@ -43,7 +43,8 @@ def run_ps(config: TaskConfig, *, server=None) -> report.TaskResult:
                                replicas_to_aggregate=config.train.aggregate(n))
     graph = tf.Graph()
     with graph.as_default():
-        state, members, done_queues = protocol.build_shared(config)
+        shared = protocol.build_shared(config)
+        state, members, done_queues = shared.state, shared.members, shared.done_queues
         # Sync: a dequeue cut short by RunOptions' timeout can take an entry and lose it with
         # the cancelled step (tests/test_ps.py shows it), so the ps never waits inside a dequeue:
         # it is the queue's only reader, and takes what size() says is there.

@@ -47,6 +47,17 @@ class TaskResult:
     lost: list[int] | None = None  # workers the chief declared lost at the finish
     restarts: int = 0  # times the launcher restarted this task (--max-restarts)
     peak_rss_mb: float | None = None  # this process's peak resident memory (ru_maxrss)
+    # Sync: the global step after the update this worker's last push joined (its last token);
+    # every worker of a synchronous run ends on the same one.
+    last_token: int | None = None
+    # Time to accuracy (early_stop.py), chief only: every --eval-every updates, a point
+    # [global_step, seconds since training started, test accuracy, test loss].
+    evaluations: list[list] | None = None
+    target_accuracy: float | None = None  # --target-accuracy
+    time_to_target_s: float | None = None  # seconds to the first evaluation at or above it
+    updates_to_target: int | None = None  # the global step of that evaluation
+    accuracy_at_target: float | None = None  # its test accuracy
+    stop_step: int | None = None  # the update the cluster stopped on (async: the stop's step)
     exit_code: int = config_lib.EXIT_OK
     error: str | None = None
 
@@ -168,6 +179,10 @@ def cluster_summary(results: list[TaskResult], tasks, wall: float) -> dict:
         "lost": reading.lost if reading and reading.lost else [],
         "restarts": {f"{t.role} {t.index}": t.restarts for t in tasks if t.restarts},
         "exit_lag_s": max(exits) - max(finished) if exits and finished else None,
+        # Time to accuracy: the chief's evaluations, and when the target was reached.
+        **{key: getattr(chief, key) if chief else None
+           for key in ("target_accuracy", "time_to_target_s", "updates_to_target",
+                       "accuracy_at_target", "stop_step", "evaluations")},
         "wall_s": wall,
         "peak_rss_mb": max((r.peak_rss_mb for r in results if r.peak_rss_mb), default=None),
         "tasks": [r.to_dict() for r in results],
@@ -175,7 +190,8 @@ def cluster_summary(results: list[TaskResult], tasks, wall: float) -> dict:
 
 
 def closing_lines(s: dict) -> str:
-    """The two lines after the table: the figures, then the verification."""
+    """The lines after the table: the figures, the verification, and with --target-accuracy
+    whether and when it was reached."""
     acc = "-" if s["test_accuracy"] is None else f"{s['test_accuracy']:.4f}"
     loss = "-" if s["test_loss"] is None else f"{s['test_loss']:.4f}"
     lag = "-" if s["ready_lag_s"] is None else f"{s['ready_lag_s']:.2f} s"
@@ -185,4 +201,28 @@ def closing_lines(s: dict) -> str:
             f"dataset={s['dataset']} "
             f"examples_per_sec={s['examples_per_sec']:.0f} wall={s['wall_s']:.1f} s "
             f"ready_lag={lag} exit_lag={exit_lag}\n"
-            f"verification: {verdict}")
+            f"verification: {verdict}{target_line(s)}")
+
+
+def target_line(s: dict) -> str:
+    """With --target-accuracy, a third closing line: when it was reached, or that it was not."""
+    target = s.get("target_accuracy")
+    if target is None:
+        return ""
+    if s.get("updates_to_target") is None:
+        points = s.get("evaluations") or []
+        best = max(points, key=lambda p: p[2], default=None)
+        return (f"\ntarget: test_accuracy {target:g} NOT reached in {s['global_step']} updates "
+                f"({len(points)} evaluations" + (f", best {best[2]:.4f} at global_step {best[0]}"
+                                                  if best else "") +
+                "); training ran the planned length")
+    stop = s.get("stop_step")
+    if s.get("mode") == "async":
+        how = f"the workers stopped, global_step {s['global_step']}"
+    elif stop:
+        how = f"every worker stopped on update {stop} of {s['target_steps']} planned"
+    else:
+        how = "that was the planned end"
+    return (f"\ntarget: test_accuracy {s['accuracy_at_target']:.4f} >= {target:g} at "
+            f"global_step {s['updates_to_target']}, {s['time_to_target_s']:.1f} s into "
+            f"training; {how}")

@@ -69,7 +69,8 @@ def build_shared_state(num_workers: int) -> SharedState:
 def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Optimizer, *,
                    worker_index: int, num_workers: int, replicas_to_aggregate: int,
                    is_chief: bool, mode: str = "sync", num_tokens: int = 0,
-                   last_push: tf.Variable | None = None, proof: bool = True) -> SyncTraining:
+                   last_push: tf.Variable | None = None, proof: bool = True,
+                   after_update: Callable[[], tf.Operation] | None = None) -> SyncTraining:
     """Builds one worker's training step.
 
     Args:
@@ -86,6 +87,8 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
         restarted worker can tell whether its predecessor's last gradient is waiting.
       proof: False leaves out the counters (pushed, the who-accumulator, accepted and the
         rest), for the benchmark to price them; such a run cannot be verified.
+      after_update: builds ops that each update runs after global_step += 1 and before it
+        hands out its tokens (sync mode, with the proof; early_stop.latch). None: nothing.
 
     Returns:
       SyncTraining with the op to run each step and the hooks the session needs.
@@ -144,7 +147,8 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
                 grads_and_vars.append((None if g is None else tf.identity(g), v))
 
     sync_optimizer = tf1.train.SyncReplicasOptimizer(
-        _AcceptanceCounter(optimizer, state, who, replicas_to_aggregate) if proof else optimizer,
+        _AcceptanceCounter(optimizer, state, who, replicas_to_aggregate, after_update)
+        if proof else optimizer,
         replicas_to_aggregate=replicas_to_aggregate, total_num_replicas=num_workers)
     with tf1.variable_creator_scope(_local_step_by_reference):
         token = sync_optimizer.apply_gradients(grads_and_vars, global_step=state.global_step)
@@ -196,9 +200,11 @@ class _AcceptanceCounter(tf1.train.Optimizer):
     the real optimizer and, in the same op, takes the who-accumulator's sum into the counters.
     """
 
-    def __init__(self, optimizer: tf1.train.Optimizer, state: SharedState, who, replicas: int):
+    def __init__(self, optimizer: tf1.train.Optimizer, state: SharedState, who, replicas: int,
+                 after_update: Callable[[], tf.Operation] | None = None):
         super().__init__(use_locking=False, name=optimizer.get_name())
         self._optimizer, self._state, self._who, self._replicas = optimizer, state, who, replicas
+        self._after_update = after_update
 
     def compute_gradients(self, *args, **kwargs):
         return self._optimizer.compute_gradients(*args, **kwargs)
@@ -220,7 +226,11 @@ class _AcceptanceCounter(tf1.train.Optimizer):
         def count_if(var, condition):
             return tf1.assign_add(var, tf.cast(condition, tf.int64))
 
-        return tf.group(update, tf1.assign_add(state.accepted, per_worker),
+        after = []
+        if self._after_update is not None:
+            with tf.control_dependencies([update]):  # update ends with global_step += 1
+                after.append(self._after_update())
+        return tf.group(update, *after, tf1.assign_add(state.accepted, per_worker),
                         count_if(state.repeat_updates, most > 1),
                         count_if(state.solo_updates, tf.logical_and(tf.equal(most, total), r > 1)),
                         count_if(state.over_aggregated, total > r))
@@ -251,7 +261,7 @@ def _quiet_queue_runner_at_close(sync_optimizer) -> None:
 
 
 def train_loop(run_step: Callable[[int], int], *, start_step: int, planned: int, target: int,
-               stop_on_token: bool) -> int:
+               stop_on_token: bool, stopped: Callable[[int], bool] | None = None) -> int:
     """Runs one worker's steps until it is done; returns how many it ran.
 
     Args:
@@ -264,6 +274,8 @@ def train_loop(run_step: Callable[[int], int], *, start_step: int, planned: int,
       target: the global step training ends at, when stopping on tokens.
       stop_on_token: stop once a token reaches `target` (sync mode) instead of after `planned`
         local steps (async mode, where every push is an update of its own).
+      stopped: stopped(token), asked after each step, ends the loop early when True: the
+        cluster reached --target-accuracy (early_stop.should_stop). None: never.
     """
     # Sync: the token a worker is handed is the global step after the update its push joined,
     # and becomes its local step. With R = N every local step joins exactly one update, so the
@@ -279,6 +291,8 @@ def train_loop(run_step: Callable[[int], int], *, start_step: int, planned: int,
     while (token < target) if stop_on_token else (local < planned):
         token = run_step(token if stop_on_token else start_step + local)
         local += 1
+        if stopped is not None and stopped(token):
+            break
     return local
 
 

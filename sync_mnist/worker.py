@@ -15,7 +15,8 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from sync_mnist import cluster as cluster_lib
-from sync_mnist import data, export, membership, metrics, model, protocol, report, session, sync
+from sync_mnist import (data, early_stop, export, membership, metrics, model, protocol, report,
+                        session, sync)
 from sync_mnist.config import START_SECS, TaskConfig, TaskTimeout
 from sync_mnist.session import SideSession
 
@@ -33,6 +34,13 @@ class _Graph(NamedTuple):
     training: sync.SyncTraining
     members: membership.Membership  # Sync: published settings, last pushes, the finish barrier
     report_done: tf.Operation  # Sync: one entry in every ps's done-queue
+    stop_vars: early_stop.StopVars  # on ps 0: the update the cluster stops on, if any
+    stop: early_stop.StopOps | None = None  # with --target-accuracy only
+
+    @property
+    def transient(self) -> list[tf.Variable]:
+        """Variables on the ps that checkpoints leave out."""
+        return self.members.transient + self.stop_vars.transient
 
 
 def build_graph(config: TaskConfig, num_tokens: int = 0, dataset: str | None = None,
@@ -61,13 +69,20 @@ def build_graph(config: TaskConfig, num_tokens: int = 0, dataset: str | None = N
         optimizer = model.make_optimizer(train.optimizer, train.learning_rate,
                                          decay_steps=decay_steps,
                                          global_step=shared.state.global_step)
+        # Sync: with --target-accuracy, each update may latch the stop (early_stop.py).
+        target_accuracy = train.target_accuracy is not None
+        latch = (lambda: early_stop.latch(shared.stop, shared.state.global_step)) \
+            if target_accuracy and train.mode == "sync" else None
         training = sync.build_train_op(
             outputs.loss, shared.state, optimizer,
             worker_index=i, num_workers=n, replicas_to_aggregate=config.train.aggregate(n),
             is_chief=config.is_chief, mode=config.train.mode, num_tokens=num_tokens,
-            last_push=shared.members.last_push, proof=config.train.proof)
+            last_push=shared.members.last_push, proof=config.train.proof, after_update=latch)
+        stop = early_stop.build_stop_ops(shared.stop, training.train_op, train.mode) \
+            if target_accuracy else None
     report_done = tf.group(*[q.enqueue(i) for q in shared.done_queues])
-    return _Graph(images, labels, outputs, shared.state, training, shared.members, report_done)
+    return _Graph(images, labels, outputs, shared.state, training, shared.members, report_done,
+                  shared.stop, stop)
 
 
 def load_shard(config: TaskConfig, dataset: data.Dataset | None = None
@@ -139,8 +154,10 @@ class WorkerRun:
     def load_shard(self, dataset: data.Dataset | None) -> None:
         """Before the server: loading briefly holds the whole training set, and that peak should
         not add to the memory the server and the session take. While it trains, even the chief
-        holds only its shard: it reads the test digits after training (`finish`)."""
-        self.test_later = dataset is None and self.config.is_chief
+        holds only its shard: it reads the test digits after training (`finish`), unless it
+        evaluates during training (--eval-every)."""
+        self.test_later = (dataset is None and self.config.is_chief
+                           and self.train_config.eval_every is None)
         self.dataset, self.shard, self.target = load_shard(self.config, dataset)
         if self.test_later:
             self.dataset = self.dataset.without_test()
@@ -164,7 +181,7 @@ class WorkerRun:
             if self.logdir:
                 # A checkpoint of another model (say, of a cluster with another number of
                 # workers) would fail mid-restore with a long error: name the variable instead.
-                transient = self.g.members.transient
+                transient = self.g.transient
                 session.check_checkpoint(self.logdir, [
                     v for v in tf1.global_variables() if all(v is not t for t in transient)])
             # The writer CheckpointSaverHook also uses (one cache per logdir): one events file.
@@ -215,7 +232,7 @@ class WorkerRun:
                     config=self.tf_config, timeout=chief_wait,
                     checkpoint_dir=str(self.logdir) if self.logdir else None,
                     save_steps=train.save_steps, save_secs=train.save_secs,
-                    transient=self.g.members.transient, ps_hosts=config.cluster.ps_hosts,
+                    transient=self.g.transient, ps_hosts=config.cluster.ps_hosts,
                     recovery_timeout=train.timeout, status=status)
             except tf.errors.DeadlineExceededError:
                 raise TaskTimeout(
@@ -256,14 +273,18 @@ class WorkerRun:
         progress = metrics.Progress(config, self.side, g.state, self.writer, self.target)
         steps_run = 0
         lockstep = train.mode == "sync" and self._aggregate == config.cluster.num_workers
+        fetches = [g.training.train_op, g.outputs.loss, g.outputs.accuracy]
+        if g.stop is not None:  # Sync: --target-accuracy: the stop step, read after the token
+            fetches.append(g.stop.read)
+        stop_step = last_token = early_stop.NONE
+        evaluations = self._evaluations() if config.is_chief and train.eval_every else None
 
         def run_step(step: int) -> int:
-            nonlocal steps_run
+            nonlocal steps_run, stop_step, last_token
             x, y = self.shard.batch(step)
             try:
-                token, loss, accuracy = sess.run(
-                    [g.training.train_op, g.outputs.loss, g.outputs.accuracy],
-                    {g.images: x, g.labels: y}, options=self.bounded)
+                token, loss, accuracy, *stop = sess.run(fetches, {g.images: x, g.labels: y},
+                                                        options=self.bounded)
             except tf.errors.DeadlineExceededError:
                 raise TaskTimeout(
                     f"worker {i}: waited {train.timeout:g} s for an update after local step "
@@ -275,16 +296,44 @@ class WorkerRun:
                             "a checkpoint; training on from there", step + 1, token)
             steps_run += 1
             progress.step(steps_run, loss, accuracy)
-            return int(token)
+            last_token = int(token)
+            if stop:
+                stop_step = int(stop[0])
+            if evaluations:
+                evaluations.after_update(last_token)
+            return last_token
 
         train_started = time.monotonic()
+        stopped = None if g.stop is None else (
+            lambda token: early_stop.should_stop(token, stop_step, train.mode))
         local = sync.train_loop(run_step, start_step=self.start_step, planned=self.planned,
-                                target=self.target, stop_on_token=train.mode == "sync")
+                                target=self.target, stop_on_token=train.mode == "sync",
+                                stopped=stopped)
+        if stopped and stopped(last_token) and (
+                local < self.planned if train.mode == "async" else last_token < self.target):
+            log.info("stopped after %d local steps, at global_step %d: the chief's evaluation "
+                     "reached the target accuracy (planned: %s)", local, last_token,
+                     f"{self.planned} local steps" if train.mode == "async"
+                     else f"{self.target} updates")
         result = self.result
         result.finished_at = time.time()
-        result.local_steps = local
+        result.local_steps, result.last_token = local, last_token or None
         result.train_s = time.monotonic() - train_started
         result.examples_per_sec = train.batch_size * local / max(result.train_s, 1e-9)
+
+    def _evaluations(self) -> early_stop.ChiefEvaluations:
+        """The chief's evaluations during training (--eval-every), and the stop at the target."""
+        g, train = self.g, self.train_config
+
+        def request_stop(step: int) -> None:
+            self.side.run(g.stop.request, {g.stop.step: step}, options=self.bounded)
+
+        self.evaluations = early_stop.ChiefEvaluations(
+            every=train.eval_every, target=train.target_accuracy,
+            evaluate=lambda: evaluate(self.side, g, self.dataset, self.bounded),
+            read_step=lambda: int(self.side.run(g.state.global_step, options=self.bounded)),
+            request_stop=request_stop, writer=self.writer)
+        return self.evaluations
 
     def finish(self) -> None:
         """The finish barrier, the counters and the verdict; the chief also evaluates."""
@@ -296,8 +345,14 @@ class WorkerRun:
             lambda fetches, feed=None: side.run(fetches, feed, options=self.bounded), g.members,
             index=config.index, cluster=config.cluster, timeout=train.timeout, log=log)
         counters = sync.Counters.read(side, g.state, options=self.bounded)
+        end = self.target
+        if g.stop is not None:  # Sync: the run was planned to end where the target stopped it
+            stop_step = int(side.run(g.stop_vars.stop_step, options=self.bounded))
+            result.target_accuracy, result.stop_step = train.target_accuracy, stop_step or None
+            if train.mode == "sync":  # (async mode counts local steps, and verifies no target)
+                end = early_stop.end_step(self.target, stop_step)
         self.verdict = sync.verify(
-            counters, mode=train.mode, target_steps=self.target,
+            counters, mode=train.mode, target_steps=end,
             replicas_to_aggregate=self._aggregate, lost=lost) if train.proof else sync.Verdict(
             None, None, "not verified: --bench-no-proof left the counters out")
         result.global_step = counters.global_step
@@ -307,6 +362,8 @@ class WorkerRun:
         result.lost = lost
         result.synchronous, result.verdict = self.verdict.synchronous, self.verdict.line
         if config.is_chief:
+            if train.eval_every:
+                self.evaluations.record(result)
             self.shard = None  # trained: make room for the test digits
             if self.test_later:
                 self.dataset = data.load_test_split(self.dataset, train.data_dir, seed=train.seed)

@@ -121,6 +121,12 @@ TASK_ERRORS = {
                        "error: --log-every must be a positive integer, got 0"),
     "zero save-secs": ([*WORKER_1, "--save-secs", "0"], None,
                        "error: --save-secs must be positive, got 0.0"),
+    "target accuracy without eval-every": ([*WORKER_1, "--target-accuracy", "0.5"], None,
+                                           "error: --target-accuracy 0.5 needs --eval-every K: "
+                                           "the target is checked at those evaluations"),
+    "negative target accuracy": ([*WORKER_1, "--target-accuracy", "-0.1", "--eval-every", "5"],
+                                 None, "error: --target-accuracy must be in (0, 1], a fraction "
+                                       "of the test digits, got -0.1"),
     "malformed TF_CONFIG": (["--role", "worker", "--index", "0"], '{"cluster": {ps: []}}',
                             "error: TF_CONFIG is not valid JSON (Expecting property name "
                             "enclosed in double quotes at character 13)"),
@@ -291,6 +297,20 @@ LAUNCH_ERRORS = {
                         "error: --batch-size must be a positive integer, got 0"),
     "negative train steps": (["--train-steps", "-1"],
                              "error: --train-steps must be a positive integer, got -1"),
+    "target accuracy without eval-every": (["--target-accuracy", "0.97"],
+                                           "error: --target-accuracy 0.97 needs --eval-every K: "
+                                           "the target is checked at those evaluations"),
+    "target accuracy above 1": (["--target-accuracy", "97", "--eval-every", "100"],
+                                "error: --target-accuracy must be in (0, 1], a fraction of the "
+                                "test digits, got 97.0"),
+    "target accuracy 0": (["--target-accuracy", "0", "--eval-every", "100"],
+                          "error: --target-accuracy must be in (0, 1], a fraction of the test "
+                          "digits, got 0.0"),
+    "zero eval-every": (["--eval-every", "0"],
+                        "error: --eval-every must be a positive integer, got 0"),
+    "eval-every in the question's replay": (["--eval-every", "10", "--setup", "question"],
+                                            "error: --eval-every 10 applies to --setup fixed "
+                                            "only, not to the question's replay"),
 }
 
 
@@ -347,11 +367,14 @@ def test_launcher_forwards_exactly_the_training_options(recorders):
     """What the tasks get, parsed by the task's own parser, is the launcher's training config."""
     argv = ["--verbose", "--ps=2", "--train-steps=7", "--seed", "-3", "--workers", "4",
             "--summary-json", "out.json", "--max-restarts", "1", "--isolate", "off",
-            "--base-port", "0", "--setup", "fixed", "--batch-size=50", "--timeout", "9"]
+            "--base-port", "0", "--setup", "fixed", "--batch-size=50", "--timeout", "9",
+            "--eval-every", "2", "--target-accuracy=0.9"]
     assert cli.launch_main(argv) == RAN
     (kwargs,) = recorders["cluster"]
     assert kwargs["task_args"] == ["--verbose", "--train-steps=7", "--seed", "-3", "--setup",
-                                   "fixed", "--batch-size=50", "--timeout", "9"]
+                                   "fixed", "--batch-size=50", "--timeout", "9",
+                                   "--eval-every", "2", "--target-accuracy=0.9"]
+    assert (kwargs["train"].eval_every, kwargs["train"].target_accuracy) == (2, 0.9)
     task = cli.task_parser().parse_args(["--role", "worker", "--index", "0",
                                          *kwargs["task_args"]])
     assert cli._train_config(task) == kwargs["train"]
@@ -387,7 +410,7 @@ TRAINING_OPTIONS = {"--train-steps", "--epochs", "--batch-size", "--learning-rat
                     "--optimizer", "--seed", "--dataset", "--data-dir", "--logdir",
                     "--save-steps", "--save-secs", "--timeout", "--mode",
                     "--replicas-to-aggregate", "--setup", "--log-every", "--summary-json",
-                    "--export-dir", "--verbose"}
+                    "--export-dir", "--verbose", "--eval-every", "--target-accuracy"}
 
 
 @pytest.mark.parametrize("entry, own_options, required", [

@@ -1,0 +1,183 @@
+"""Time to accuracy: the chief evaluates on the test digits every --eval-every updates, and the
+cluster stops at the first evaluation that reaches --target-accuracy.
+
+Why the stop goes through an update, with R = N (lockstep): the chief evaluates after update s,
+holding the token of s and not yet having pushed for s + 1, while the other workers may have
+pushed for s + 1 already and wait for their tokens. So update s + 1 must still be made, and be
+the last. The chief writes `reached_at = s` on ps 0 and then pushes as usual. The next update
+(s + 1, which needs the chief's gradient) reads `reached_at` inside the update op, after
+global_step += 1 and before it hands out its tokens, and latches `stop_step` to its own global
+step. Each worker reads `stop_step` in the same run as its token, after the token: the token of
+s + 1 comes with stop_step = s + 1, and every worker stops on it. Nobody waits for a token that
+never comes, and the counters verify as for a run planned to s + 1 updates.
+
+With backup workers (R < N) an update can be made without the chief, so the update that
+latches is the first one after the chief's write, whichever it is: its tokens are the first to
+carry the stop, and the tokens of earlier updates never do. A worker holding an older token
+sees stop_step ahead of it and pushes on (a stale gradient, dropped) until it takes a token of
+the last update, exactly as at the planned end (sync.train_loop).
+
+In async mode there are no tokens and nothing to wait for: the chief sets stop_step itself, and
+each worker stops after the step in which it reads it.
+
+Without --target-accuracy none of the ops below the variables is built, and without
+--eval-every the chief does not evaluate until the end: a normal step runs what it ran before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Callable, NamedTuple
+
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+log = logging.getLogger("sync_mnist.worker")  # the chief's lines, tagged as its others
+
+NONE = 0  # reached_at and stop_step before the target is reached (global steps start at 1)
+
+
+class StopVars(NamedTuple):
+    """Two scalars on ps 0, built by every task (protocol.build_shared); not checkpointed."""
+
+    reached_at: tf.Variable  # int64: global step whose evaluation reached the target; 0: not yet
+    stop_step: tf.Variable  # int64: the update the cluster stops on; 0: the planned end
+
+    @property
+    def transient(self) -> list[tf.Variable]:
+        return [self.reached_at, self.stop_step]
+
+
+class StopOps(NamedTuple):
+    """What a worker's graph adds with --target-accuracy."""
+
+    read: tf.Tensor  # stop_step, read after this worker's token (same run as the train op)
+    step: tf.Tensor  # placeholder int64: the global step the chief's evaluation reached it at
+    request: tf.Operation  # the chief's: reached_at = step (and stop_step = step in async mode)
+
+
+def build_stop_vars() -> StopVars:
+    """The shared stop variables, explicitly on ps 0, outside the replica setter's round-robin."""
+    # Sync: on ps 0 with global_step, where the update op that latches the stop runs.
+    with tf1.device("/job:ps/task:0"), tf1.variable_scope("sync_stop"):
+        def scalar(name):
+            return tf1.get_variable(name, [], tf.int64, tf1.zeros_initializer(),
+                                    trainable=False)
+
+        return StopVars(scalar("reached_at"), scalar("stop_step"))
+
+
+def latch(stop: StopVars, global_step: tf.Variable) -> tf.Operation:
+    """The first update after the chief's request becomes the stop step (sync, --target-accuracy).
+
+    Built inside the update op, under a control dependency on global_step += 1, and before the
+    update's tokens are handed out (sync.build_train_op's `after_update`).
+    """
+    step, current = global_step.read_value(), stop.stop_step.read_value()
+    # Only this op writes stop_step in sync mode, and the chief's queue runner makes one update
+    # at a time, so a read-then-write cannot lose a latch.
+    first = tf.logical_and(stop.reached_at.read_value() > NONE, tf.equal(current, NONE))
+    return tf.group(tf1.assign(stop.stop_step, tf.where(first, step, current)),
+                    name="latch_stop_step")
+
+
+def build_stop_ops(stop: StopVars, train_op: tf.Tensor, mode: str) -> StopOps:
+    """The read that follows each step, and the chief's request (--target-accuracy)."""
+    with tf.control_dependencies([train_op]):  # Sync: after the token, never before it
+        read = tf.identity(stop.stop_step.read_value(), name="stop_step_after_token")
+    with tf1.device(stop.reached_at.device):
+        step = tf1.placeholder(tf.int64, [], name="target_reached_at")
+        request = [tf1.assign(stop.reached_at, step)]
+        if mode == "async":  # every push is an update of its own: no update to latch it
+            request.append(tf1.assign(stop.stop_step, step))
+    return StopOps(read, step, tf.group(*request, name="request_stop"))
+
+
+def should_stop(token: int, stop_step: int, mode: str) -> bool:
+    """Whether a worker that was just handed `token` and read `stop_step` stops now.
+
+    Sync: once its token reaches the stop step, the last update (an older token, with backups,
+    means its gradient was stale: it pushes on). Async: as soon as a stop is announced.
+    """
+    if stop_step == NONE:
+        return False
+    return mode == "async" or token >= stop_step
+
+
+def end_step(planned: int, stop_step: int) -> int:
+    """The global step training ends at: the planned one, or the stop step if it came first."""
+    return planned if stop_step == NONE else min(planned, stop_step)
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    global_step: int  # of the weights evaluated (read on the ps just before)
+    seconds: float  # since the chief's training started, when the update was made
+    accuracy: float
+    loss: float
+
+    def as_list(self) -> list:
+        return [self.global_step, round(self.seconds, 3), self.accuracy, self.loss]
+
+
+class ChiefEvaluations:
+    """The chief's evaluations every `every` updates, and the stop at `target`.
+
+    With R = N the weights evaluated are exactly those after the update of the token: nothing
+    is updated until the chief pushes again. With backups or in async mode the other workers
+    may update them during the evaluation; the point is then of about that global step.
+    """
+
+    def __init__(self, *, every: int, target: float | None,
+                 evaluate: Callable[[], tuple[float, float]], read_step: Callable[[], int],
+                 request_stop: Callable[[int], None], writer=None,
+                 clock: Callable[[], float] = time.monotonic):
+        self._every, self.target = every, target
+        self._evaluate, self._read_step, self._request_stop = evaluate, read_step, request_stop
+        self._writer, self._clock = writer, clock
+        self._started = clock()
+        self._next = every
+        self.points: list[Point] = []
+        self.reached: Point | None = None  # the first point at or above the target
+
+    def after_update(self, token: int) -> None:
+        """Called with each token the chief is handed; evaluates once per multiple of `every`
+        that the global step has passed (a token may skip one with backups or in async mode)."""
+        if token < self._next or self.reached is not None:
+            return
+        self._next = (token // self._every + 1) * self._every
+        seconds = self._clock() - self._started
+        step = self._read_step()
+        accuracy, loss = self._evaluate()
+        point = Point(step, seconds, accuracy, loss)
+        self.points.append(point)
+        if self._writer:
+            self._writer.add_summary(tf1.Summary(value=[
+                tf1.Summary.Value(tag="test/accuracy", simple_value=accuracy),
+                tf1.Summary.Value(tag="test/loss", simple_value=loss)]), step)
+            self._writer.flush()
+        log.info("evaluation at global_step=%d (%.1f s): test_accuracy=%.4f test_loss=%.4f",
+                 step, seconds, accuracy, loss)
+        if self.target is not None and accuracy >= self.target:
+            self.reached = point
+            # Sync: announced through ps 0 before the chief's next push; the update that push
+            # completes is the cluster's last.
+            self._request_stop(step)
+            log.info("target test_accuracy %g reached at global_step %d after %.1f s; "
+                     "stopping the cluster", self.target, step, seconds)
+
+    def record(self, result) -> None:
+        """Fills the result record's time-to-accuracy fields (report.TaskResult)."""
+        result.evaluations = [p.as_list() for p in self.points]
+        if self.target is not None and self.reached is None:
+            best = max(self.points, key=lambda p: p.accuracy, default=None)
+            log.info("target test_accuracy %g not reached in %d evaluations%s; trained the "
+                     "planned length", self.target, len(self.points),
+                     f" (best {best.accuracy:.4f} at global_step {best.global_step})"
+                     if best else "")
+        if self.reached is not None:
+            result.time_to_target_s = round(self.reached.seconds, 3)
+            result.updates_to_target = self.reached.global_step
+            result.accuracy_at_target = self.reached.accuracy
