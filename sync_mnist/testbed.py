@@ -43,6 +43,10 @@ PORT = 2222  # every task has an address of its own, so all can use the same por
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # the cgroup v1 cpu controller's mount
 CFS_PERIOD_US = 100_000
 TBF_LATENCY = "100ms"  # the longest a packet may queue in tbf before it is dropped
+# tbf's bucket: one full GSO packet (64 KiB, as veth hands them over) and no more, so that a
+# transfer of a model's megabyte runs at the rate from its 65th kilobyte on (scaling.py
+# counts the bucket in).
+TBF_BURST_BYTES = 65536
 IP_TIMEOUT_SECS = 30.0  # one `ip` or `tc` command
 NAME = re.compile(r"sync-mnist-tb-(\d+)-[0-9a-f]{6}")  # this module's names: creator's pid
 _RATE = re.compile(r"(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
@@ -277,11 +281,8 @@ def _root_qdisc(ns: str, dev: str) -> dict | None:
 
 
 def _tbf(ns: str, dev: str, rate: str) -> None:
-    # burst: at least one full GSO packet (64 KiB) and 5 ms at the rate, so the bucket never
-    # starves TCP of a whole segment; the rate over any longer span is the cap.
-    burst = max(65536, round(rate_bits(rate) / 8 * 0.005))
     _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
-          "burst", str(burst), "latency", TBF_LATENCY])
+          "burst", str(TBF_BURST_BYTES), "latency", TBF_LATENCY])
 
 
 def _ip(*args: str) -> str:
