@@ -17,7 +17,9 @@ without it:
 
 Writes OUT/<setup>-<straggler|baseline>-<repeat>.log (every task's lines), OUT/straggler.json
 (every run's cluster summary, and the kernel's view of each task's link: bytes, tbf, CPU quota)
-and prints one table. Root only.
+and prints one table. With --logdir DIR each run writes its summaries to DIR/<run name>, and
+OUT/accuracy.png shows test accuracy against wall time (`python -m sync_mnist.straggler plot
+OUT` draws it again). Root only.
 
 Exit codes: 0 every run exited 0; 1 some run did not; 2 bad arguments, not root, or no ip, tc
 or cgroup cpu controller; 130 interrupted. Namespaces, qdiscs and cgroups are removed in every
@@ -61,8 +63,9 @@ class Experiment:
     baseline: bool
     repeats: int
     out: Path
-    task_args: tuple[str, ...]  # for every task, as given
+    task_args: tuple[str, ...]  # for every task, as given (but --logdir)
     verbose: bool = False
+    logdir: Path | None = None  # each run writes its summaries to logdir/<run name>
 
 
 def setup_args(setup: str, num_workers: int) -> list[str]:
@@ -107,8 +110,9 @@ def parse_args(argv: Sequence[str]) -> tuple[Experiment, dict]:
                         "straggler-results)")
     cli._add_training_options(p)  # pylint: disable=protected-access
     args = p.parse_args(argv)
+    # --logdir is per run (a logdir holding a checkpoint would be resumed): see run_one.
     task_args = cli._task_arguments(  # pylint: disable=protected-access
-        list(argv), OWN_OPTIONS + ("--summary-json",))
+        list(argv), OWN_OPTIONS + ("--summary-json", "--logdir"))
     task_args = [a for a in task_args if a != "--no-baseline"]
     try:
         if args.ps < 1 or args.workers < 1:
@@ -141,7 +145,7 @@ def parse_args(argv: Sequence[str]) -> tuple[Experiment, dict]:
     return Experiment(num_ps=args.ps, num_workers=args.workers, straggler=straggler, slow=slow,
                       cap_links=args.cap_links, setups=setups, baseline=args.baseline,
                       repeats=args.repeats, out=args.out, task_args=tuple(task_args),
-                      verbose=args.verbose), trains
+                      verbose=args.verbose, logdir=args.logdir), trains
 
 
 def slowdowns(exp: Experiment, straggled: bool) -> dict[testbed.Task, testbed.Slowdown]:
@@ -155,11 +159,17 @@ def slowdowns(exp: Experiment, straggled: bool) -> dict[testbed.Task, testbed.Sl
     return slow
 
 
+def run_name(setup: str, straggled: bool, repeat: int) -> str:
+    return f"{setup}-{'straggler' if straggled else 'baseline'}-{repeat}"
+
+
 def run_one(exp: Experiment, train, setup: str, straggled: bool, repeat: int) -> dict:
     """One cluster in a fresh testbed; its record. The testbed is gone when this returns."""
-    name = f"{setup}-{'straggler' if straggled else 'baseline'}-{repeat}"
+    name = run_name(setup, straggled, repeat)
     summary_path = exp.out / f"{name}.summary.json"
+    logdir = ["--logdir", str(exp.logdir / name)] if exp.logdir else []
     record = {"name": name, "setup": setup, "straggled": straggled, "repeat": repeat,
+              "logdir": str(exp.logdir / name) if exp.logdir else None,
               "straggler": exp.straggler if straggled else None,
               "slow": dataclasses.asdict(exp.slow) if straggled else None,
               "cap_links": exp.cap_links}
@@ -170,7 +180,8 @@ def run_one(exp: Experiment, train, setup: str, straggled: bool, repeat: int) ->
         with open(exp.out / f"{name}.log", "w") as lines, contextlib.redirect_stdout(lines):
             record["exit_code"] = launch.run_cluster(
                 num_ps=exp.num_ps, num_workers=exp.num_workers, base_port=testbed.PORT,
-                train=train, task_args=[*exp.task_args, *setup_args(setup, exp.num_workers)],
+                train=train,
+                task_args=[*exp.task_args, *logdir, *setup_args(setup, exp.num_workers)],
                 summary_json=summary_path, verbose=exp.verbose, network=bed)
         record["links"] = bed.link_stats()  # before the namespaces go: the kernel's counters
     finally:
@@ -241,6 +252,13 @@ def run(exp: Experiment, trains: dict) -> int:
     variants = ((True,) if exp.slow.link_rate or exp.slow.cpu_share else ()) + (
         (False,) if exp.baseline else ())
     plan = [(setup, straggled) for setup in exp.setups for straggled in variants]
+    if exp.logdir:  # a logdir that holds a checkpoint would be resumed, not trained afresh
+        used = [str(exp.logdir / run_name(s, v, k)) for k in range(exp.repeats)
+                for s, v in plan if (exp.logdir / run_name(s, v, k)).exists()]
+        if used:
+            print(f"error: --logdir {exp.logdir}: {len(used)} runs' directories exist already "
+                  f"({used[0]}, ...); give a new --logdir", file=sys.stderr)
+            return config_lib.EXIT_USAGE
     records, interrupted = [], False
     started = time.monotonic()
     try:
@@ -265,10 +283,68 @@ def run(exp: Experiment, trains: dict) -> int:
     print(format_table(records))
     print(f"wrote {exp.out / 'straggler.json'} ({len(records)} runs, "
           f"{result['wall_s']:.0f} s)")
+    if exp.logdir:
+        print(plot(records, exp.out / "accuracy.png") or f"wrote {exp.out / 'accuracy.png'}")
     if interrupted:
         return config_lib.EXIT_INTERRUPTED
     return config_lib.EXIT_OK if all(r.get("exit_code") == 0 for r in records) \
         else config_lib.EXIT_FAILED
+
+
+ACCURACY_TAG = "test_accuracy"  # the chief's summary of its evaluations on the test digits
+
+
+def accuracy_curve(logdir: Path, since: float, tag: str = ACCURACY_TAG
+                   ) -> list[tuple[float, float]]:
+    """(seconds since `since` (unix time), value) of every `tag` summary in logdir's events."""
+    import tensorflow as tf  # late: slow to load, and only the plot needs it
+
+    if tf.get_logger().level < logging.ERROR:  # summary_iterator's deprecation warning
+        tf.get_logger().setLevel(logging.ERROR)
+    points = []
+    for path in sorted(Path(logdir).glob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            points += [(event.wall_time - since, v.simple_value) for v in event.summary.value
+                       if v.tag == tag and v.HasField("simple_value")]
+    return sorted(points)
+
+
+def plot(records: Sequence[dict], path: Path, tag: str = ACCURACY_TAG) -> str | None:
+    """Test accuracy against wall time since the chief was ready: a line per run, a colour per
+    setup, solid with the straggler, dashed without. Returns why not, if it cannot."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install '.[plot]'); no plot"
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colours = dict(zip(SETUPS, ("tab:blue", "tab:green", "tab:red")))
+    drawn = set()
+    for r in records:
+        chief = next((t for t in (r.get("cluster") or {}).get("tasks", [])
+                      if t["role"] == "worker" and t["index"] == 0), None)
+        if not r.get("logdir") or not chief or not chief.get("ready_at"):
+            continue
+        curve = accuracy_curve(Path(r["logdir"]), chief["ready_at"], tag)
+        if not curve:
+            continue
+        key = (r["setup"], r["straggled"])
+        label = None if key in drawn else f"{r['setup']}{' + straggler' if r['straggled'] else ''}"
+        drawn.add(key)
+        ax.plot(*zip(*curve), color=colours[r["setup"]], linestyle="-" if r["straggled"] else "--",
+                marker="o" if len(curve) == 1 else None, alpha=0.8, label=label)
+    if not drawn:
+        plt.close(fig)
+        return f"no {tag!r} summaries in the runs' logdirs; no plot"
+    ax.set_xlabel("seconds since the chief was ready")
+    ax.set_ylabel(tag.replace("_", " "))
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return None
 
 
 def _fmt(value, spec: str) -> str:
@@ -278,6 +354,9 @@ def _fmt(value, spec: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     # `--` before the task options is allowed, not needed: they are all known options.
     argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--"]
+    cli._quiet_tensorflow(verbose=False)  # pylint: disable=protected-access; the plot's import
+    if argv[:1] == ["plot"]:  # again, from a finished experiment's straggler.json
+        return plot_main(argv[1:])
     exp, trains = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s [straggler] %(message)s", datefmt="%H:%M:%S")
@@ -295,6 +374,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except testbed.Unavailable as e:
         print(f"error: {e}", file=sys.stderr)
         return config_lib.EXIT_USAGE
+
+
+def plot_main(argv: Sequence[str]) -> int:
+    """`python -m sync_mnist.straggler plot OUT [--tag TAG]`: OUT/accuracy.png again."""
+    p = argparse.ArgumentParser(prog="python -m sync_mnist.straggler plot")
+    p.add_argument("out", type=Path, help="the experiment's --out (holds straggler.json)")
+    p.add_argument("--tag", default=ACCURACY_TAG,
+                   help=f"the summary to draw (default: {ACCURACY_TAG})")
+    args = p.parse_args(argv)
+    try:
+        records = json.loads((args.out / "straggler.json").read_text())["records"]
+    except (OSError, ValueError, KeyError) as e:
+        print(f"error: no experiment in {args.out}: {e}", file=sys.stderr)
+        return config_lib.EXIT_USAGE
+    why_not = plot(records, args.out / "accuracy.png", args.tag)
+    print(why_not or f"wrote {args.out / 'accuracy.png'}")
+    return config_lib.EXIT_USAGE if why_not else config_lib.EXIT_OK
 
 
 if __name__ == "__main__":

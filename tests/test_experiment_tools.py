@@ -150,3 +150,24 @@ def test_the_bytes_each_ps_holds_come_from_the_real_graph():
     assert (one_bytes, one_tensors) == ([MODEL_BYTES], [6])
     two_bytes, two_tensors = scaling.partition(2)
     assert sum(two_bytes) == MODEL_BYTES and sum(two_tensors) == 6 and min(two_bytes) > 0
+
+
+@pytest.mark.cluster  # imports TensorFlow to write and read an events file
+def test_the_accuracy_curve_is_read_against_wall_time_since_the_chief_was_ready(tmp_path):
+    import tensorflow as tf
+
+    tf1 = tf.compat.v1
+    writer = tf1.summary.FileWriter(str(tmp_path))
+    for wall, step, accuracy in ((1000.5, 100, 0.91), (1002.0, 200, 0.95)):
+        summary = tf1.Summary(value=[tf1.Summary.Value(tag="test_accuracy",
+                                                       simple_value=accuracy),
+                                     tf1.Summary.Value(tag="loss", simple_value=0.3)])
+        writer.add_event(tf1.Event(wall_time=wall, step=step, summary=summary))
+    writer.close()
+    curve = straggler.accuracy_curve(tmp_path, since=1000.0)
+    assert curve == [(0.5, pytest.approx(0.91)), (2.0, pytest.approx(0.95))]
+    record = {"setup": "sync", "straggled": True, "logdir": str(tmp_path),
+              "cluster": {"tasks": [{"role": "worker", "index": 0, "ready_at": 1000.0}]}}
+    assert straggler.plot([record], tmp_path / "a.png") is None
+    assert (tmp_path / "a.png").stat().st_size > 0
+    assert "no 'nothing' summaries" in straggler.plot([record], tmp_path / "b.png", "nothing")
