@@ -24,7 +24,8 @@ The model (`predict`), per update, for N workers, P ps tasks and a link rate r (
   latency      = t_fb + 2 K t_rpc + 2 B c_byte + [2 wire(B)] + max_p ps(p) + t_sync:
                one worker's step, end to end: compute, pull and push (each B through its own
                link), the ps's work, and a fixed overhead t_sync (the token, the counters,
-               one RunGraph per task), calibrated on the 1-worker 1-ps uncapped wall time
+               one RunGraph per task), calibrated on the 1-worker 1-ps uncapped wall time;
+               each ps beyond the first adds t_ps_extra (calibrated on 1 worker, 2 ps)
   link         = [2 wire(N max_p B_p)]: the busiest ps link carries every worker's pull,
                then every worker's push
   wire(S)      = 8 (S - burst) / (r eff): S bytes through tbf at rate r, less the bucket
@@ -32,7 +33,8 @@ The model (`predict`), per update, for N workers, P ps tasks and a link rate r (
   cpu          = (N cpu_step + sum_p ps(p)) / cores: on ONE machine every task shares its
                cores; across hosts this term is left out (cores=None). cpu_step, a worker
                step's CPU with the transport and the sync machinery, is calibrated on the
-               1-worker point's CPU (less the ps's work); uncalibrated, t_fb + cpu_floor
+               1-worker point's CPU (less the ps's work); uncalibrated, t_fb + cpu_floor;
+               each ps beyond the first adds cpu_ps_extra to it (from 1 worker, 2 ps)
   T(N, P, r)   = max(latency, link, cpu); the largest names the bottleneck.
 `sweep` runs the real synchronous cluster (bench.run_one's steady window, synthetic data) in a
 testbed at each (N, P, cap) and prints the model's T next to the measured one.
@@ -79,6 +81,8 @@ class Costs:
     efficiency: float = 1.0  # goodput / tbf rate
     t_sync: float = 0.0  # calibrated: see the module docstring
     cpu_step: float = 0.0  # calibrated: CPU s per worker step in the real cluster (0: unknown)
+    t_ps_extra: float = 0.0  # calibrated: latency per update of each ps beyond the first
+    cpu_ps_extra: float = 0.0  # calibrated: CPU per worker step of each ps beyond the first
     cores: int = 2
     bytes_total: int = 0  # B
     tensors_total: int = 0  # K
@@ -123,10 +127,11 @@ def predict(costs: Costs, num_workers: int, bytes_per_ps: Sequence[int], *,
         return 8 * max(0.0, nbytes - burst) / (rate_bits * costs.efficiency) if rate_bits \
             else 0.0
 
+    more_ps = len(bytes_per_ps) - 1
     latency = (costs.t_fb + 2 * costs.tensors_total * costs.t_rpc + 2 * total * costs.c_byte
-               + 2 * wire(total) + max(ps) + costs.t_sync)
+               + 2 * wire(total) + max(ps) + costs.t_sync + more_ps * costs.t_ps_extra)
     link = 2 * wire(n * max(bytes_per_ps))
-    per_step = costs.cpu_step or costs.t_fb + costs.cpu_floor
+    per_step = (costs.cpu_step or costs.t_fb + costs.cpu_floor) + more_ps * costs.cpu_ps_extra
     cpu = (n * per_step + sum(ps)) / cores if cores else 0.0
     return Prediction(total=max(latency, link, cpu), latency=latency, link=link, cpu=cpu)
 
@@ -285,8 +290,11 @@ def sweep(costs: Costs, points: Sequence[tuple[int, int, str | None]],
 
     t_sync and cpu_step are calibrated on the (1, 1, uncapped) point when it is among them
     (it runs first): its wall time less the modelled latency, its CPU less the ps's work.
+    t_ps_extra and cpu_ps_extra likewise on (1, 2, uncapped), run second: what a second ps
+    adds to that. Every other point is a prediction.
     """
-    points = sorted(points, key=lambda p: p != (1, 1, None))  # stable: the rest in order
+    calibration = [(1, 1, None), (1, 2, None)]
+    points = sorted(points, key=lambda p: calibration.index(p) if p in calibration else 2)
     layouts = {p: partition(p, 1)[0] for p in {p for _, p, _ in points}}
     rows = []
     for n, p, cap in points:
@@ -302,6 +310,14 @@ def sweep(costs: Costs, points: Sequence[tuple[int, int, str | None]],
                 costs, t_sync=max(0.0, row["measured_s"] - bare),
                 cpu_step=max(0.0, row["measured_cpu_s"] - costs.t_update - costs.t_accum))
             row["calibrates"] = {"t_sync": costs.t_sync, "cpu_step": costs.cpu_step}
+        if (n, p, cap) == (1, 2, None) and "measured_s" in row and costs.cpu_step:
+            bare = predict(costs, 1, layouts[2]).latency - costs.t_ps_extra
+            costs = dataclasses.replace(
+                costs, t_ps_extra=max(0.0, row["measured_s"] - bare),
+                cpu_ps_extra=max(0.0, row["measured_cpu_s"] - costs.cpu_step - costs.t_update
+                                 - costs.t_accum))
+            row["calibrates"] = {"t_ps_extra": costs.t_ps_extra,
+                                 "cpu_ps_extra": costs.cpu_ps_extra}
         pred = predict(costs, n, layouts[p], rate_bits=testbed.rate_bits(cap) if cap else None,
                        cores=costs.cores, burst=testbed.TBF_BURST_BYTES)
         row.update(predicted_s=pred.total, bottleneck=pred.bottleneck,
@@ -324,7 +340,8 @@ def format_sweep(rows: Sequence[dict]) -> str:
                      f"{_ms(r.get('measured_s')):>13}{1000 * r['predicted_s']:>14.1f}{err:>8}"
                      f"  {r['bottleneck']}" + (f"  FAILED: {r['error']}" if 'error' in r
                                                else "") +
-                     ("  (calibrates t_sync, cpu_step)" if "calibrates" in r else ""))
+                     (f"  (calibrates {', '.join(r['calibrates'])})" if "calibrates" in r
+                      else ""))
     errors = [abs(r["error_rel"]) for r in rows if "error_rel" in r
               and "calibrates" not in r]
     if errors:

@@ -139,6 +139,16 @@ def test_the_model_at_a_cap_is_bound_by_the_ps_link_until_enough_ps_share_it():
     assert bucket.latency == pytest.approx(0.009 + 2 * 8 * (1e6 - 1e5) / 100e6)
 
 
+def test_each_ps_beyond_the_first_adds_its_calibrated_overhead():
+    costs = scaling.dataclasses.replace(COSTS, t_ps_extra=0.005, cpu_ps_extra=0.003,
+                                        cpu_step=0.01)
+    one = scaling.predict(costs, 4, [1_000_000], cores=2)
+    three = scaling.predict(costs, 4, [1_000_000 / 3] * 3, cores=2)
+    assert three.latency - one.latency == pytest.approx(2 * 0.005 - 0.0018 * 2 / 3)
+    assert one.cpu == pytest.approx((4 * 0.01 + 0.0018) / 2)
+    assert three.cpu == pytest.approx((4 * (0.01 + 2 * 0.003) + 0.0018) / 2)
+
+
 def test_the_model_refuses_nonsense():
     with pytest.raises(ValueError, match="N=0"):
         scaling.predict(COSTS, 0, [1])
