@@ -328,7 +328,7 @@ def plot(rows: Sequence[Row], path: Path) -> str | None:
 class _Proc:
     """A child in its own process group; lines read as they come, CPU read from /proc."""
 
-    def __init__(self, name: str, argv: list[str], env: dict, on_line=None):
+    def __init__(self, name: str, argv: list[str], env: dict, on_line=None, entry=None):
         self.name, self.lines, self.on_line = name, [], on_line
         self.exit_code: int | None = None
         self.maxrss_kb = 0
@@ -339,7 +339,7 @@ class _Proc:
         self.popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, text=True, env=env,
                                       start_new_session=True,
-                                      preexec_fn=lambda: _child_setup(None, me))
+                                      preexec_fn=lambda: _child_setup(entry, me))
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -422,18 +422,29 @@ def _task_argvs(setup: str, n: int, ps: list[str], workers: list[str],
              "sync-noproof": ["--bench-no-proof"]}[setup]
     common = [*hosts, "--dataset", "synthetic", "--train-steps", steps, "--log-every", every,
               "--timeout", "120", *extra]
-    return [("ps 0", [py, "-m", "sync_mnist", "--role", "ps", "--index", "0", *common])] + [
+    return [(f"ps {i}", [py, "-m", "sync_mnist", "--role", "ps", "--index", str(i), *common])
+            for i in range(len(ps))] + [
         (f"worker {i}", [py, "-m", "sync_mnist", "--role", "worker", "--index", str(i),
                          *common]) for i in range(n)]
 
 
-def run_one(setup: str, n: int, config: BenchConfig) -> Sample:
-    """Runs one setup once; every process is killed (by process group) before it returns."""
+def run_one(setup: str, n: int, config: BenchConfig, *, num_ps: int = 1,
+            network=None) -> Sample:
+    """Runs one setup once; every process is killed (by process group) before it returns.
+
+    `network` (testbed.py, for scaling.py) puts each process in a namespace of its own, as
+    launch.run_cluster's does; else every process is on localhost. The floor's and mwms's
+    processes use one ps at most.
+    """
     from sync_mnist import cluster as cluster_lib
 
     sample = Sample(setup, n)
-    ports = cluster_lib.free_ports(n + 1)
-    ps, workers = [f"localhost:{ports[0]}"], [f"localhost:{p}" for p in ports[1:]]
+    if network is None:
+        ports = cluster_lib.free_ports(n + num_ps)
+        ps = [f"localhost:{p}" for p in ports[:num_ps]]
+        workers = [f"localhost:{p}" for p in ports[num_ps:]]
+    else:
+        ps, workers = (list(hosts) for hosts in network.hosts(num_ps, n))
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
     procs: list[_Proc] = []
     ticks: list[tuple[float, int, int, int]] = []  # (time, cpu ticks, step, global_step)
@@ -454,8 +465,10 @@ def run_one(setup: str, n: int, config: BenchConfig) -> Sample:
     try:
         with lock:
             for name, argv in _task_argvs(setup, n, ps, workers, config):
+                role, index = name.split()
                 procs.append(_Proc(name, argv, env,
-                                   on_timer_line if name == "worker 0" else None))
+                                   on_timer_line if name == "worker 0" else None,
+                                   network.entry(role, int(index)) if network else None))
         must_end = [p for p in procs if p.name.startswith("worker")]
         deadline = started + RUN_TIMEOUT_SECS
         while not all(p.reap() for p in must_end):

@@ -160,8 +160,14 @@ def choose_hosts(num_ps: int, num_workers: int, base_port: int):
 
 def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainConfig,
                 task_args: list[str], summary_json: Path | None = None,
-                verbose: bool = False, isolate: str = "auto", max_restarts: int = 0) -> int:
-    """Runs the cluster to the end; returns the launcher's exit code (see config.EXIT_*)."""
+                verbose: bool = False, isolate: str = "auto", max_restarts: int = 0,
+                network=None) -> int:
+    """Runs the cluster to the end; returns the launcher's exit code (see config.EXIT_*).
+
+    `network`, for experiments (testbed.py), replaces --isolate: each task starts in a network
+    namespace of its own. It gives `hosts(num_ps, num_workers)` -> (ps_hosts, worker_hosts)
+    and `entry(role, index)`, which each task's child enters between fork and exec.
+    """
     started = time.time()
     try:
         # A missing or damaged data file is the user's to fix: say so once, before any task
@@ -172,11 +178,14 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
         print(f"error: {e}", file=sys.stderr)
         return config_lib.EXIT_USAGE
     try:
-        namespace = netns.for_cluster(isolate)  # None: --isolate off, or auto where impossible
+        # None: --isolate off, or auto where impossible, or a network of namespaces
+        namespace = netns.for_cluster("off" if network else isolate)
     except netns.Unavailable as e:
         print(f"error: --isolate on: no private network namespace: {e}", file=sys.stderr)
         return config_lib.EXIT_USAGE
-    if namespace:
+    if network:
+        ps_hosts, worker_hosts = network.hosts(num_ps, num_workers)
+    elif namespace:
         # The namespace is new and empty: every port is free, and no one else can take one.
         ps_hosts, worker_hosts = cluster_lib.default_hosts(
             num_ps, num_workers, base_port or cluster_lib.DEFAULT_BASE_PORT)
@@ -196,7 +205,8 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
                         "--index", str(index), "--ps-hosts", ",".join(ps_hosts),
                         "--worker-hosts", ",".join(worker_hosts), *task_args,
                         "--dataset", dataset, "--summary-json", str(summary)]
-                tasks.append(_Task(role, index, argv, summary, namespace, display.task_line))
+                entry = network.entry(role, index) if network else namespace
+                tasks.append(_Task(role, index, argv, summary, entry, display.task_line))
                 return tasks[-1]
 
             for index in range(num_ps):

@@ -1,0 +1,485 @@
+"""Scale on paper, checked against runs (issue 12, part 4): a model of one synchronous update.
+
+    python -m sync_mnist.scaling measure --out scaling-results          # the costs (~1-2 min)
+    python -m sync_mnist.scaling sweep --costs scaling-results/costs.json --out scaling-results
+    python -m sync_mnist.scaling predict --costs scaling-results/costs.json --workers 8,32,100
+
+`measure` takes the model's inputs on this machine (the benchmark's own runs, bench.py):
+  t_single     one process: forward + backward + Adam at batch 100 (bench's `single` row)
+  t_update     the ps's update: take the averaged gradient from the accumulators, apply Adam
+  t_accum      the ps's work per gradient pushed: add it into the accumulators
+  t_rpc        per tensor moved between two namespaces: the transport floor moving the model
+               as 6 tensors each way (bench's `floor`) against 1 each way (`floor-packed`)
+  c_byte       per byte between two namespaces, uncapped: the packed floor, less its RPCs
+  cpu_floor    CPU seconds (every process) per floor step: what moving the bytes costs cores
+  efficiency   goodput over the tbf rate: the packed floor again, both ends' links capped
+The last three run in a testbed (testbed.py), so root is needed.
+
+The model (`predict`), per update, for N workers, P ps tasks and a link rate r (or none):
+  B, K         the trainable bytes and tensors every worker pulls and pushes each step
+               (6 tensors, 1.08 MB); B_p: those on ps p, as replica_device_setter's
+               round-robin places them (read from the real graph, `partition`)
+  t_fb         = t_single - t_update: a worker's forward and backward pass
+  ps(p)        = (t_update + N t_accum) B_p / B: ps p's work per update
+  latency      = t_fb + 2 K t_rpc + 2 B c_byte + [2 wire(B)] + max_p ps(p) + t_sync:
+               one worker's step, end to end: compute, pull and push (each B through its own
+               link), the ps's work, and a fixed overhead t_sync (the token, the counters,
+               one RunGraph per task), calibrated on the 1-worker 1-ps uncapped wall time;
+               each ps beyond the first adds t_ps_extra (calibrated on 1 worker, 2 ps)
+  link         = [2 wire(N max_p B_p)]: the busiest ps link carries every worker's pull,
+               then every worker's push
+  wire(S)      = 8 (S - burst) / (r eff): S bytes through tbf at rate r, less the bucket
+               (testbed.TBF_BURST_BYTES, 0 between real hosts) that refills in between
+  cpu          = (N cpu_step + sum_p ps(p)) / cores: on ONE machine every task shares its
+               cores; across hosts this term is left out (cores=None). cpu_step, a worker
+               step's CPU with the transport and the sync machinery, is calibrated on the
+               1-worker point's CPU (less the ps's work); uncalibrated, t_fb + cpu_floor;
+               each ps beyond the first adds cpu_ps_extra to it (from 1 worker, 2 ps)
+  T(N, P, r)   = max(latency, link, cpu); the largest names the bottleneck.
+`sweep` runs the real synchronous cluster (bench.run_one's steady window, synthetic data) in a
+testbed at each (N, P, cap) and prints the model's T next to the measured one.
+
+Exit codes: 0 done; 1 a run failed (its row says so); 2 bad arguments, or no testbed (root,
+ip, tc) for measure and sweep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import os
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from sync_mnist import config as config_lib
+from sync_mnist import testbed
+
+log = logging.getLogger("sync_mnist.scaling")
+
+BATCH = 100
+DEFAULT_CAP = "200mbit"  # slow enough to matter at 1 ps, fast enough for short runs
+ACCUM_REPS = 50  # ps work measured over this many updates
+
+
+@dataclasses.dataclass(frozen=True)
+class Costs:
+    """The model's inputs, in seconds (c_byte: seconds per byte), as `measure` found them."""
+
+    t_single: float
+    t_update: float
+    t_accum: float
+    t_rpc: float
+    c_byte: float
+    cpu_floor: float
+    efficiency: float = 1.0  # goodput / tbf rate
+    t_sync: float = 0.0  # calibrated: see the module docstring
+    cpu_step: float = 0.0  # calibrated: CPU s per worker step in the real cluster (0: unknown)
+    t_ps_extra: float = 0.0  # calibrated: latency per update of each ps beyond the first
+    cpu_ps_extra: float = 0.0  # calibrated: CPU per worker step of each ps beyond the first
+    cores: int = 2
+    bytes_total: int = 0  # B
+    tensors_total: int = 0  # K
+
+    @property
+    def t_fb(self) -> float:
+        return max(0.0, self.t_single - self.t_update)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    total: float
+    latency: float
+    link: float
+    cpu: float
+
+    @property
+    def bottleneck(self) -> str:
+        return max(("latency", "link", "cpu"), key=lambda k: getattr(self, k))
+
+
+def predict(costs: Costs, num_workers: int, bytes_per_ps: Sequence[int], *,
+            rate_bits: float | None = None, cores: int | None = None,
+            burst: int = 0) -> Prediction:
+    """T(N, P, r): seconds per synchronous update (see the module docstring for each term).
+
+    Args:
+      costs: measured on this machine.
+      num_workers: N.
+      bytes_per_ps: B_p for each ps task (P = its length); they sum to B.
+      rate_bits: every link's tbf rate in bits/s; None: uncapped.
+      cores: cores shared by every task (one machine); None: each task on its own host.
+      burst: tbf's bucket in bytes (testbed.TBF_BURST_BYTES in a testbed): each phase's first
+        `burst` bytes pass at once, as the bucket refills while the other direction works.
+    """
+    n, total = num_workers, sum(bytes_per_ps)
+    if n < 1 or not bytes_per_ps or total <= 0:
+        raise ValueError(f"need N >= 1 and ps bytes, got N={n}, bytes {list(bytes_per_ps)}")
+    share = [b / total for b in bytes_per_ps]
+    ps = [(costs.t_update + n * costs.t_accum) * s for s in share]
+    def wire(nbytes: float) -> float:  # one phase (a pull, or a push) through one link
+        return 8 * max(0.0, nbytes - burst) / (rate_bits * costs.efficiency) if rate_bits \
+            else 0.0
+
+    more_ps = len(bytes_per_ps) - 1
+    latency = (costs.t_fb + 2 * costs.tensors_total * costs.t_rpc + 2 * total * costs.c_byte
+               + 2 * wire(total) + max(ps) + costs.t_sync + more_ps * costs.t_ps_extra)
+    link = 2 * wire(n * max(bytes_per_ps))
+    per_step = (costs.cpu_step or costs.t_fb + costs.cpu_floor) + more_ps * costs.cpu_ps_extra
+    cpu = (n * per_step + sum(ps)) / cores if cores else 0.0
+    return Prediction(total=max(latency, link, cpu), latency=latency, link=link, cpu=cpu)
+
+
+def ps_needed(costs: Costs, num_workers: int, rate_bits: float, *, max_ps: int = 64,
+              within: float = 0.1) -> int:
+    """The fewest ps tasks whose update time is within `within` of the best up to max_ps.
+
+    Each task on its own host, the model split evenly over the ps tasks (partitioned
+    variables: NOT what replica_device_setter's round-robin does with this model; see
+    `partition`).
+    """
+    times = [predict(costs, num_workers, [costs.bytes_total / p] * p, rate_bits=rate_bits).total
+             for p in range(1, max_ps + 1)]
+    best = min(times)
+    return next(p for p, t in enumerate(times, start=1) if t <= (1 + within) * best)
+
+
+# ------------------------------------------------------------------------ measurements
+
+
+def partition(num_ps: int, num_workers: int = 1) -> tuple[list[int], list[int]]:
+    """Trainable bytes and tensors on each ps task, from the real worker graph (no session)."""
+    import tensorflow as tf
+
+    from sync_mnist import cluster as cluster_lib
+    from sync_mnist import tfcompat, worker
+    from sync_mnist.config import TaskConfig, TrainConfig
+
+    tfcompat.graph_mode(verbose=False)
+    # Without a session the optimizer's ops go unused, which TensorFlow reports at exit.
+    tf.get_logger().setLevel(logging.CRITICAL)
+    layout = cluster_lib.ClusterLayout.parse(
+        ",".join(f"ps{i}:2222" for i in range(num_ps)),
+        ",".join(f"w{i}:2222" for i in range(num_workers)))
+    config = TaskConfig(role="worker", index=0, cluster=layout,
+                        train=TrainConfig(train_steps=10, dataset="synthetic"))
+    nbytes, tensors = [0] * num_ps, [0] * num_ps
+    with tf.Graph().as_default():
+        worker.build_graph(config, dataset="synthetic")
+        for v in tf.compat.v1.trainable_variables():
+            p = tf.DeviceSpec.from_string(v.device).task
+            nbytes[p] += v.shape.num_elements() * v.dtype.size
+            tensors[p] += 1
+    return nbytes, tensors
+
+
+def measure_ps_work(reps: int = ACCUM_REPS) -> tuple[float, float]:
+    """(t_accum, t_update) in one plain process: the ps's ops on the model's variables.
+
+    Gradients go into one ConditionalAccumulator per variable (as SyncReplicasOptimizer's
+    do); an update takes their average and applies Adam. No RPC: that is the floor's part.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    from sync_mnist import bench_tasks, tfcompat
+
+    tfcompat.graph_mode(verbose=False)
+    tf.get_logger().setLevel(logging.CRITICAL)  # as in partition: graph_mode resets it
+    tf1 = tf.compat.v1
+    shapes = bench_tasks._model_shapes()  # pylint: disable=protected-access
+    with tf.Graph().as_default() as graph:
+        params = [tf1.get_variable(f"w{k}", s) for k, s in enumerate(shapes)]
+        grads = [tf.constant(np.random.default_rng(k).normal(size=s).astype("float32"))
+                 for k, s in enumerate(shapes)]
+        accs = [tf1.ConditionalAccumulator(tf.float32, shape=s) for s in shapes]
+        # local_step far ahead of the accumulators' own step, so no gradient counts as stale
+        push = tf.group(*[a.apply_grad(g, local_step=2**40) for a, g in zip(accs, grads)])
+        taken = [a.take_grad(1) for a in accs]
+        update = tf1.train.AdamOptimizer(0.001).apply_gradients(zip(taken, params))
+        init = tf1.global_variables_initializer()
+    with tf1.Session(graph=graph) as sess:
+        sess.run(init)
+        for _ in range(5):  # warm-up
+            sess.run(push)
+            sess.run(update)
+        pushing, updating = [], []
+        for _ in range(reps):
+            t = time.perf_counter()
+            sess.run(push)
+            pushing.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            sess.run(update)
+            updating.append(time.perf_counter() - t)
+    return statistics.median(pushing), statistics.median(updating)
+
+
+def _bench_config(steps: int):
+    from sync_mnist import bench
+
+    return bench.BenchConfig(workers=(1,), setups=(), repeats=1, steps=steps,
+                             log_every=max(1, steps // 10), out=Path("."))
+
+
+def _seconds_per_update(sample) -> float:
+    if sample.error:
+        raise RuntimeError(f"{sample.setup} x{sample.workers}: {sample.error}")
+    return sample.wall_s / sample.updates
+
+
+def measure(steps: int = 200, cap: str = DEFAULT_CAP) -> dict:
+    """Every input of the model, measured here; a JSON-ready dict (the Costs and the raw runs)."""
+    from sync_mnist import bench
+
+    config = _bench_config(steps)
+    t_single = _seconds_per_update(bench.run_one("single", 1, config))
+    log.info("single process: %.2f ms per step", 1000 * t_single)
+    floor = {}
+    for name, links in (("floor", None), ("floor-packed", None), ("floor-capped", cap)):
+        slow = {t: testbed.Slowdown(link_rate=links) for t in (("ps", 0), ("worker", 0))}
+        with testbed.Testbed(1, 1, slow) as bed:
+            # Capped, the packed floor: one tensor each way, so the pull and the push cannot
+            # overlap (with 6, a tensor's push may start while the next is pulled).
+            setup = "floor-packed" if name == "floor-capped" else name
+            sample = bench.run_one(setup, 1, config if not links else _bench_config(
+                max(20, steps // 4)), network=bed)
+        floor[name] = (_seconds_per_update(sample), sample.cpu_s / sample.updates)
+        log.info("%s: %.2f ms per step, %.2f CPU ms", name, 1000 * floor[name][0],
+                 1000 * floor[name][1])
+    t_accum, t_update = measure_ps_work()
+    log.info("ps: %.2f ms to accumulate a gradient, %.2f ms to take and apply Adam",
+             1000 * t_accum, 1000 * t_update)
+    nbytes, tensors = partition(1)
+    total, k = sum(nbytes), sum(tensors)
+    t_rpc = max(0.0, (floor["floor"][0] - floor["floor-packed"][0]) / (2 * (k - 1)))
+    c_byte = max(0.0, (floor["floor-packed"][0] - 2 * t_rpc) / (2 * total))
+    wire = floor["floor-capped"][0] - floor["floor-packed"][0]  # a pull, a push at the cap
+    ideal = 2 * 8 * (total - testbed.TBF_BURST_BYTES) / testbed.rate_bits(cap)
+    efficiency = ideal / wire if wire > 0 else 1.0
+    costs = Costs(t_single=t_single, t_update=t_update, t_accum=t_accum, t_rpc=t_rpc,
+                  c_byte=c_byte, cpu_floor=floor["floor"][1], efficiency=efficiency,
+                  cores=os.cpu_count() or 1, bytes_total=total, tensors_total=k)
+    return {"costs": dataclasses.asdict(costs), "floor_s": floor, "cap": cap, "steps": steps,
+            "load_average": os.getloadavg()}
+
+
+def measure_point(num_workers: int, num_ps: int, cap: str | None,
+                  steps: int) -> tuple[float, float]:
+    """Seconds, and CPU seconds of every process, per update of the real synchronous cluster
+    in a testbed (bench's steady window)."""
+    from sync_mnist import bench
+
+    slow = {t: testbed.Slowdown(link_rate=cap) for t in
+            [("ps", i) for i in range(num_ps)] + [("worker", i) for i in range(num_workers)]}
+    with testbed.Testbed(num_ps, num_workers, slow) as bed:
+        sample = bench.run_one("sync", num_workers, _bench_config(steps), num_ps=num_ps,
+                               network=bed)
+    return _seconds_per_update(sample), sample.cpu_s / sample.updates
+
+
+def sweep(costs: Costs, points: Sequence[tuple[int, int, str | None]],
+          steps: int) -> tuple[list[dict], Costs]:
+    """Measures each (N, P, cap) and sets the prediction beside it; returns the rows and the
+    costs as calibrated.
+
+    t_sync and cpu_step are calibrated on the (1, 1, uncapped) point when it is among them
+    (it runs first): its wall time less the modelled latency, its CPU less the ps's work.
+    t_ps_extra and cpu_ps_extra likewise on (1, 2, uncapped), run second: what a second ps
+    adds to that. Every other point is a prediction.
+    """
+    calibration = [(1, 1, None), (1, 2, None)]
+    points = sorted(points, key=lambda p: calibration.index(p) if p in calibration else 2)
+    layouts = {p: partition(p, 1)[0] for p in {p for _, p, _ in points}}
+    rows = []
+    for n, p, cap in points:
+        t = time.monotonic()
+        row = {"workers": n, "ps": p, "cap": cap, "bytes_per_ps": layouts[p]}
+        try:
+            row["measured_s"], row["measured_cpu_s"] = measure_point(n, p, cap, steps)
+        except RuntimeError as e:
+            row["error"] = str(e)
+        if (n, p, cap) == (1, 1, None) and "measured_s" in row:
+            bare = predict(costs, 1, layouts[1]).latency - costs.t_sync
+            costs = dataclasses.replace(
+                costs, t_sync=max(0.0, row["measured_s"] - bare),
+                cpu_step=max(0.0, row["measured_cpu_s"] - costs.t_update - costs.t_accum))
+            row["calibrates"] = {"t_sync": costs.t_sync, "cpu_step": costs.cpu_step}
+        if (n, p, cap) == (1, 2, None) and "measured_s" in row and costs.cpu_step:
+            bare = predict(costs, 1, layouts[2]).latency - costs.t_ps_extra
+            costs = dataclasses.replace(
+                costs, t_ps_extra=max(0.0, row["measured_s"] - bare),
+                cpu_ps_extra=max(0.0, row["measured_cpu_s"] - costs.cpu_step - costs.t_update
+                                 - costs.t_accum))
+            row["calibrates"] = {"t_ps_extra": costs.t_ps_extra,
+                                 "cpu_ps_extra": costs.cpu_ps_extra}
+        pred = predict(costs, n, layouts[p], rate_bits=testbed.rate_bits(cap) if cap else None,
+                       cores=costs.cores, burst=testbed.TBF_BURST_BYTES)
+        row.update(predicted_s=pred.total, bottleneck=pred.bottleneck,
+                   terms=dataclasses.asdict(pred))
+        if "measured_s" in row:
+            row["error_rel"] = pred.total / row["measured_s"] - 1
+        rows.append(row)
+        log.info("N=%d P=%d cap=%s: measured %s ms, predicted %.1f ms (%s) (%.0f s)", n, p,
+                 cap or "none", _ms(row.get("measured_s")), 1000 * pred.total, pred.bottleneck,
+                 time.monotonic() - t)
+    return rows, costs
+
+
+def format_sweep(rows: Sequence[dict]) -> str:
+    lines = [f"{'workers':>7}{'ps':>4}{'cap':>9}{'measured ms':>13}{'predicted ms':>14}"
+             f"{'error':>8}  bottleneck"]
+    for r in rows:
+        err = f"{100 * r['error_rel']:+.0f}%" if "error_rel" in r else "-"
+        lines.append(f"{r['workers']:>7}{r['ps']:>4}{r['cap'] or 'none':>9}"
+                     f"{_ms(r.get('measured_s')):>13}{1000 * r['predicted_s']:>14.1f}{err:>8}"
+                     f"  {r['bottleneck']}" + (f"  FAILED: {r['error']}" if 'error' in r
+                                               else "") +
+                     (f"  (calibrates {', '.join(r['calibrates'])})" if "calibrates" in r
+                      else ""))
+    errors = [abs(r["error_rel"]) for r in rows if "error_rel" in r
+              and "calibrates" not in r]
+    if errors:
+        lines.append(f"relative error over {len(errors)} predicted points: median "
+                     f"{100 * statistics.median(errors):.0f}%, max {100 * max(errors):.0f}%")
+    return "\n".join(lines)
+
+
+def format_predictions(costs: Costs, workers: Sequence[int], rates: Sequence[str]) -> str:
+    """Hosts of their own: update time at 1 ps, where one ps saturates, the ps a cluster needs."""
+    lines = [f"{'workers':>7}{'link':>9}{'1 ps: ms/update':>17}{'bottleneck':>12}"
+             f"{'ps needed':>11}{'then ms/update':>16}"]
+    for rate in rates:
+        r = testbed.rate_bits(rate)
+        for n in workers:
+            one = predict(costs, n, [costs.bytes_total], rate_bits=r)
+            p = ps_needed(costs, n, r)
+            then = predict(costs, n, [costs.bytes_total / p] * p, rate_bits=r)
+            lines.append(f"{n:>7}{rate:>9}{1000 * one.total:>17.1f}{one.bottleneck:>12}"
+                         f"{p:>11}{1000 * then.total:>16.1f}")
+        lines.append(f"  one ps saturates (its link the bottleneck) from "
+                     f"{_saturation(costs, r)} workers at {rate}")
+    lines.append("ps needed: the fewest ps tasks within 10% of the best update time, the model "
+                 "split EVENLY over them (partitioned variables); this code's round-robin "
+                 "placement does not split it: see `partition`")
+    return "\n".join(lines)
+
+
+def _saturation(costs: Costs, rate_bits: float) -> int:
+    for n in range(1, 10_001):
+        if predict(costs, n, [costs.bytes_total], rate_bits=rate_bits).bottleneck != "latency":
+            return n
+    return 10_001
+
+
+def _ms(seconds) -> str:
+    return "-" if seconds is None else f"{1000 * seconds:.1f}"
+
+
+# ------------------------------------------------------------------------ command line
+
+
+def _points(workers: Sequence[int], ps: Sequence[int], caps: Sequence[str | None]):
+    return [(n, p, c) for c in caps for p in ps for n in workers]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sync_mnist.scaling", allow_abbrev=False,
+                                description="Measure the update-time model's inputs, check "
+                                            "it against real runs, predict larger clusters.")
+    sub = p.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("measure", help="measure the costs (root: a testbed); writes costs.json")
+    m.add_argument("--steps", type=int, default=200, help="steps per run (default: 200)")
+    m.add_argument("--cap", default=DEFAULT_CAP,
+                   help=f"tbf rate for the capped floor (default: {DEFAULT_CAP})")
+    s = sub.add_parser("sweep", help="measured vs predicted update time (root: a testbed)")
+    s.add_argument("--costs", type=Path, default=None,
+                   help="costs.json from measure (default: measure first)")
+    s.add_argument("--workers", default="1,2,3,4,5,6", help="worker counts (default: 1-6)")
+    s.add_argument("--ps", default="1,2", help="ps counts (default: 1,2)")
+    s.add_argument("--caps", default=f"none,{DEFAULT_CAP}",
+                   help=f"link caps, none for uncapped (default: none,{DEFAULT_CAP})")
+    s.add_argument("--steps", type=int, default=40,
+                   help="updates per point (default: 40: about 20 s a point)")
+    r = sub.add_parser("predict", help="hosts of their own: 1 ps and the ps needed")
+    r.add_argument("--costs", type=Path, required=True,
+                   help="scaling.json from sweep (calibrated), or costs.json from measure")
+    r.add_argument("--workers", default="8,32,100", help="worker counts (default: 8,32,100)")
+    r.add_argument("--rates", default="1gbit,10gbit",
+                   help="link rates (default: 1gbit,10gbit)")
+    for sp in (m, s, r):
+        sp.add_argument("--out", type=Path, default=Path("scaling-results"),
+                        help="output directory (default: scaling-results)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = _parser()
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s [scaling] %(message)s", datefmt="%H:%M:%S")
+    try:
+        ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
+        workers = ints(args.workers) if args.command != "measure" else []
+        ps = ints(args.ps) if args.command == "sweep" else []
+        caps = [None if c == "none" else c for c in args.caps.split(",")] \
+            if args.command == "sweep" else []
+        for rate in [c for c in caps if c] + (args.rates.split(",")
+                                               if args.command == "predict" else []):
+            testbed.rate_bits(rate)
+        if any(n < 1 for n in workers + ps):
+            raise ValueError(f"worker and ps counts must be at least 1: {workers} {ps}")
+        if args.command != "predict" and args.steps < 20:
+            raise ValueError(f"--steps must be at least 20, got {args.steps}")
+    except ValueError as e:
+        p.error(str(e))
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.command == "predict":
+        costs = Costs(**json.loads(args.costs.read_text())["costs"])
+        print(format_predictions(costs, workers, args.rates.split(",")))
+        return config_lib.EXIT_OK
+    try:
+        testbed.check(cpu=False)
+    except testbed.Unavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return config_lib.EXIT_USAGE
+    # Ctrl-C and SIGTERM unwind through the finallys that kill the runs and remove testbeds.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    started = time.monotonic()
+    try:
+        if args.command == "measure" or args.costs is None:
+            measured = measure(args.steps if args.command == "measure" else 200,
+                               args.cap if args.command == "measure" else DEFAULT_CAP)
+            (args.out / "costs.json").write_text(json.dumps(measured, indent=2) + "\n")
+            print(json.dumps(measured["costs"], indent=2))
+            print(f"wrote {args.out / 'costs.json'}")
+            if args.command == "measure":
+                return config_lib.EXIT_OK
+        else:
+            measured = json.loads(args.costs.read_text())
+        costs = Costs(**measured["costs"])
+        rows, costs = sweep(costs, _points(workers, ps, caps), args.steps)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return config_lib.EXIT_INTERRUPTED
+    except testbed.Unavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return config_lib.EXIT_USAGE
+    # "costs": as calibrated, what `predict --costs scaling.json` reads; "measured": as measured
+    result = {"costs": dataclasses.asdict(costs), "measured": measured, "rows": rows,
+              "wall_s": time.monotonic() - started,
+              "load_average_at_end": os.getloadavg()}
+    (args.out / "scaling.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(format_sweep(rows))
+    print(f"wrote {args.out / 'scaling.json'} ({result['wall_s']:.0f} s; load average "
+          f"{result['load_average_at_end'][0]:.1f})")
+    return config_lib.EXIT_FAILED if any("error" in r for r in rows) else config_lib.EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
