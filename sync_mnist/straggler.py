@@ -354,7 +354,7 @@ def _fmt(value, spec: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     # `--` before the task options is allowed, not needed: they are all known options.
     argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--"]
-    cli._quiet_tensorflow(verbose=False)  # pylint: disable=protected-access; the plot's import
+    cli._before_tensorflow(verbose=False)  # pylint: disable=protected-access; the plot's import
     if argv[:1] == ["plot"]:  # again, from a finished experiment's straggler.json
         return plot_main(argv[1:])
     exp, trains = parse_args(argv)
