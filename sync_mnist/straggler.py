@@ -291,7 +291,7 @@ def run(exp: Experiment, trains: dict) -> int:
         else config_lib.EXIT_FAILED
 
 
-ACCURACY_TAG = "test_accuracy"  # the chief's summary of its evaluations on the test digits
+ACCURACY_TAG = "test/accuracy"  # early_stop.py: one point per --eval-every evaluation
 
 
 def accuracy_curve(logdir: Path, since: float, tag: str = ACCURACY_TAG

@@ -169,7 +169,7 @@ def test_the_accuracy_curve_is_read_against_wall_time_since_the_chief_was_ready(
     tf1 = tf.compat.v1
     writer = tf1.summary.FileWriter(str(tmp_path))
     for wall, step, accuracy in ((1000.5, 100, 0.91), (1002.0, 200, 0.95)):
-        summary = tf1.Summary(value=[tf1.Summary.Value(tag="test_accuracy",
+        summary = tf1.Summary(value=[tf1.Summary.Value(tag=straggler.ACCURACY_TAG,
                                                        simple_value=accuracy),
                                      tf1.Summary.Value(tag="loss", simple_value=0.3)])
         writer.add_event(tf1.Event(wall_time=wall, step=step, summary=summary))
