@@ -350,6 +350,39 @@ def format_sweep(rows: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
+def plot(rows: Sequence[dict], path: Path) -> str | None:
+    """Measured (points) and predicted (lines) ms per update against workers: a panel per link
+    cap, a colour per ps count. Returns why not, if it cannot."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install '.[plot]'); no plot"
+    caps = sorted({r["cap"] or "none" for r in rows}, key=lambda c: c != "none")
+    fig, axes = plt.subplots(1, len(caps), figsize=(5 * len(caps), 4), squeeze=False)
+    for ax, cap in zip(axes[0], caps):
+        for colour, ps in zip(("tab:blue", "tab:orange", "tab:green"),
+                              sorted({r["ps"] for r in rows})):
+            mine = sorted((r for r in rows if (r["cap"] or "none") == cap and r["ps"] == ps),
+                          key=lambda r: r["workers"])
+            ax.plot([r["workers"] for r in mine], [1000 * r["predicted_s"] for r in mine],
+                    color=colour, label=f"{ps} ps, predicted")
+            done = [r for r in mine if "measured_s" in r]
+            ax.plot([r["workers"] for r in done], [1000 * r["measured_s"] for r in done], "o",
+                    color=colour, label=f"{ps} ps, measured")
+        ax.set_title(f"links: {cap}")
+        ax.set_xlabel("workers")
+        ax.set_ylabel("ms per update")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return None
+
+
 def format_predictions(costs: Costs, workers: Sequence[int], rates: Sequence[str]) -> str:
     """Hosts of their own: update time at 1 ps, where one ps saturates, the ps a cluster needs."""
     lines = [f"{'workers':>7}{'link':>9}{'1 ps: ms/update':>17}{'bottleneck':>12}"
@@ -406,13 +439,14 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"link caps, none for uncapped (default: none,{DEFAULT_CAP})")
     s.add_argument("--steps", type=int, default=40,
                    help="updates per point (default: 40: about 20 s a point)")
+    g = sub.add_parser("plot", help="OUT/scaling.png again, from OUT/scaling.json")
     r = sub.add_parser("predict", help="hosts of their own: 1 ps and the ps needed")
     r.add_argument("--costs", type=Path, required=True,
                    help="scaling.json from sweep (calibrated), or costs.json from measure")
     r.add_argument("--workers", default="8,32,100", help="worker counts (default: 8,32,100)")
     r.add_argument("--rates", default="1gbit,10gbit",
                    help="link rates (default: 1gbit,10gbit)")
-    for sp in (m, s, r):
+    for sp in (m, s, g, r):
         sp.add_argument("--out", type=Path, default=Path("scaling-results"),
                         help="output directory (default: scaling-results)")
     return p
@@ -425,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s [scaling] %(message)s", datefmt="%H:%M:%S")
     try:
         ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
-        workers = ints(args.workers) if args.command != "measure" else []
+        workers = ints(args.workers) if args.command in ("sweep", "predict") else []
         ps = ints(args.ps) if args.command == "sweep" else []
         caps = [None if c == "none" else c for c in args.caps.split(",")] \
             if args.command == "sweep" else []
@@ -434,11 +468,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             testbed.rate_bits(rate)
         if any(n < 1 for n in workers + ps):
             raise ValueError(f"worker and ps counts must be at least 1: {workers} {ps}")
-        if args.command != "predict" and args.steps < 20:
+        if args.command in ("measure", "sweep") and args.steps < 20:
             raise ValueError(f"--steps must be at least 20, got {args.steps}")
     except ValueError as e:
         p.error(str(e))
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.command == "plot":
+        if not (args.out / "scaling.json").is_file():
+            print(f"error: no {args.out / 'scaling.json'}: run the sweep first", file=sys.stderr)
+            return config_lib.EXIT_USAGE
+        return _plot(json.loads((args.out / "scaling.json").read_text())["rows"], args.out)
     if args.command == "predict":
         costs = Costs(**json.loads(args.costs.read_text())["costs"])
         print(format_predictions(costs, workers, args.rates.split(",")))
@@ -478,7 +517,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_sweep(rows))
     print(f"wrote {args.out / 'scaling.json'} ({result['wall_s']:.0f} s; load average "
           f"{result['load_average_at_end'][0]:.1f})")
+    _plot(rows, args.out)
     return config_lib.EXIT_FAILED if any("error" in r for r in rows) else config_lib.EXIT_OK
+
+
+def _plot(rows: Sequence[dict], out: Path) -> int:
+    why_not = plot(rows, out / "scaling.png")
+    print(why_not or f"wrote {out / 'scaling.png'}")
+    return config_lib.EXIT_FAILED if why_not else config_lib.EXIT_OK
 
 
 if __name__ == "__main__":

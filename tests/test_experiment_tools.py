@@ -7,6 +7,8 @@ update-time model's arithmetic (by hand). test_straggler.py runs the real thing.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from sync_mnist import scaling, straggler, testbed
@@ -181,3 +183,14 @@ def test_the_accuracy_curve_is_read_against_wall_time_since_the_chief_was_ready(
     assert straggler.plot([record], tmp_path / "a.png") is None
     assert (tmp_path / "a.png").stat().st_size > 0
     assert "no 'nothing' summaries" in straggler.plot([record], tmp_path / "b.png", "nothing")
+
+
+def test_the_sweep_plot_is_drawn_from_scaling_json_and_its_absence_is_named(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    rows = [{"workers": n, "ps": 1, "cap": cap, "predicted_s": 0.01 * n, "measured_s": 0.011 * n}
+            for n in (1, 2) for cap in (None, "200mbit")]
+    assert scaling.main(["plot", "--out", str(tmp_path)]) == 2
+    assert f"error: no {tmp_path / 'scaling.json'}: run the sweep first" in capsys.readouterr().err
+    (tmp_path / "scaling.json").write_text(json.dumps({"rows": rows}))
+    assert scaling.main(["plot", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
