@@ -250,17 +250,26 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_task(config: TaskConfig, verbose: bool) -> int:
-    from sync_mnist import tfcompat
+    from sync_mnist import report, tfcompat
 
+    result = report.TaskResult(role=config.role, index=config.index, mode=config.train.mode)
+    try:
+        # A taken port is the user's to fix (TensorFlow would only log a gRPC error): say so
+        # at once, not after TensorFlow's start-up of a few seconds.
+        cluster_lib.check_port_free(config.cluster.address(config.role, config.index),
+                                    config.name)
+    except cluster_lib.ClusterError as e:
+        _usage_error(e)
+        result.error = _first_line(e)
+        _finish(config, result, config_lib.EXIT_USAGE)
     try:
         tfcompat.graph_mode(verbose)
         # Imported only now: they import TensorFlow, which must see the log settings first.
-        from sync_mnist import data, ps, report, worker
+        from sync_mnist import data, ps, worker
     except KeyboardInterrupt:  # stopped while TensorFlow loads: nothing to report yet
         return config_lib.EXIT_INTERRUPTED
 
     log = logging.getLogger("sync_mnist")
-    result = report.TaskResult(role=config.role, index=config.index, mode=config.train.mode)
 
     def last_resort(message: str) -> None:  # see TaskTimeout: unwinding blocked after a timeout
         log.error("%s (exiting: closing the sessions blocked for %g s)", message,

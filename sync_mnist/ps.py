@@ -15,7 +15,6 @@ import time
 
 import tensorflow as tf
 
-from sync_mnist import cluster as cluster_lib
 from sync_mnist import membership, protocol, report, session, sync
 from sync_mnist.config import START_SECS, TaskConfig, TaskTimeout
 
@@ -27,8 +26,7 @@ PS_GRACE_SECS = 5.0  # beyond --timeout without progress, before the ps gives up
 
 
 def start_server(config: TaskConfig):
-    """This ps's gRPC server, once its port is known to be free (a taken port is exit 2)."""
-    cluster_lib.check_port_free(config.cluster.address("ps", config.index), config.name)
+    """This ps's gRPC server (cli.main has checked that its port is free)."""
     return tf.distribute.Server(config.cluster.spec(), job_name="ps", task_index=config.index,
                                 start=True)
 

@@ -115,7 +115,7 @@ def run_worker(config: TaskConfig, *, dataset: data.Dataset | None = None,
       dataset: data to train on; loaded from config.train when None (tests pass their own).
       server: an already started tf.distribute.Server for this task (tests); started if None.
     """
-    run = WorkerRun(config, own_server=server is None)
+    run = WorkerRun(config)
     run.load_shard(dataset)
     run.start_server(server)
     run.build_graph()
@@ -129,11 +129,8 @@ def run_worker(config: TaskConfig, *, dataset: data.Dataset | None = None,
 class WorkerRun:
     """One worker's run, phase by phase; each phase leaves what the next one needs on self."""
 
-    def __init__(self, config: TaskConfig, *, own_server: bool = True):
+    def __init__(self, config: TaskConfig):
         self.config, self.train_config = config, config.train
-        if own_server:  # a taken port is the user's to fix: say so before anything slow
-            cluster_lib.check_port_free(config.cluster.address("worker", config.index),
-                                        config.name)
         self.started = time.monotonic()
         self.bounded = tf1.RunOptions(timeout_in_ms=int(config.train.timeout * 1000))
         # Only the chief writes checkpoints and summaries; it checks where, before anything slow.

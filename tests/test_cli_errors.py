@@ -473,7 +473,7 @@ def _run_task_process(args: list[str], timeout: float = 60.0):
         proc.wait()
 
 
-@pytest.mark.cluster
+# Not `cluster`: the port is checked before TensorFlow is imported.
 def test_real_command_names_a_port_already_in_use():
     ps, w0, w1, w2 = free_ports(4)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
@@ -507,7 +507,7 @@ def test_real_command_names_an_unreachable_ps_and_ends():
     assert seconds < 60  # it ends: bounded by --timeout 2 plus start-up, even on a loaded machine
 
 
-@pytest.mark.cluster
+# Not `cluster`: the port is checked before TensorFlow is imported.
 def test_real_command_names_a_port_already_in_use_by_a_ps():
     ps, w0, w1 = free_ports(3)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:

@@ -43,11 +43,14 @@ assert not any(m.startswith("sync_mnist") for m in sys.modules), "sync_mnist was
 """
 
 
+USER_ENV = {k: v for k, v in ENV.items() if k != "TF_USE_LEGACY_KERAS"}  # Keras as installed
+
+
 def _clean_tf2(model_dir: Path, images: np.ndarray, tmp_path: Path) -> dict:
     np.savez(tmp_path / "in.npz", images=images)
     run = subprocess.run([sys.executable, "-c", CLEAN_TF2, str(model_dir),
                           str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
-                         env=ENV, cwd=tmp_path, capture_output=True, text=True, timeout=BOUND)
+                         env=USER_ENV, cwd=tmp_path, capture_output=True, text=True, timeout=BOUND)
     assert run.returncode == 0, run.stderr[-3000:]
     with np.load(tmp_path / "out.npz") as out:
         return {k: out[k] for k in out.files}
