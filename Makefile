@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 ARGS   ?=
-JOBS   ?= 3
+JOBS   ?= 4
 
 # The test tiers. `make test` runs all of them (not the soak), JOBS test processes at a time:
 # most cluster tests wait on TensorFlow servers and timeouts more than they compute.

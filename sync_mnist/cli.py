@@ -250,15 +250,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_task(config: TaskConfig, verbose: bool) -> int:
-    from sync_mnist import report, tfcompat
+    from sync_mnist import preflight, report, tfcompat
 
     result = report.TaskResult(role=config.role, index=config.index, mode=config.train.mode)
     try:
-        # A taken port is the user's to fix (TensorFlow would only log a gRPC error): say so
-        # at once, not after TensorFlow's start-up of a few seconds.
-        cluster_lib.check_port_free(config.cluster.address(config.role, config.index),
-                                    config.name)
-    except cluster_lib.ClusterError as e:
+        # The user's to fix (a taken port, an unwritable --logdir): say so at once, not after
+        # TensorFlow's start-up of a few seconds.
+        preflight.check_task(config)
+    except ValueError as e:  # ConfigError, ClusterError
         _usage_error(e)
         result.error = _first_line(e)
         _finish(config, result, config_lib.EXIT_USAGE)
@@ -442,8 +441,13 @@ def model_main(argv: list[str]) -> int:
     """`sync-mnist evaluate|predict`: exit 0, 2 on bad input (model, images, data), else 1."""
     args = model_parser().parse_args(argv)
     _setup_logging(args.verbose, args.command)
-    from sync_mnist import tfcompat
+    from sync_mnist import preflight, tfcompat
 
+    try:
+        preflight.check_model_dir(args.model)  # at once, not after TensorFlow's start-up
+    except config_lib.ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return config_lib.EXIT_USAGE
     tfcompat.eager_mode(args.verbose)
     from sync_mnist import data, inference
 

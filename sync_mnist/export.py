@@ -26,7 +26,6 @@ import numpy as np
 import tensorflow as tf
 
 from sync_mnist import model
-from sync_mnist.config import ConfigError
 
 tf1 = tf.compat.v1
 
@@ -35,29 +34,6 @@ INPUT = "images"
 PROBABILITIES = "probabilities"
 CLASSES = "classes"
 IMAGE_SIZE = 28
-SAVED_MODEL_FILE = "saved_model.pb"
-
-
-def check_export_dir(export_dir: Path) -> None:
-    """Raises ConfigError unless the model can be written to export_dir at the end.
-
-    Checked before training, so that a run does not train for an hour and then fail. An
-    existing SavedModel there (an earlier run's) is replaced; anything else is left alone.
-    """
-    if export_dir.exists():
-        if not export_dir.is_dir():
-            raise ConfigError(f"--export-dir {export_dir} is a file, not a directory")
-        if any(export_dir.iterdir()) and not (export_dir / SAVED_MODEL_FILE).exists():
-            raise ConfigError(f"--export-dir {export_dir} holds other files than a SavedModel; "
-                              "give a new or empty directory")
-    try:
-        export_dir.parent.mkdir(parents=True, exist_ok=True)
-        probe = export_dir.parent / f".{export_dir.name}.write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise ConfigError(f"--export-dir {export_dir} is not writable: "
-                          f"{e.strerror or e}") from None
 
 
 def model_variable_names() -> list[str]:

@@ -13,9 +13,9 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from sync_mnist import data
-from sync_mnist.export import (CLASSES, IMAGE_SIZE, INPUT, PROBABILITIES, SAVED_MODEL_FILE,
-                               SIGNATURE)
+from sync_mnist import data, preflight
+from sync_mnist.config import ConfigError
+from sync_mnist.export import CLASSES, IMAGE_SIZE, INPUT, PROBABILITIES, SIGNATURE
 
 NUM_CLASSES = 10
 BATCH = 1000  # images per call of the model
@@ -40,11 +40,10 @@ def load_model(model_dir: Path) -> Model:
       A function: uint8 images [n, 28, 28] -> (probabilities float32 [n, 10], classes int64 [n]).
     """
     model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise ModelError(f"model directory {model_dir} does not exist")
-    if not (model_dir / SAVED_MODEL_FILE).is_file():
-        raise ModelError(f"{model_dir} is not a SavedModel: it has no {SAVED_MODEL_FILE} "
-                         "(train with --export-dir DIR or --logdir DIR to write one)")
+    try:
+        preflight.check_model_dir(model_dir)
+    except ConfigError as e:
+        raise ModelError(str(e)) from None
     try:
         loaded = tf.saved_model.load(str(model_dir))
     except (OSError, ValueError, tf.errors.OpError) as e:

@@ -85,8 +85,6 @@ def run_question_worker(config: TaskConfig, *, dataset: data.Dataset | None = No
     started = time.monotonic()
     train, n, i = config.train, config.cluster.num_workers, config.index
     bounded = tf1.RunOptions(timeout_in_ms=int(train.timeout * 1000))
-    if train.logdir and config.is_chief:
-        session.check_logdir(train.logdir)  # for the summaries it writes (below)
     if server is None:
         server = tf.distribute.Server(config.cluster.spec(), job_name="worker", task_index=i,
                                       start=True)

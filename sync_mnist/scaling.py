@@ -49,7 +49,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import math
 import os
 import signal
 import statistics

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import logging
-import os
 import threading
 import time
 from pathlib import Path
@@ -316,18 +314,6 @@ def monitored_session(master: str, *, is_chief: bool, hooks: list, config: tf1.C
         creator = _PromptWorkerSessionCreator(scaffold, master, config, max_wait_secs=timeout)
     creator._setup_bound(bound, ps_hosts, status)  # pylint: disable=protected-access
     return tf1.train.MonitoredSession(creator, hooks, stop_grace_period_secs=STOP_GRACE_SECS)
-
-
-def check_logdir(logdir: Path) -> None:
-    """Raises ConfigError unless the chief can write checkpoints and summaries to logdir."""
-    try:
-        logdir.mkdir(parents=True, exist_ok=True)
-        probe = logdir / f".sync-mnist-write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        reason = e.strerror or errno.errorcode.get(e.errno, str(e))
-        raise ConfigError(f"--logdir {logdir} is not writable: {reason}") from None
 
 
 def check_checkpoint(logdir: Path, variables: Sequence[tf.Variable]) -> None:

@@ -133,13 +133,9 @@ class WorkerRun:
         self.config, self.train_config = config, config.train
         self.started = time.monotonic()
         self.bounded = tf1.RunOptions(timeout_in_ms=int(config.train.timeout * 1000))
-        # Only the chief writes checkpoints and summaries; it checks where, before anything slow.
+        # Only the chief writes checkpoints and summaries (preflight.py has checked where).
         self.logdir = config.train.logdir if config.train.logdir and config.is_chief else None
-        if self.logdir:
-            session.check_logdir(self.logdir)
         self.export_dir = config.train.export_dir if config.is_chief else None
-        if self.export_dir:
-            export.check_export_dir(self.export_dir)
         self.result = report.TaskResult(role="worker", index=config.index,
                                         mode=config.train.mode,
                                         replicas_to_aggregate=self._aggregate)

@@ -17,7 +17,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 from procs import ENV, ROOT, Processes, local_cluster, read_json
-from sync_mnist import cli, export, inference, model
+from sync_mnist import cli, export, inference, model, preflight
 from sync_mnist.config import ConfigError
 
 tf1 = tf.compat.v1
@@ -144,14 +144,14 @@ def test_a_second_export_replaces_the_first(exported, tmp_path):
 
 
 def test_export_dir_is_checked_before_training(tmp_path):
-    export.check_export_dir(tmp_path / "new" / "model")  # will be created: fine
+    preflight.check_export_dir(tmp_path / "new" / "model")  # will be created: fine
     (tmp_path / "file").write_text("x")
     with pytest.raises(ConfigError, match=r"--export-dir .*file is a file"):
-        export.check_export_dir(tmp_path / "file")
+        preflight.check_export_dir(tmp_path / "file")
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     with pytest.raises(ConfigError, match=r"--export-dir .*other holds other files"):
-        export.check_export_dir(tmp_path / "other")
+        preflight.check_export_dir(tmp_path / "other")
 
 
 @pytest.mark.parametrize("argv, expected", [

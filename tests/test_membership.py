@@ -9,7 +9,7 @@ import socket
 import pytest
 import tensorflow as tf
 
-from sync_mnist import membership, report, session, sync
+from sync_mnist import membership, preflight, report, session, sync
 from sync_mnist.cli import _cluster_layout, task_parser, _train_config
 from sync_mnist.cluster import ClusterLayout, free_ports
 from sync_mnist.config import EXIT_FAILED, EXIT_TIMEOUT, EXIT_USAGE, ConfigError, TaskConfig
@@ -146,12 +146,12 @@ def test_missing_names_the_workers_the_next_update_waits_for_and_why():
 # ---------------------------------------------------------------------------- logdir
 
 def test_check_logdir_names_an_unwritable_directory(tmp_path):
-    session.check_logdir(tmp_path / "new" / "logdir")  # created
+    preflight.check_logdir(tmp_path / "new" / "logdir")  # created
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(ConfigError, match=rf"^--logdir {blocker}/x is not writable: "
                                           "Not a directory$"):
-        session.check_logdir(blocker / "x")
+        preflight.check_logdir(blocker / "x")
 
 
 def test_check_checkpoint_names_the_variable_that_differs(tmp_path):

@@ -60,36 +60,51 @@ def test_fixed_setup_with_the_same_options_is_synchronous(fixed_run):
     assert max(s["ready_after_chief_s"]) < 5
 
 
-def test_backup_worker_counts_add_up(processes, tmp_path):
-    steps = 30
-    code, launcher, s = _launch(processes, tmp_path, "--workers", "4",
-                                "--replicas-to-aggregate", "3", "--train-steps", str(steps),
+def test_backup_worker_counts_add_up_and_the_target_stops_every_task(processes, tmp_path):
+    # One run for two behaviours, to save a cluster's start-up: a backup worker's accounting,
+    # and --target-accuracy through the launcher (tests/test_early_stop.py checks the stop's
+    # arithmetic in-process, in lockstep and with backups).
+    planned = 400
+    code, launcher, s = _launch(processes, tmp_path, "--workers", "3",
+                                "--replicas-to-aggregate", "2", "--train-steps", str(planned),
+                                "--eval-every", "5", "--target-accuracy", "0.99",
                                 "--timeout", "60", "--log-every", "10")
 
     assert code == 0, launcher.output
-    assert s["global_step"] == steps
+    steps = s["global_step"]
+    # The stop: the first evaluation reaching 0.99 (synthetic digits are easy), then every
+    # worker stopped on the same update, the first made after the chief's request.
+    assert s["stop_step"] == steps < planned
+    assert s["updates_to_target"] < steps and s["accuracy_at_target"] >= 0.99
+    assert s["time_to_target_s"] > 0
+    workers = [t for t in s["tasks"] if t["role"] == "worker"]
+    assert [t["last_token"] for t in workers] == [steps] * 3
+    assert (f"target: test_accuracy {s['accuracy_at_target']:.4f} >= 0.99 at global_step "
+            f"{s['updates_to_target']}") in launcher.output
+    assert f"every worker stopped on update {steps} of {planned} planned" in launcher.output
     # Two independent counts of the same pushes: the ps's `pushed`, and each worker's own count
     # of the steps it ran.
     assert s["pushed"] == s["local_steps"]
-    # The updates' own count against the optimizer's: every one of the `steps` updates averaged
-    # at least R = 3 gradients, more only when they raced the update, and the verdict says
-    # which, with the total.
+    # The updates' own count against the optimizer's: every one of the updates averaged at
+    # least R = 2 gradients, more only when they raced the update, and the verdict says which,
+    # with the total.
     total = sum(s["contributions"])
-    assert total >= 3 * steps
-    if total == 3 * steps:
-        assert f"each of {steps} updates averaged exactly 3 fresh gradients;" in s["verdict"]
+    assert total >= 2 * steps
+    if total == 2 * steps:
+        assert f"each of {steps} updates averaged exactly 2 fresh gradients;" in s["verdict"]
     else:
-        assert "averaged at least 3 fresh gradients (" in s["verdict"]
+        assert "averaged at least 2 fresh gradients (" in s["verdict"]
         assert f": {total} in all)" in s["verdict"]
     # The ps read its counters after every worker had reported done; the workers read theirs
     # after the finish barrier. Both readings must be the same final one.
     ps = next(t for t in s["tasks"] if t["role"] == "ps")
     assert (ps["global_step"], ps["contributions"], ps["pushed"]) == (
         s["global_step"], s["contributions"], s["pushed"])
-    # Stopping on tokens: every worker ran until the token it was handed reached the target.
     assert all(local >= 1 for local in s["local_steps"])
     assert s["verdict"].startswith("synchronous with 1 backup worker")
     assert all(t["exit_code"] == 0 for t in s["tasks"])
+    assert launcher.output.rstrip().endswith("exit code 0 (done; in sync mode, verified "
+                                             "synchronous)")
 
 
 def test_counters_are_written_as_summaries_over_time(fixed_run):

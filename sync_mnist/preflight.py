@@ -1,0 +1,71 @@
+"""What a process checks before it imports TensorFlow, whose start-up takes seconds.
+
+Each failure here is the user's to fix (a taken port, a directory that cannot be written, a
+model directory that holds no model), so it is a one-line error naming the value, at once: exit
+2 for a task, and for `sync-mnist evaluate|predict`. Nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+from sync_mnist import cluster as cluster_lib
+from sync_mnist.config import ConfigError, TaskConfig
+
+SAVED_MODEL_FILE = "saved_model.pb"  # the file that makes a directory a SavedModel
+
+
+def check_task(config: TaskConfig) -> None:
+    """A task's own port; the chief's --logdir and --export-dir. Raises ValueError."""
+    cluster_lib.check_port_free(config.cluster.address(config.role, config.index), config.name)
+    if config.role == "worker" and config.is_chief:
+        if config.train.logdir:
+            check_logdir(config.train.logdir)
+        if config.train.export_dir and config.train.setup == "fixed":
+            check_export_dir(config.train.export_dir)
+
+
+def check_logdir(logdir: Path) -> None:
+    """Raises ConfigError unless the chief can write checkpoints and summaries to logdir."""
+    try:
+        logdir.mkdir(parents=True, exist_ok=True)
+        probe = logdir / f".sync-mnist-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        reason = e.strerror or errno.errorcode.get(e.errno, str(e))
+        raise ConfigError(f"--logdir {logdir} is not writable: {reason}") from None
+
+
+def check_export_dir(export_dir: Path) -> None:
+    """Raises ConfigError unless the model can be written to export_dir at the end.
+
+    Checked before training, so that a run does not train for an hour and then fail. An
+    existing SavedModel there (an earlier run's) is replaced; anything else is left alone.
+    """
+    if export_dir.exists():
+        if not export_dir.is_dir():
+            raise ConfigError(f"--export-dir {export_dir} is a file, not a directory")
+        if any(export_dir.iterdir()) and not (export_dir / SAVED_MODEL_FILE).exists():
+            raise ConfigError(f"--export-dir {export_dir} holds other files than a SavedModel; "
+                              "give a new or empty directory")
+    try:
+        export_dir.parent.mkdir(parents=True, exist_ok=True)
+        probe = export_dir.parent / f".{export_dir.name}.write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"--export-dir {export_dir} is not writable: "
+                          f"{e.strerror or e}") from None
+
+
+def check_model_dir(model_dir: Path) -> None:
+    """Raises ConfigError unless model_dir holds a SavedModel (whose interface the loader
+    checks)."""
+    if not model_dir.is_dir():
+        raise ConfigError(f"model directory {model_dir} does not exist")
+    if not (model_dir / SAVED_MODEL_FILE).is_file():
+        raise ConfigError(f"{model_dir} is not a SavedModel: it has no {SAVED_MODEL_FILE} "
+                          "(train with --export-dir DIR or --logdir DIR to write one)")
