@@ -36,6 +36,9 @@ def pytest_collection_modifyitems(config, items):
         group = _shared_run_group(item)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
+    # The tests that start clusters first, the quick ones last: a long test handed out at the
+    # end would run on alone while the other test processes sit idle.
+    items.sort(key=lambda item: item.get_closest_marker("cluster") is None)
 
 
 def _shared_run_group(item) -> str | None:
