@@ -30,10 +30,11 @@ def _operator_tf_config(spec: dict[str, list[str]], task_type: str, index: int) 
                        "environment": "cloud"}, separators=(",", ":"))
 
 
-# Replica types in the order their pods start here, and how many of each.
+# Replica types in the order their pods start here, and how many of each: the shipped
+# manifest's. Where each pod of a layout with a Chief replica lands is checked in-process
+# (tests/test_task_identity.py); a whole cluster costs a TensorFlow start-up per pod.
 LAYOUTS = {
     "PS 1 + Worker 3 (deploy/kubernetes)": [("worker", 3), ("ps", 1)],
-    "Chief 1 + PS 1 + Worker 1": [("worker", 1), ("chief", 1), ("ps", 1)],
 }
 
 
