@@ -217,12 +217,20 @@ def trained(tmp_path_factory):
     return out / "run" / "saved_model", read_json(out / "cluster.json"), launcher.output
 
 
+@pytest.fixture(scope="module")
+def trained_in_tf2(trained, tmp_path_factory):
+    """The trained model's classes and probabilities for the 10,000 test digits, from a clean
+    TensorFlow 2 process (one, for the tests below: each costs a TensorFlow start-up)."""
+    images, _, _ = inference.test_digits()
+    return _clean_tf2(trained[0], images, tmp_path_factory.mktemp("trained_in_tf2"))
+
+
 @pytest.mark.cluster
-def test_saved_model_scores_what_the_cluster_scored(trained, tmp_path):
-    model_dir, summary, _ = trained
-    images, labels, _ = inference.test_digits()
+def test_saved_model_scores_what_the_cluster_scored(trained, trained_in_tf2):
+    _, summary, _ = trained
+    _, labels, _ = inference.test_digits()
     assert len(labels) == 10_000
-    out = _clean_tf2(model_dir, images, tmp_path)
+    out = trained_in_tf2
     correct = int(np.sum(out["classes"] == labels))
     # The cluster's own evaluation, of the same weights on the same digits.
     assert correct == round(summary["test_accuracy"] * len(labels))
@@ -248,14 +256,14 @@ def test_evaluate_reports_accuracy_loss_and_confusion_matrix(trained):
 
 
 @pytest.mark.cluster
-def test_predict_classifies_real_digit_pngs(trained, tmp_path):
+def test_predict_classifies_real_digit_pngs(trained, trained_in_tf2, tmp_path):
     model_dir, _, _ = trained
     images, labels, _ = inference.test_digits()
     paths = [_write_png(tmp_path / f"digit{i}.png", images[i][:, :, None]) for i in range(10)]
     run = _sync_mnist("predict", "--model", model_dir, *paths)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.strip().splitlines()
-    out = _clean_tf2(model_dir, images[:10], tmp_path)
+    out = trained_in_tf2  # the first 10 of its rows are these 10 digits
     assert len(lines) == 10
     for i, line in enumerate(lines):
         match = re.fullmatch(rf"{re.escape(str(paths[i]))}: (\d) \(probability ([\d.]+)\)", line)
