@@ -76,11 +76,11 @@ def locked_down():
     return LOCKED_DOWN
 
 
-def _assert_lockstep(summary: dict) -> None:
+def _assert_lockstep(summary: dict, workers: int) -> None:
     assert summary["global_step"] == STEPS
-    assert summary["contributions"] == [STEPS] * 3
+    assert summary["contributions"] == [STEPS] * workers
     assert summary["synchronous"] is True
-    assert [t["exit_code"] for t in summary["tasks"]] == [0, 0, 0, 0]
+    assert [t["exit_code"] for t in summary["tasks"]] == [0] * (workers + 1)
 
 
 # ---------------------------------------------------------------- the namespace on its own
@@ -275,7 +275,7 @@ def test_isolate_off_leaves_the_ports_reachable_and_async_mode_shows_its_signatu
     # Two behaviours from one run, to save a cluster's start-up: --isolate off, and the async
     # mode's counters (which no other launcher test runs).
     launcher = processes.launcher("--isolate", "off", "--base-port", "0", *COMMON,
-                                  "--mode", "async",
+                                  "--mode", "async", "--workers", "2",
                                   "--summary-json", str(tmp_path / "cluster.json"))
     ports = cluster_ports(launcher)
     launcher.wait_for_line(CHIEF_READY, BOUND)
@@ -287,24 +287,24 @@ def test_isolate_off_leaves_the_ports_reachable_and_async_mode_shows_its_signatu
     assert "network namespace" not in launcher.output
     summary = read_json(tmp_path / "cluster.json")
     # Every push is an update of its own: global_step is the total of the local steps.
-    assert summary["local_steps"] == [STEPS] * 3
-    assert summary["global_step"] == 3 * STEPS == sum(summary["pushed"])
+    assert summary["local_steps"] == [STEPS] * 2
+    assert summary["global_step"] == 2 * STEPS == sum(summary["pushed"])
     assert summary["synchronous"] is False
     assert "asynchronous (--mode async)" in summary["verdict"]
-    assert [t["exit_code"] for t in summary["tasks"]] == [0, 0, 0, 0]
+    assert [t["exit_code"] for t in summary["tasks"]] == [0, 0, 0]
 
 
 @pytest.mark.cluster
 def test_auto_where_impossible_says_so_once_and_goes_on(locked_down, processes, tmp_path):
     launcher = processes.start(
         [*locked_down, str(ROOT / "bin" / "sync-mnist-cluster"), "--base-port", "0", *COMMON,
-         "--summary-json", str(tmp_path / "cluster.json")], "launcher")
+         "--workers", "2", "--summary-json", str(tmp_path / "cluster.json")], "launcher")
     ports = cluster_ports(launcher)
     launcher.wait_for_line(CHIEF_READY, BOUND)
     assert [p for p in ports if not reachable_from_here(p)] == []  # exposed, as it says
 
     assert launcher.wait(BOUND) == 0, launcher.output
-    _assert_lockstep(read_json(tmp_path / "cluster.json"))
+    _assert_lockstep(read_json(tmp_path / "cluster.json"), workers=2)
     said = [line for line in launcher.output.splitlines() if "namespace" in line]
     assert len(said) == 1, said
     assert re.search(r"\[cluster\] warning: no private network namespace \(unshare\(CLONE_NEWNET\): "
