@@ -29,14 +29,7 @@ def check_task(config: TaskConfig) -> None:
 
 def check_logdir(logdir: Path) -> None:
     """Raises ConfigError unless the chief can write checkpoints and summaries to logdir."""
-    try:
-        logdir.mkdir(parents=True, exist_ok=True)
-        probe = logdir / f".sync-mnist-write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        reason = e.strerror or errno.errorcode.get(e.errno, str(e))
-        raise ConfigError(f"--logdir {logdir} is not writable: {reason}") from None
+    _check_writable(logdir, logdir, f"--logdir {logdir}")
 
 
 def check_export_dir(export_dir: Path) -> None:
@@ -51,14 +44,19 @@ def check_export_dir(export_dir: Path) -> None:
         if any(export_dir.iterdir()) and not (export_dir / SAVED_MODEL_FILE).exists():
             raise ConfigError(f"--export-dir {export_dir} holds other files than a SavedModel; "
                               "give a new or empty directory")
+    _check_writable(export_dir.parent, export_dir, f"--export-dir {export_dir}")
+
+
+def _check_writable(directory: Path, named: Path, flag: str) -> None:
+    """Creates `directory` if need be and writes a probe file in it; ConfigError if it cannot."""
     try:
-        export_dir.parent.mkdir(parents=True, exist_ok=True)
-        probe = export_dir.parent / f".{export_dir.name}.write-test-{os.getpid()}"
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".{named.name}.write-test-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise ConfigError(f"--export-dir {export_dir} is not writable: "
-                          f"{e.strerror or e}") from None
+        reason = e.strerror or errno.errorcode.get(e.errno, str(e))
+        raise ConfigError(f"{flag} is not writable: {reason}") from None
 
 
 def check_model_dir(model_dir: Path) -> None:

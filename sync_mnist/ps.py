@@ -26,7 +26,7 @@ PS_GRACE_SECS = 5.0  # beyond --timeout without progress, before the ps gives up
 
 
 def start_server(config: TaskConfig):
-    """This ps's gRPC server (cli.main has checked that its port is free)."""
+    """This ps's gRPC server (a task started by cli.py has checked its port: preflight.py)."""
     return tf.distribute.Server(config.cluster.spec(), job_name="ps", task_index=config.index,
                                 start=True)
 
