@@ -29,7 +29,7 @@ from pathlib import Path
 
 from sync_mnist import cluster as cluster_lib
 from sync_mnist import config as config_lib
-from sync_mnist import netns
+from sync_mnist.launcher import netns
 from sync_mnist.config import TaskConfig, TrainConfig
 
 DEFAULT_EPOCHS = 12
@@ -385,7 +385,7 @@ def launch_main(argv: list[str] | None = None) -> int:
     _add_training_options(parser)
     args = parser.parse_args(argv)
     _setup_logging(args.verbose, "cluster")
-    from sync_mnist import launch
+    from sync_mnist.launcher import launch
 
     try:
         if args.ps < 1 or args.workers < 1:

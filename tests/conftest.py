@@ -81,7 +81,7 @@ def fixed_run(tmp_path_factory):
     """
     from procs import (Processes, cluster_ports, free_run, interfaces, listening_ports,
                        ns_inode, processes_mentioning, read_json, refused_from_here, task_pids)
-    from sync_mnist import netns
+    from sync_mnist.launcher import netns
 
     tmp = tmp_path_factory.mktemp("fixed_run")
     run = types.SimpleNamespace(isolated=False, why_not_isolated=None, base=free_run(4),

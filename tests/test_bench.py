@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from sync_mnist import bench
-from sync_mnist.bench import Sample
+from sync_mnist.experiments import bench
+from sync_mnist.experiments.bench import Sample
 
 
 def test_quick_runs_only_what_the_targets_compare():
@@ -145,7 +145,7 @@ def test_smallest_real_run_writes_table_and_json(processes, tmp_path):
     from procs import processes_mentioning
 
     out = tmp_path / "out"
-    run = processes.start([sys.executable, "-m", "sync_mnist.bench", "--setups", "sync",
+    run = processes.start([sys.executable, "-m", "sync_mnist.experiments.bench", "--setups", "sync",
                            "--workers", "1", "--repeats", "1", "--steps", "40", "--out",
                            str(out)], "bench")
     assert run.wait(timeout=240) == 0, run.output

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from sync_mnist import cli, launch
+from sync_mnist import cli
+from sync_mnist.launcher import launch
 from sync_mnist.cluster import free_ports
 from sync_mnist.config import EXIT_TIMEOUT, EXIT_USAGE
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from procs import ROOT, processes_mentioning, read_json
-from sync_mnist import launch
+from sync_mnist.launcher import launch
 from sync_mnist.config import EXIT_TIMEOUT
 
 FAKE_TASK = str(Path(__file__).with_name("fake_task.py"))
@@ -29,7 +29,7 @@ BOUND = 60  # seconds a launcher of stand-in tasks may take on a loaded machine
 LAUNCHER = """
 import logging, sys
 from pathlib import Path
-from sync_mnist import launch
+from sync_mnist.launcher import launch
 from sync_mnist.config import TrainConfig
 
 fake, behaviour, marks, grace = sys.argv[1:5]
@@ -121,7 +121,7 @@ def test_child_setup_sets_the_death_signal_and_loads_no_library_after_fork(monke
 # (bounded) until it has been re-parented, then runs the launcher's child setup and execs.
 DYING_LAUNCHER = """
 import os, sys, time
-from sync_mnist import launch
+from sync_mnist.launcher import launch
 
 launcher = os.getpid()
 child = os.fork()

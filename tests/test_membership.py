@@ -210,7 +210,7 @@ class _FakeTask:
 
 
 def test_launcher_restarts_dead_tasks_within_its_budget_and_never_bad_input():
-    from sync_mnist import launch
+    from sync_mnist.launcher import launch
 
     ps, chief, worker = (_FakeTask("ps", 0, -9, 0), _FakeTask("worker", 0, 0),
                          _FakeTask("worker", 1, EXIT_TIMEOUT, EXIT_FAILED, 0))
@@ -224,7 +224,7 @@ def test_launcher_restarts_dead_tasks_within_its_budget_and_never_bad_input():
 
 
 def test_launcher_goes_on_without_a_dead_backup_worker_but_not_without_the_chief():
-    from sync_mnist import launch
+    from sync_mnist.launcher import launch
 
     chief, backup = _FakeTask("worker", 0, 0), _FakeTask("worker", 2, -9)
     assert launch._wait([chief, backup], ps_serve_forever=False, spare_workers=1) is None

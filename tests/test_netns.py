@@ -31,7 +31,8 @@ from procs import (ENV, ROOT, cluster_ports, interfaces, listening_ports, ns_ino
                    reachable_from_here,
                    read_json, refused_from_here, task_pids)
 from sync_mnist.cluster import free_ports
-from sync_mnist import cli, launch, netns
+from sync_mnist import cli
+from sync_mnist.launcher import launch, netns
 
 STEPS = 60  # long enough that the cluster is still up while the test probes it
 BOUND = 90  # seconds a whole small cluster run may take on a loaded 2-core machine
@@ -117,7 +118,7 @@ def test_namespace_has_only_loopback_and_its_ports_are_unreachable_from_outside(
 def test_holder_dies_with_the_launcher_and_on_close():
     _namespace_or_skip().close()  # skips where no namespace can be made
     launcher = subprocess.Popen(
-        [sys.executable, "-c", "from sync_mnist import netns; import time; "
+        [sys.executable, "-c", "from sync_mnist.launcher import netns; import time; "
                                "print(netns.create().holder_pid, flush=True); time.sleep(600)"],
         stdout=subprocess.PIPE, text=True, cwd=ROOT, env=ENV, start_new_session=True)
     try:
@@ -172,7 +173,7 @@ def test_an_unprivileged_user_gets_a_namespace_through_a_user_namespace():
         pytest.skip("no Python >= 3.10 that user nobody may run")
     script = textwrap.dedent("""
         import os, subprocess, sys
-        from sync_mnist import netns
+        from sync_mnist.launcher import netns
         try:
             ns = netns.create()
         except netns.Unavailable as e:
@@ -195,7 +196,7 @@ def test_an_unprivileged_user_gets_a_namespace_through_a_user_namespace():
 
 def test_where_no_namespace_can_be_made_the_reason_names_each_attempt(locked_down):
     out = subprocess.run([*locked_down, sys.executable, "-c",
-                          "from sync_mnist import netns\ntry: netns.create()\n"
+                          "from sync_mnist.launcher import netns\ntry: netns.create()\n"
                           "except netns.Unavailable as e: print(e)"],
                          capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=60)
     assert out.stdout.strip() == (

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from procs import ROOT, processes_mentioning
-from sync_mnist import cli, metrics, progress, sync
+from sync_mnist import cli, metrics, sync
+from sync_mnist.launcher import progress
 
 
 def _task_line(record: logging.LogRecord, tag: str) -> str:
@@ -72,7 +73,7 @@ def test_live_display_shows_one_line_errors_and_the_table_and_logs_every_line(tm
     try:
         for line in lines:
             display.task_line(line)
-        logging.getLogger("sync_mnist.launch").error("worker 1 exited with code 1")
+        logging.getLogger("sync_mnist.launcher.launch").error("worker 1 exited with code 1")
     finally:
         display.close()
     display.show("task  exit\nverification: synchronous")

@@ -40,7 +40,7 @@ COMMON = ("--base-port", "0", "--dataset", "synthetic", "--train-steps", str(STE
 HOLDER_OR_CLUSTER = r"held by pid (?P<holder>\d+)|cluster: ps "
 CLUSTER_LINE = re.compile(r"cluster: ps (?P<ps>[^\s,;]+(?:,[^\s,;]+)*), "
                           r"workers (?P<workers>[^\s,;]+(?:,[^\s,;]+)*)")
-HOLDER_ARGV = "sync_mnist.netns"  # the namespace holder's command line: python -m sync_mnist.netns
+HOLDER_ARGV = "sync_mnist.launcher.netns"  # the namespace holder's command line: python -m sync_mnist.launcher.netns
 
 
 def _ports(launcher_output: str) -> list[int]:

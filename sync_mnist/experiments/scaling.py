@@ -1,8 +1,8 @@
 """Scale on paper, checked against runs (issue 12, part 4): a model of one synchronous update.
 
-    python -m sync_mnist.scaling measure --out scaling-results          # the costs (~1-2 min)
-    python -m sync_mnist.scaling sweep --costs scaling-results/costs.json --out scaling-results
-    python -m sync_mnist.scaling predict --costs scaling-results/costs.json --workers 8,32,100
+    python -m sync_mnist.experiments.scaling measure --out scaling-results          # the costs (~1-2 min)
+    python -m sync_mnist.experiments.scaling sweep --costs scaling-results/costs.json --out scaling-results
+    python -m sync_mnist.experiments.scaling predict --costs scaling-results/costs.json --workers 8,32,100
 
 `measure` takes the model's inputs on this machine (the benchmark's own runs, bench.py):
   t_single     one process: forward + backward + Adam at batch 100 (bench's `single` row)
@@ -58,9 +58,9 @@ from pathlib import Path
 from typing import Sequence
 
 from sync_mnist import config as config_lib
-from sync_mnist import testbed
+from sync_mnist.experiments import testbed
 
-log = logging.getLogger("sync_mnist.scaling")
+log = logging.getLogger("sync_mnist.experiments.scaling")
 
 BATCH = 100
 DEFAULT_CAP = "200mbit"  # slow enough to matter at 1 ps, fast enough for short runs
@@ -187,7 +187,8 @@ def measure_ps_work(reps: int = ACCUM_REPS) -> tuple[float, float]:
     import numpy as np
     import tensorflow as tf
 
-    from sync_mnist import bench_tasks, tfcompat
+    from sync_mnist.experiments import bench_tasks
+    from sync_mnist import tfcompat
 
     tfcompat.graph_mode(verbose=False)
     tf.get_logger().setLevel(logging.CRITICAL)  # as in partition: graph_mode resets it
@@ -220,7 +221,7 @@ def measure_ps_work(reps: int = ACCUM_REPS) -> tuple[float, float]:
 
 
 def _bench_config(steps: int):
-    from sync_mnist import bench
+    from sync_mnist.experiments import bench
 
     return bench.BenchConfig(workers=(1,), setups=(), repeats=1, steps=steps,
                              log_every=max(1, steps // 10), out=Path("."))
@@ -234,7 +235,7 @@ def _seconds_per_update(sample) -> float:
 
 def measure(steps: int = 200, cap: str = DEFAULT_CAP) -> dict:
     """Every input of the model, measured here; a JSON-ready dict (the Costs and the raw runs)."""
-    from sync_mnist import bench
+    from sync_mnist.experiments import bench
 
     config = _bench_config(steps)
     t_single = _seconds_per_update(bench.run_one("single", 1, config))
@@ -272,7 +273,7 @@ def measure_point(num_workers: int, num_ps: int, cap: str | None,
                   steps: int) -> tuple[float, float]:
     """Seconds, and CPU seconds of every process, per update of the real synchronous cluster
     in a testbed (bench's steady window)."""
-    from sync_mnist import bench
+    from sync_mnist.experiments import bench
 
     slow = {t: testbed.Slowdown(link_rate=cap) for t in
             [("ps", i) for i in range(num_ps)] + [("worker", i) for i in range(num_workers)]}
@@ -421,7 +422,7 @@ def _points(workers: Sequence[int], ps: Sequence[int], caps: Sequence[str | None
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sync_mnist.scaling", allow_abbrev=False,
+    p = argparse.ArgumentParser(prog="python -m sync_mnist.experiments.scaling", allow_abbrev=False,
                                 description="Measure the update-time model's inputs, check "
                                             "it against real runs, predict larger clusters.")
     sub = p.add_subparsers(dest="command", required=True)

@@ -1,10 +1,10 @@
 """The benchmark's own task processes: the transport floor, a single process, and TF2's
 MultiWorkerMirroredStrategy. `sync-mnist-bench` (bench.py) starts them; nobody else does.
 
-    python -m sync_mnist.bench_tasks floor-ps     --index 0 --ps-hosts ... --worker-hosts ...
-    python -m sync_mnist.bench_tasks floor-worker --index I ...
-    python -m sync_mnist.bench_tasks single ...
-    python -m sync_mnist.bench_tasks mwms --index I --worker-hosts ...   (TF2, eager + tf.function)
+    python -m sync_mnist.experiments.bench_tasks floor-ps     --index 0 --ps-hosts ... --worker-hosts ...
+    python -m sync_mnist.experiments.bench_tasks floor-worker --index I ...
+    python -m sync_mnist.experiments.bench_tasks single ...
+    python -m sync_mnist.experiments.bench_tasks mwms --index I --worker-hosts ...   (TF2, eager + tf.function)
 
 Each worker logs `ready` once it is about to step, then `step=K global_step=G` every
 --log-every steps, as the real workers do; bench.py times its window on those lines. The PS
@@ -20,13 +20,13 @@ import os
 import sys
 import time
 
-log = logging.getLogger("sync_mnist.bench_tasks")
+log = logging.getLogger("sync_mnist.experiments.bench_tasks")
 
 READY = "ready to step"
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sync_mnist.bench_tasks")
+    p = argparse.ArgumentParser(prog="python -m sync_mnist.experiments.bench_tasks")
     p.add_argument("role", choices=("floor-ps", "floor-worker", "single", "mwms"))
     p.add_argument("--index", type=int, default=0)
     p.add_argument("--ps-hosts", default="")

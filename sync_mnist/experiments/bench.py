@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-log = logging.getLogger("sync_mnist.bench")
+log = logging.getLogger("sync_mnist.experiments.bench")
 
 SETUPS = ("floor", "single", "async", "sync", "sync-noproof", "mwms")
 BATCH = 100
@@ -333,7 +333,7 @@ class _Proc:
         self.exit_code: int | None = None
         self.maxrss_kb = 0
         self.final_ticks: int | None = None
-        from sync_mnist.launch import _child_setup  # no orphans even if we are killed
+        from sync_mnist.launcher.launch import _child_setup  # no orphans even if we are killed
 
         me = os.getpid()
         self.popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -406,7 +406,7 @@ def _task_argvs(setup: str, n: int, ps: list[str], workers: list[str],
     py = sys.executable
     steps, every = str(config.steps), str(config.log_every)
     hosts = ["--ps-hosts", ",".join(ps), "--worker-hosts", ",".join(workers)]
-    own = [py, "-m", "sync_mnist.bench_tasks"]
+    own = [py, "-m", "sync_mnist.experiments.bench_tasks"]
     if setup == "single":
         return [("worker 0", own + ["single", "--steps", steps, "--log-every", every])]
     if setup in ("floor", "floor-packed"):
@@ -548,7 +548,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s [bench] %(message)s", datefmt="%H:%M:%S")
     if config.profile:
-        from sync_mnist import bench_profile
+        from sync_mnist.experiments import bench_profile
 
         return bench_profile.main(config.out / "profile")
     log.info("%d runs: %s x %d repeats, %d steps each; figures from a shared machine are "

@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-log = logging.getLogger("sync_mnist.bench")
+log = logging.getLogger("sync_mnist.experiments.bench")
 
 WARMUP_STEPS = 20  # untraced steps first: graph registration and first-run costs
 TRACED_STEPS = 5
@@ -40,7 +40,7 @@ def profile(out: Path, *, timed_steps: int = 200, proof: bool = True) -> str:
     ports = cluster_lib.free_ports(2)
     ps, worker = f"localhost:{ports[0]}", f"localhost:{ports[1]}"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    server = subprocess.Popen([sys.executable, "-m", "sync_mnist.bench_tasks", "floor-ps",
+    server = subprocess.Popen([sys.executable, "-m", "sync_mnist.experiments.bench_tasks", "floor-ps",
                                "--ps-hosts", ps, "--worker-hosts", worker], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)

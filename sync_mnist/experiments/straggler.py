@@ -1,6 +1,6 @@
 """Stragglers on demand (issue 12): the real cluster in network namespaces, one worker slowed.
 
-    python -m sync_mnist.straggler --workers 4 --slow-link 20mbit --repeats 3 \\
+    python -m sync_mnist.experiments.straggler --workers 4 --slow-link 20mbit --repeats 3 \\
         --out straggler-results --epochs 12 --eval-every 100 --target-accuracy 0.97
 
 Each run starts ps + N workers with launch.run_cluster (the normal `python -m sync_mnist` task
@@ -18,7 +18,7 @@ without it:
 Writes OUT/<setup>-<straggler|baseline>-<repeat>.log (every task's lines), OUT/straggler.json
 (every run's cluster summary, and the kernel's view of each task's link: bytes, tbf, CPU quota)
 and prints one table. With --logdir DIR each run writes its summaries to DIR/<run name>, and
-OUT/accuracy.png shows test accuracy against wall time (`python -m sync_mnist.straggler plot
+OUT/accuracy.png shows test accuracy against wall time (`python -m sync_mnist.experiments.straggler plot
 OUT` draws it again). Root only.
 
 Exit codes: 0 every run exited 0; 1 some run did not; 2 bad arguments, not root, or no ip, tc
@@ -40,10 +40,12 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from sync_mnist import cli, launch, testbed
+from sync_mnist import cli
+from sync_mnist.launcher import launch
+from sync_mnist.experiments import testbed
 from sync_mnist import config as config_lib
 
-log = logging.getLogger("sync_mnist.straggler")
+log = logging.getLogger("sync_mnist.experiments.straggler")
 
 SETUPS = ("sync", "backup", "async")
 # Options of this command that a task must not get: everything else before `--` is a
@@ -82,7 +84,7 @@ def setup_args(setup: str, num_workers: int) -> list[str]:
 def parse_args(argv: Sequence[str]) -> tuple[Experiment, dict]:
     """The command line; returns the experiment and each setup's TrainConfig (validated)."""
     p = cli._Parser(  # pylint: disable=protected-access
-        prog="python -m sync_mnist.straggler",
+        prog="python -m sync_mnist.experiments.straggler",
         description="Run the cluster in network namespaces with one worker slowed (link rate "
                     "or CPU share), for each setup (sync R=N, backup R=N-1, async), with and "
                     "without the straggler. Root only. Task options (--epochs, --dataset, "
@@ -361,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s [straggler] %(message)s", datefmt="%H:%M:%S")
     # Each run's task lines go to its log file; the launcher's own start lines would be noise.
-    logging.getLogger("sync_mnist.launch").setLevel(logging.WARNING)
+    logging.getLogger("sync_mnist.launcher.launch").setLevel(logging.WARNING)
     try:
         testbed.check(cpu=exp.slow.cpu_share is not None)
     except testbed.Unavailable as e:
@@ -377,8 +379,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def plot_main(argv: Sequence[str]) -> int:
-    """`python -m sync_mnist.straggler plot OUT [--tag TAG]`: OUT/accuracy.png again."""
-    p = argparse.ArgumentParser(prog="python -m sync_mnist.straggler plot")
+    """`python -m sync_mnist.experiments.straggler plot OUT [--tag TAG]`: OUT/accuracy.png again."""
+    p = argparse.ArgumentParser(prog="python -m sync_mnist.experiments.straggler plot")
     p.add_argument("out", type=Path, help="the experiment's --out (holds straggler.json)")
     p.add_argument("--tag", default=ACCURACY_TAG,
                    help=f"the summary to draw (default: {ACCURACY_TAG})")

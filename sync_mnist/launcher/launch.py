@@ -23,7 +23,8 @@ from pathlib import Path
 
 from sync_mnist import cluster as cluster_lib
 from sync_mnist import config as config_lib
-from sync_mnist import data, netns, progress, report
+from sync_mnist import data, report
+from sync_mnist.launcher import netns, progress
 from sync_mnist.config import TrainConfig
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ has no authentication. On one machine there is no need to expose it: the launche
 network namespace whose only interface is loopback, and starts every task inside it. No other
 host, and no process outside the namespace, can then connect to the cluster's ports.
 
-How: a small holder process (`python -m sync_mnist.netns`) unshares its network namespace,
+How: a small holder process (`python -m sync_mnist.launcher.netns`) unshares its network namespace,
 brings `lo` up and waits. The launcher opens the holder's namespace file and each task joins it
 with setns(2) between fork and exec, so all tasks share the one namespace. Root does this
 directly; any other user goes through a user namespace of its own (where the kernel allows
@@ -130,7 +130,7 @@ def create(*, holder_argv: list[str] | None = None) -> PrivateNamespace:
     """
     if not sys.platform.startswith("linux"):
         raise Unavailable(f"network namespaces are Linux-only (this is {sys.platform})")
-    argv = holder_argv or [sys.executable, "-m", "sync_mnist.netns"]
+    argv = holder_argv or [sys.executable, "-m", "sync_mnist.launcher.netns"]
     holder = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, start_new_session=True,
                               preexec_fn=_die_with_parent)

@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from sync_mnist import netns
+from sync_mnist.launcher import netns
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""Experiments (root only for the testbed): the bench, the straggler and scaling studies."""

@@ -1,0 +1,1 @@
+"""The localhost launcher: one command starts a whole cluster (`sync-mnist-cluster`)."""
