@@ -311,7 +311,8 @@ def _run_task(config: TaskConfig, verbose: bool) -> int:
             if verbose:
                 log.exception("traceback")
             result.error = f"{type(e).__name__}: {_first_line(e)}"
-            code = config_lib.EXIT_PEER_LOST if _peer_lost(e) else config_lib.EXIT_FAILED
+            code = (config_lib.EXIT_PEER_LOST if _peer_lost(e) else
+                    config_lib.EXIT_TIMEOUT if _timed_out(e) else config_lib.EXIT_FAILED)
     _finish(config, result, code)
 
 
@@ -533,6 +534,13 @@ def _interrupted_inside_tensorflow(error: Exception) -> bool:
     """SIGTERM during a TensorFlow call: pybind11 wraps our KeyboardInterrupt in a RuntimeError
     ("MISMATCH of original and normalized active exception types ... KeyboardInterrupt")."""
     return isinstance(error, RuntimeError) and "KeyboardInterrupt" in str(error)
+
+
+def _timed_out(error: Exception) -> bool:
+    """A bounded call (RunOptions.timeout_in_ms) expired wherever it was: retried, as a timeout."""
+    import tensorflow as tf  # already loaded: only a running task gets here
+
+    return isinstance(error, tf.errors.DeadlineExceededError)
 
 
 def _peer_lost(error: Exception) -> bool:

@@ -69,13 +69,13 @@ def build_stop_vars() -> StopVars:
         return StopVars(scalar("reached_at"), scalar("stop_step"))
 
 
-def latch(stop: StopVars, global_step: tf.Variable) -> tf.Operation:
+def latch(stop: StopVars, step: tf.Tensor) -> tf.Operation:
     """The first update after the chief's request becomes the stop step (sync, --target-accuracy).
 
-    Built inside the update op, under a control dependency on global_step += 1, and before the
-    update's tokens are handed out (sync.build_train_op's `after_update`).
+    Built inside the update op: `step` is the global step this update makes, and the latch runs
+    before the update's tokens are handed out (sync.build_train_op's `after_update`).
     """
-    step, current = global_step.read_value(), stop.stop_step.read_value()
+    current = stop.stop_step.read_value()
     # Only this op writes stop_step in sync mode, and the chief's queue runner makes one update
     # at a time, so a read-then-write cannot lose a latch.
     first = tf.logical_and(stop.reached_at.read_value() > NONE, tf.equal(current, NONE))

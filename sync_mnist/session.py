@@ -87,7 +87,7 @@ class _Bounded:
         except _LOST_PS as e:
             if self._remaining() <= 0:
                 raise TaskTimeout(f"could not re-create a session for {self._timeout:g} s after "
-                                  f"losing the ps: {_first_line(e)}") from None
+                                  f"losing the ps: {first_line(e)}") from None
             time.sleep(READY_POLL_SECS)
             raise  # MonitoredSession tries again
         self._failing_since = None
@@ -328,7 +328,7 @@ def check_checkpoint(logdir: Path, variables: Sequence[tf.Variable]) -> None:
         shapes = dict(tf.train.list_variables(path))
     except (tf.errors.OpError, ValueError) as e:
         raise ConfigError(f"--logdir {logdir} holds a checkpoint that cannot be read "
-                          f"({Path(path).name}): {_first_line(e)}") from None
+                          f"({Path(path).name}): {first_line(e)}") from None
     for v in variables:  # a shape that differs says more than a name that is missing
         name, here = v.op.name, v.shape.as_list()
         if name in shapes and list(shapes[name]) != here:
@@ -340,7 +340,7 @@ def check_checkpoint(logdir: Path, variables: Sequence[tf.Variable]) -> None:
                               f"has no variable {v.op.name} (shape {v.shape.as_list()} here)")
 
 
-def _first_line(error: Exception) -> str:
+def first_line(error: Exception) -> str:
     text = getattr(error, "message", None) or str(error)
     return (text.strip().splitlines() or [type(error).__name__])[0]
 

@@ -47,6 +47,8 @@ class SyncTraining(NamedTuple):
     # pushing and makes it this worker's local step; `tokens_waiting` is the token queue's size.
     rejoin: tf.Tensor | None = None
     tokens_waiting: tf.Tensor | None = None
+    # (global_step, last_push, tokens_waiting), read in that order (needs last_push).
+    rejoin_reading: tuple | None = None
 
 
 def build_shared_state(num_workers: int) -> SharedState:
@@ -87,8 +89,8 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
         restarted worker can tell whether its predecessor's last gradient is waiting.
       proof: False leaves out the counters (pushed, the who-accumulator, accepted and the
         rest), for the benchmark to price them; such a run cannot be verified.
-      after_update: builds ops that each update runs after global_step += 1 and before it
-        hands out its tokens (sync mode, with the proof; early_stop.latch). None: nothing.
+      after_update: after_update(new_step) builds ops that each update runs after applying
+        the gradients and before it hands out its tokens (sync mode; early_stop.latch).
 
     Returns:
       SyncTraining with the op to run each step and the hooks the session needs.
@@ -146,12 +148,20 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
             with tf1.device(v.device):
                 grads_and_vars.append((None if g is None else tf.identity(g), v))
 
+    # Sync: with R = N and no preloaded tokens, every worker has a token queue of its own,
+    # filled by each update, so a worker can only ever take its own token (owned_tokens).
+    owned = replicas_to_aggregate == num_workers and num_tokens == 0
+    with tf1.device(state.global_step.device):
+        own_queues = [tf1.FIFOQueue(-1, tf.int64, shapes=[()], name=f"sync_token_q_worker_{w}",
+                                    shared_name=f"sync_token_q_worker_{w}")
+                      for w in range(num_workers)] if owned else None
+    update = _Update(optimizer, state, who if proof else None, replicas_to_aggregate,
+                     after_update, own_queues)
     sync_optimizer = tf1.train.SyncReplicasOptimizer(
-        _AcceptanceCounter(optimizer, state, who, replicas_to_aggregate, after_update)
-        if proof else optimizer,
-        replicas_to_aggregate=replicas_to_aggregate, total_num_replicas=num_workers)
+        update, replicas_to_aggregate=replicas_to_aggregate, total_num_replicas=num_workers)
     with tf1.variable_creator_scope(_local_step_by_reference):
-        token = sync_optimizer.apply_gradients(grads_and_vars, global_step=state.global_step)
+        stock_train_op = sync_optimizer.apply_gradients(grads_and_vars,
+                                                        global_step=state.global_step)
     # Sync: keep our copy of the local step equal to the optimizer's: set from the value its
     # init op assigns, and from every token. (Both init ops are public attributes the session
     # hook reads in begin(), so replacing them here is enough.)
@@ -160,24 +170,51 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
     sync_optimizer.chief_init_op = tf.group(
         sync_optimizer.chief_init_op, copy_init,
         *([who.set_global_step(state.global_step)] if proof else []))
+    # The optimizer has no public handle on its token queue or local step.
+    opt_local_step = sync_optimizer._local_step  # pylint: disable=protected-access
+    if owned:
+        pushes = _pushes_before_the_token(stock_train_op)
+        with tf1.device(state.global_step.device), tf.control_dependencies(pushes):
+            mine = own_queues[worker_index].dequeue()
+        token = tf1.assign(opt_local_step, mine)
+        queue = own_queues[worker_index]
+    else:
+        token, queue = stock_train_op, sync_optimizer._sync_token_queue  # pylint: disable=W0212
     train_op = tf1.assign(local_step, token)
     # Sync: num_tokens=0 is the fix for the question's asynchrony. The default preloads R
     # tokens that any worker may take, so one fast worker can supply every gradient of an
     # update. With no preloaded tokens, a worker gets its next token only from the update its
     # last gradient joined, so with R = N each update holds exactly one gradient per worker.
     hook = sync_optimizer.make_session_run_hook(is_chief, num_tokens=num_tokens)
-    _quiet_queue_runner_at_close(sync_optimizer)
+    _chief_queue_runner_that_never_closes(sync_optimizer, update.update_op if owned else None)
     # Sync: a worker restarted into a running cluster may find the token its predecessor never
     # took, or its predecessor's gradient waiting in the accumulators; it then takes a token
-    # without pushing again (see rejoin_needed). The optimizer has no public handle on its
-    # token queue or local step.
-    queue = sync_optimizer._sync_token_queue  # pylint: disable=protected-access
+    # without pushing again (see rejoin_needed).
     with tf1.device(state.global_step.device):
-        tokens_waiting, taken = queue.size(), queue.dequeue()
-    with tf.control_dependencies(
-            [tf1.assign(sync_optimizer._local_step, taken)]):  # pylint: disable=protected-access
+        taken = queue.dequeue()
+        # The queue is read after global_step and last_push: with owned tokens, whoever reads
+        # an update's new step then also finds its token (_Update).
+        seen = [state.global_step.read_value()] + (
+            [] if last_push is None else [last_push.read_value()])
+        with tf.control_dependencies(seen):
+            waiting_after = queue.size()
+    with tf.control_dependencies([tf1.assign(opt_local_step, taken)]):
         rejoin = tf1.assign(local_step, taken)
-    return SyncTraining(train_op, [hook], sync_optimizer, rejoin, tokens_waiting)
+    return SyncTraining(train_op, [hook], sync_optimizer, rejoin, queue.size(),
+                        (*seen, waiting_after) if last_push is not None else None)
+
+
+def _pushes_before_the_token(stock_train_op: tf.Tensor) -> list[tf.Operation]:
+    """This worker's gradient pushes, from the train op SyncReplicasOptimizer built.
+
+    The stock op is assign(local_step, shared_token_queue.dequeue()), the dequeue under a
+    control dependency on every push. The optimizer keeps no other handle on the pushes.
+    """
+    dequeue = stock_train_op.op.inputs[1].op
+    if not dequeue.type.startswith("QueueDequeue") or not dequeue.control_inputs:
+        raise RuntimeError(f"SyncReplicasOptimizer's train op changed shape: {dequeue.type} "
+                           "where its token dequeue was expected (sync.py owns the tokens)")
+    return list(dequeue.control_inputs)
 
 
 def _local_step_by_reference(next_creator, **kwargs):
@@ -193,47 +230,69 @@ def _local_step_by_reference(next_creator, **kwargs):
     return next_creator(**kwargs)
 
 
-class _AcceptanceCounter(tf1.train.Optimizer):
-    """The real optimizer plus bookkeeping, as SyncReplicasOptimizer's inner optimizer.
+class _Update(tf1.train.Optimizer):
+    """One update, as SyncReplicasOptimizer's inner optimizer: the real optimizer, the proof's
+    bookkeeping, and (with owned tokens) every worker's token, in the order the protocol needs.
 
-    SyncReplicasOptimizer hands it the averaged gradients of each update; it applies them with
-    the real optimizer and, in the same op, takes the who-accumulator's sum into the counters.
+    SyncReplicasOptimizer hands it the averaged gradients of each update. In one op it applies
+    them, takes the who-accumulator's sum into the counters, runs `after_update` (the early
+    stop's latch), puts the new global step into each worker's own token queue, and only then
+    makes the step visible (global_step += 1).
     """
 
     def __init__(self, optimizer: tf1.train.Optimizer, state: SharedState, who, replicas: int,
-                 after_update: Callable[[], tf.Operation] | None = None):
+                 after_update: Callable[[tf.Tensor], tf.Operation] | None = None,
+                 own_queues: list | None = None):
         super().__init__(use_locking=False, name=optimizer.get_name())
         self._optimizer, self._state, self._who, self._replicas = optimizer, state, who, replicas
-        self._after_update = after_update
+        self._after_update, self._own_queues = after_update, own_queues
+        self.update_op: tf.Operation | None = None
 
     def compute_gradients(self, *args, **kwargs):
         return self._optimizer.compute_gradients(*args, **kwargs)
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
         grads_and_vars = list(grads_and_vars)
-        # Gradients of each worker in this update. take_grad(R) waits for R but sums all that
-        # arrived, as the gradient accumulators average all that arrived. The who-push precedes
-        # the gradient push; the who-take follows the gradient take and precedes the update
-        # (and so global_step += 1). Both accumulators thus see the same pushes, unless one
-        # worker's two pushes straddle the take, microseconds apart.
-        with tf.control_dependencies([g for g, _ in grads_and_vars if g is not None]):
-            per_worker = tf.cast(tf.round(self._who.take_grad(self._replicas)), tf.int64)
-        with tf.control_dependencies([per_worker]):
-            update = self._optimizer.apply_gradients(grads_and_vars, global_step, name=name)
-        most, total = tf.reduce_max(per_worker), tf.reduce_sum(per_worker)
-        state, r = self._state, self._replicas
-
-        def count_if(var, condition):
-            return tf1.assign_add(var, tf.cast(condition, tf.int64))
-
-        after = []
+        taken = [g for g, _ in grads_and_vars if g is not None]
+        per_worker = None
+        if self._who is not None:
+            # Gradients of each worker in this update. take_grad(R) waits for R but sums all
+            # that arrived, as the gradient accumulators average all that arrived. The
+            # who-push precedes the gradient push; the who-take follows the gradient take and
+            # precedes the update. Both accumulators thus see the same pushes, unless one
+            # worker's two pushes straddle the take, microseconds apart.
+            with tf.control_dependencies(taken):
+                per_worker = tf.cast(tf.round(self._who.take_grad(self._replicas)), tf.int64)
+            taken = [per_worker]
+        with tf.control_dependencies(taken):
+            applied = self._optimizer.apply_gradients(grads_and_vars, name=name)
+        with tf.control_dependencies([applied]):
+            new_step = global_step.read_value() + 1  # only this op writes it, one at a time
+        handed_out = [applied]
         if self._after_update is not None:
-            with tf.control_dependencies([update]):  # update ends with global_step += 1
-                after.append(self._after_update())
-        return tf.group(update, *after, tf1.assign_add(state.accepted, per_worker),
-                        count_if(state.repeat_updates, most > 1),
-                        count_if(state.solo_updates, tf.logical_and(tf.equal(most, total), r > 1)),
-                        count_if(state.over_aggregated, total > r))
+            with tf.control_dependencies(handed_out):
+                handed_out.append(self._after_update(new_step))
+        if self._own_queues is not None:
+            # Sync: the tokens go in before the step is visible, so that whoever reads the new
+            # global_step also finds the tokens (a successor's rejoin reads exactly so).
+            with tf.control_dependencies(handed_out):
+                handed_out = [q.enqueue(new_step) for q in self._own_queues]
+        with tf.control_dependencies(handed_out):
+            step = tf1.assign_add(global_step, 1)
+        counts = []
+        if per_worker is not None:
+            state, r = self._state, self._replicas
+            most, total = tf.reduce_max(per_worker), tf.reduce_sum(per_worker)
+
+            def count_if(var, condition):
+                return tf1.assign_add(var, tf.cast(condition, tf.int64))
+
+            counts = [tf1.assign_add(state.accepted, per_worker),
+                      count_if(state.repeat_updates, most > 1),
+                      count_if(state.solo_updates, tf.logical_and(tf.equal(most, total), r > 1)),
+                      count_if(state.over_aggregated, total > r)]
+        self.update_op = tf.group(step, *counts)
+        return self.update_op
 
     def get_slot(self, *args, **kwargs):
         return self._optimizer.get_slot(*args, **kwargs)
@@ -245,18 +304,23 @@ class _AcceptanceCounter(tf1.train.Optimizer):
         return self._optimizer.variables()
 
 
-def _quiet_queue_runner_at_close(sync_optimizer) -> None:
-    """Lets the chief's queue runner end quietly when its session closes.
+def _chief_queue_runner_that_never_closes(sync_optimizer, update_op) -> None:
+    """Rebuilds the chief's queue runner so that it never closes a queue the cluster shares.
 
-    After the last update the queue runner is blocked waiting for gradients that will never
-    come; closing the session cancels that wait. The stock runner treats the CancelledError as
-    a failure and prints a traceback from its thread, so rebuild it with the same op and
-    CancelledError counted as a normal end, like a closed queue. (Private attribute: the
-    optimizer offers no public way to configure its runner.)
+    The stock runner closes the token queue on the ps when the chief's session ends: when it
+    closes at the end, but also when MonitoredSession re-creates it after a transient
+    AbortedError or UnavailableError. Every other worker's token wait then ended in
+    OutOfRangeError mid-run. This one closes nothing; closing the session cancels its pending
+    update, and that CancelledError counts as a normal end, like a closed queue, instead of a
+    traceback from its thread. With owned tokens it runs the update alone: the update fills
+    every worker's queue itself. (Private attribute: the optimizer offers no public way to
+    configure its runner.)
     """
     stock = sync_optimizer._chief_queue_runner  # pylint: disable=protected-access
     sync_optimizer._chief_queue_runner = tf1.train.QueueRunner(  # pylint: disable=protected-access
-        stock.queue, stock.enqueue_ops,
+        stock.queue, stock.enqueue_ops if update_op is None else [update_op],
+        close_op=tf.no_op(name="never_close_the_token_queue"),
+        cancel_op=tf.no_op(name="never_cancel_the_token_queue"),
         queue_closed_exception_types=(tf.errors.OutOfRangeError, tf.errors.CancelledError))
 
 

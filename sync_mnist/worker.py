@@ -26,6 +26,25 @@ log = logging.getLogger(__name__)
 EVAL_BATCH = 1000  # test examples per evaluation run on the chief
 
 
+class StepCutShort(RuntimeError):
+    """A training step ended in OutOfRangeError or StopIteration: a failure, never an end."""
+
+
+@contextlib.contextmanager
+def no_silent_end(me: str):
+    """Turns OutOfRangeError and StopIteration into StepCutShort.
+
+    MonitoredSession.__exit__ takes these two for "training is over" and swallows them, so a
+    step that met one would skip the finish phase without a word. Use it inside the session's
+    `with`, around everything that runs steps.
+    """
+    try:
+        yield
+    except (tf.errors.OutOfRangeError, StopIteration) as e:
+        raise StepCutShort(f"{me}: a step ended in {type(e).__name__} (a queue on the ps was "
+                           f"closed under it): {session.first_line(e)}") from e
+
+
 class _Graph(NamedTuple):
     images: tf.Tensor
     labels: tf.Tensor
@@ -71,7 +90,7 @@ def build_graph(config: TaskConfig, num_tokens: int = 0, dataset: str | None = N
                                          global_step=shared.state.global_step)
         # Sync: with --target-accuracy, each update may latch the stop (early_stop.py).
         target_accuracy = train.target_accuracy is not None
-        latch = (lambda: early_stop.latch(shared.stop, shared.state.global_step)) \
+        latch = (lambda new_step: early_stop.latch(shared.stop, new_step)) \
             if target_accuracy and train.mode == "sync" else None
         training = sync.build_train_op(
             outputs.loss, shared.state, optimizer,
@@ -122,6 +141,8 @@ def run_worker(config: TaskConfig, *, dataset: data.Dataset | None = None,
     with run.join() as sess:
         run.train(sess)
         run.finish()
+    if run.verdict is None:  # never report done for a run that did not finish
+        raise RuntimeError(f"{config.name}: the training session ended before the finish phase")
     run.report_done()
     return run.result
 
@@ -139,6 +160,7 @@ class WorkerRun:
         self.result = report.TaskResult(role="worker", index=config.index,
                                         mode=config.train.mode,
                                         replicas_to_aggregate=self._aggregate)
+        self.verdict: sync.Verdict | None = None  # set by finish()
 
     @property
     def _aggregate(self) -> int:
@@ -210,7 +232,9 @@ class WorkerRun:
             if not config.is_chief:
                 self.result.chief_wait_s = time.monotonic() - waiting_since
             self._take_position(status, mine)
-            yield sess
+            self.status = status
+            with no_silent_end(config.name):
+                yield sess
         self.result.sessions = status.sessions
         self.side.close()
         if self.writer:
@@ -275,6 +299,7 @@ class WorkerRun:
         def run_step(step: int) -> int:
             nonlocal steps_run, stop_step, last_token
             x, y = self.shard.batch(step)
+            sessions = self.status.sessions
             try:
                 token, loss, accuracy, *stop = sess.run(fetches, {g.images: x, g.labels: y},
                                                         options=self.bounded)
@@ -284,6 +309,13 @@ class WorkerRun:
                     f"{step}; {metrics.stalled(self.side, g.state, g.members, config)}"
                 ) from None
             if lockstep and token != step + 1:
+                if self.status.sessions == sessions:
+                    # Sync: a token can only come from the update this push joined; another
+                    # one means the lockstep broke (tokens are owned: sync.build_train_op).
+                    raise TaskTimeout(
+                        f"worker {i}: pushed for update {step + 1} but was handed token "
+                        f"{token}, in the same session: the lockstep is broken; "
+                        f"{metrics.stalled(self.side, g.state, g.members, config)}")
                 # Sync: the ps was lost and the chief restored it from the last checkpoint.
                 log.warning("global_step went back from %d to %d: the ps was restored from "
                             "a checkpoint; training on from there", step + 1, token)
@@ -373,14 +405,22 @@ class WorkerRun:
                     lambda fetches: side.run(fetches, options=self.bounded), self.graph)
 
     def report_done(self) -> None:
+        # The chief writes its model first: once it has reported done the ps may exit, and a
+        # chief restarted after that could never read the weights again.
+        write_error = None
+        if self.export_dir:
+            try:
+                export.write_saved_model(self.weights, self.export_dir)
+                log.info("saved the trained model to %s", self.export_dir)
+            except Exception as e:  # raised below, once the ps are not held up by it
+                write_error = e
         # Sync: only now may the ps tasks exit: the chief has read everything it needs from them.
         config = self.config
         report_done(self.server.target, self.graph, self.g.report_done, self.tf_config,
                     timeout=self.train_config.timeout, me=config.name,
                     ps_hosts=config.cluster.ps_hosts)
-        if self.export_dir:  # after the done report: a failed write never holds up the ps
-            export.write_saved_model(self.weights, self.export_dir)
-            log.info("saved the trained model to %s", self.export_dir)
+        if write_error is not None:
+            raise write_error
         log.info("verdict: %s", self.verdict.line)
 
 
@@ -430,20 +470,13 @@ def _rejoin(side: SideSession, g: _Graph, index: int, options,
             timeout: float) -> int | None:
     """With R = N: takes a token without pushing if this worker's predecessor left one.
 
-    Returns the token taken, or None when this worker should simply push. The reading is
-    repeated until two in a row agree, so that it does not fall inside an update (between its
-    global_step increment and its tokens).
+    Returns the token taken, or None when this worker should simply push. One reading decides:
+    an update puts the tokens into their owners' queues before it makes the new global step
+    visible, and the queue is read after global_step, so whoever reads the new step also finds
+    the predecessor's token (sync.build_train_op).
     """
-    fetches = [g.state.global_step, g.members.last_push, g.training.tokens_waiting]
-    reading, previous = None, object()
-    for _ in range(50):
-        step, last_push, waiting = side.run(fetches, options=options)
-        reading = (int(step), int(last_push[index]), int(waiting))
-        if reading == previous:
-            break
-        previous = reading
-        time.sleep(0.1)
-    step, last_push, waiting = reading
+    step, last_push, waiting = side.run(g.training.rejoin_reading, options=options)
+    step, last_push, waiting = int(step), int(last_push[index]), int(waiting)
     if not sync.rejoin_needed(last_push=last_push, global_step=step, tokens_waiting=waiting):
         return None
     try:

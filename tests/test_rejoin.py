@@ -128,3 +128,57 @@ def test_successor_of_a_worker_that_pushed_but_never_took_its_token_rejoins_exac
     assert verdict.synchronous, verdict.line
     for s in (chief, successor):
         s.close()
+
+
+def test_a_dead_workers_token_waits_in_its_own_queue_for_its_successor():
+    # Worker 1 dies waiting for its token, and the chief's push completes the update, as above.
+    # With one queue for the cluster, the chief's next step took worker 1's token at once
+    # ("global_step went back") and pushed twice into every update after. Tokens are owned now:
+    # the chief waits, and worker 1's successor finds its predecessor's token in its queue.
+    servers, cluster = local_cluster(N)
+    bounded = tf1.RunOptions(timeout_in_ms=TIMEOUT_MS)
+    chief_g, first_g = _worker_graph(cluster, 0), _worker_graph(cluster, 1)
+    chief, first = _session(servers[0], chief_g, 0), _session(servers[1], first_g, 1)
+    _in_lockstep(3, lambda: chief.run(chief_g.training.train_op, options=bounded),
+                 lambda: first.run(first_g.training.train_op, options=bounded))
+    with pytest.raises(tf.errors.DeadlineExceededError):
+        first.run(first_g.training.train_op, options=tf1.RunOptions(timeout_in_ms=500))
+    first.close()
+    assert chief.run(chief_g.training.train_op, options=bounded) == 4
+
+    # The chief pushes for update 5, and no token comes: update 5 needs worker 1.
+    with pytest.raises(tf.errors.DeadlineExceededError):
+        chief.run(chief_g.training.train_op, options=tf1.RunOptions(timeout_in_ms=1000))
+
+    successor_g = _worker_graph(cluster, 1)
+    successor = _session(servers[1], successor_g, 1)
+    with successor_g.graph.as_default(), tf1.Session(servers[1].target) as side:
+        reading = side.run(successor_g.training.rejoin_reading)
+        assert (int(reading[0]), list(reading[1]), int(reading[2])) == (4, [4, 3], 1)
+        assert worker._rejoin(side, successor_g, 1, bounded, TIMEOUT_MS / 1000) == 4
+    # The successor's push for update 5 joins the chief's, which waited.
+    assert successor.run(successor_g.training.train_op, options=bounded) == 5
+    with chief_g.graph.as_default(), tf1.Session(servers[0].target) as side:
+        counters = sync.Counters.read(side, chief_g.state)
+    assert counters.global_step == 5 and counters.accepted == [5, 5]
+    assert counters.repeat_updates == counters.solo_updates == 0
+    verdict = sync.verify(counters, mode="sync", target_steps=5, replicas_to_aggregate=N)
+    assert verdict.synchronous, verdict.line
+    for s in (chief, successor):
+        s.close()
+
+
+def test_a_step_that_meets_a_closed_queue_is_an_error_not_the_end_of_training():
+    # MonitoredSession swallows OutOfRangeError at its exit; inside no_silent_end it is an error
+    # with its own message, so no worker reports done for a run it did not finish.
+    with tf.Graph().as_default():
+        queue = tf1.FIFOQueue(1, tf.int64, shapes=[()])
+        close, take = queue.close(), queue.dequeue()
+        with pytest.raises(worker.StepCutShort, match=r"^worker 1: a step ended in "
+                                                      r"OutOfRangeError \(a queue on the ps"):
+            with tf1.train.MonitoredSession() as sess, worker.no_silent_end("worker 1"):
+                sess.run(close)
+                sess.run(take)
+        with tf1.train.MonitoredSession() as sess:  # what it did before: nothing at all
+            sess.run(close)
+            sess.run(take)

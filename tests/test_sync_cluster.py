@@ -45,11 +45,11 @@ class _Worker:
         self.tokens: list[int] = []
         self.error: BaseException | None = None
 
-    def run(self, target, steps, *, stop_on_token=False, before_push=None):
+    def run(self, target, steps, *, stop_on_token=False, before_push=None, hooks=()):
         self.target = target
         try:
             with self.graph.as_default(), session.monitored_session(
-                    target, is_chief=self.index == 0, hooks=self.training.hooks,
+                    target, is_chief=self.index == 0, hooks=[*self.training.hooks, *hooks],
                     config=session.session_config(["/job:ps", f"/job:worker/task:{self.index}"]),
                     timeout=60) as sess:
                 options = tf1.RunOptions(timeout_in_ms=TIMEOUT_MS)
@@ -73,14 +73,15 @@ class _Worker:
             return sync.Counters.read(sess, self.state), sess.run(self.x)
 
 
-def _train(num_workers, replicas, steps, mode="sync", before_push=None):
+def _train(num_workers, replicas, steps, mode="sync", before_push=None, chief_hooks=()):
     servers, cluster = local_cluster(num_workers)
     workers = [_Worker(cluster, i, num_workers, replicas, mode) for i in range(num_workers)]
     # The production stop rule (worker.run_worker): in sync mode, stop once the token reaches
     # the target; the local count matters only in async mode.
     threads = [threading.Thread(target=w.run, args=(servers[w.index].target, steps),
                                 kwargs={"before_push": before_push,
-                                        "stop_on_token": mode == "sync"},
+                                        "stop_on_token": mode == "sync",
+                                        "hooks": chief_hooks if w.index == 0 else ()},
                                 daemon=True)
                for w in workers]
     for t in threads:
@@ -114,6 +115,36 @@ def test_lockstep_update_averages_one_gradient_per_worker():
         assert w.local_steps == steps
     verdict = sync.verify(counters, mode="sync", target_steps=steps, replicas_to_aggregate=3)
     assert verdict.synchronous and verdict.as_promised, verdict.line
+
+
+class _AbortOnce(tf1.train.SessionRunHook):
+    """Raises AbortedError once, after the chief's `at`-th step: a transient gRPC failure, which
+    MonitoredSession answers by closing the session and making a new one."""
+
+    def __init__(self, at):
+        self.at, self.runs = at, 0
+
+    def after_run(self, run_context, run_values):
+        self.runs += 1
+        if self.runs == self.at:
+            raise tf.errors.AbortedError(None, None, "injected: a transient failure")
+
+
+def test_a_chief_session_recovered_mid_run_keeps_the_cluster_in_lockstep():
+    # The chief's MonitoredSession recovers from AbortedError by closing its session, and the
+    # stock queue runner then closes the cluster-wide token queue on the ps: every other
+    # worker's next token wait ended in OutOfRangeError (which MonitoredSession swallows).
+    steps = 8
+    workers, counters, _ = _train(num_workers=3, replicas=3, steps=steps,
+                                  chief_hooks=[_AbortOnce(at=3)])
+    # The chief's third run (its second step, token 2) raised after it ran, so that token never
+    # reached the test; MonitoredSession ran the step again in the new session: token 3.
+    assert workers[0].tokens == [1, *range(3, steps + 1)]
+    for w in workers[1:]:
+        assert w.tokens == list(range(1, steps + 1)), (w.index, w.tokens)
+    assert counters.global_step == steps and counters.accepted == [steps] * 3
+    verdict = sync.verify(counters, mode="sync", target_steps=steps, replicas_to_aggregate=3)
+    assert verdict.synchronous, verdict.line
 
 
 def test_async_mode_shows_the_async_signature():

@@ -254,6 +254,9 @@ def test_a_lost_peer_is_retryable_and_other_tensorflow_errors_are_not():
 @pytest.mark.parametrize("error, code", [
     ("UnavailableError(None, None, 'Socket closed')", config.EXIT_PEER_LOST),
     ("InvalidArgumentError(None, None, 'shape mismatch')", config.EXIT_FAILED),
+    # A bounded call outside a training step (the finish barrier, an evaluation, a reading).
+    ("DeadlineExceededError(None, None, 'Timed out waiting for notification')",
+     config.EXIT_TIMEOUT),
 ])
 def test_the_task_process_exits_with_the_code_its_error_maps_to(error, code, tmp_path):
     # The real entry point, in a process of its own (it ends with os._exit), with the worker's

@@ -20,7 +20,7 @@ from sync_mnist import session, sync
 tf1 = tf.compat.v1
 
 
-def _sync_graph():
+def _sync_graph(replicas=2):
     """One worker's graph of a 2-worker cluster; the hosts are never contacted."""
     graph = tf.Graph()
     cluster = tf.train.ClusterSpec({"ps": ["ps0:2222"], "worker": ["w0:2222", "w1:2222"]})
@@ -30,12 +30,14 @@ def _sync_graph():
         x = tf1.get_variable("x", initializer=tf.zeros([2]))
         training = sync.build_train_op(tf.reduce_sum(x), state,
                                        tf1.train.GradientDescentOptimizer(0.1), worker_index=0,
-                                       num_workers=2, replicas_to_aggregate=2, is_chief=True)
+                                       num_workers=2, replicas_to_aggregate=replicas,
+                                       is_chief=True)
     return graph, training
 
 
 def test_sync_replicas_optimizer_token_queue_and_local_step():
-    graph, training = _sync_graph()
+    # With backups (R < N) the workers share TensorFlow's own token queue.
+    graph, training = _sync_graph(replicas=1)
     optimizer = training.optimizer
     assert isinstance(optimizer, tf1.train.SyncReplicasOptimizer)
     # _sync_token_queue: the queue TensorFlow's own get_init_tokens_op fills.
@@ -59,6 +61,22 @@ def test_sync_replicas_optimizer_token_queue_and_local_step():
         assert local_step.op.name in _ancestor_names(push.inputs[1])
 
 
+def test_the_owned_tokens_follow_the_pushes_of_the_stock_train_op():
+    # With R = N each worker takes its token from a queue of its own, under the control
+    # dependency on the pushes that sync._pushes_before_the_token finds in the stock train op.
+    graph, training = _sync_graph()
+    dequeues = [op for op in graph.get_operations() if op.type.startswith("QueueDequeue")
+                and op.inputs[0].op.name == "sync_token_q_worker_0"]
+    assert len(dequeues) == 2  # the training step's, and the rejoin's
+    step = next(op for op in dequeues if op.control_inputs)
+    pushes = {op for op in graph.get_operations() if op.type.endswith("AccumulatorApplyGradient")
+              and "who_accumulator" not in op.inputs[0].op.name}
+    assert pushes and pushes == set(step.control_inputs)
+    assert step.name in _ancestor_names(training.train_op)
+    # The rejoin reading reads the queue after global_step and last_push (none here).
+    assert training.rejoin_reading is None
+
+
 def test_sync_replicas_optimizer_chief_queue_runner_is_the_replaced_one():
     graph, training = _sync_graph()
     optimizer = training.optimizer
@@ -67,6 +85,8 @@ def test_sync_replicas_optimizer_chief_queue_runner_is_the_replaced_one():
     # when its session closes.
     assert optimizer.get_chief_queue_runner() is runner
     assert tf.errors.CancelledError in runner.queue_closed_exception_types
+    # It never closes the token queues the cluster shares (sync.py says why).
+    assert runner.close_op.type == runner.cancel_op.type == "NoOp"
     (hook,) = training.hooks
     with graph.as_default():
         hook.begin()
