@@ -146,11 +146,8 @@ def test_lost_backup_worker_is_reported_and_the_rest_finish(processes, tmp_path)
 
 # -------------------------------------------------------------------------- 3. no backup
 
-# Soak until the known defect is fixed (README, "A worker dies, R = N"): if worker 1 dies after
-# the update that handed out its token but before taking it, the chief can take that token too
-# and train on alone (each step warns "global_step went back"; the verdict says not
-# synchronous) instead of timing out. Seen once in about ten suite runs.
-@pytest.mark.soak
+# If worker 1 died after the update that handed out its token but before taking it, the chief
+# could take that token too and train on alone; tokens are owned now (sync.build_train_op).
 def test_lost_worker_without_backup_ends_every_task_within_the_timeout(processes, tmp_path):
     timeout = 10
     cluster = Cluster(processes, tmp_path, 2, "--train-steps", "10000", "--timeout",
