@@ -59,6 +59,14 @@ def run_ps(config: TaskConfig, *, server=None) -> report.TaskResult:
     last_step, last_progress = None, time.monotonic()
     with session.closed_bounded(tf1.Session(server.target, graph=graph,
                                             config=session.session_config(["/job:ps"]))) as sess:
+        # Sync: the first run creates the session, which waits without end for every ps; a
+        # sibling may still be starting, so allow it the start-up a worker allows the chief.
+        first_wait = START_SECS + timeout
+        others = [a for p, a in enumerate(config.cluster.ps_hosts) if p != config.index]
+        session.bounded_call(
+            lambda: _entries_waiting(sess, waiting, poll), first_wait,
+            f"ps {config.index}: waited {first_wait:g} s for the other ps "
+            f"({', '.join(others) or 'none'}) to answer")
         # Sync: a worker the chief declared lost will never report done; do not wait for it.
         while len(done | set(lost)) < n:
             if _entries_waiting(sess, waiting, poll):

@@ -54,3 +54,28 @@ def test_the_ps_counts_every_done_entry_however_short_its_polls(monkeypatch):
     assert not thread.is_alive(), f"the ps still waits {GUARD:g} s after {WORKERS} done entries"
     assert "error" not in outcome, outcome["error"]
     assert outcome["result"].role == "ps"
+
+
+def test_a_ps_whose_sibling_never_comes_ends_within_its_bound(monkeypatch):
+    # The ps's session spans every ps; its creation waited without end for a missing sibling,
+    # before the no-progress watchdog had even started.
+    monkeypatch.setattr(ps, "START_SECS", 1.0)
+    mine, absent = free_ports(2)  # nobody will listen on the sibling's port
+    layout = ClusterLayout((f"127.0.0.1:{mine}", f"127.0.0.1:{absent}"), ("127.0.0.1:1",))
+    config = TaskConfig(role="ps", index=0, cluster=layout,
+                        train=TrainConfig(train_steps=1, timeout=2.0))
+    server = ps.start_server(config)
+    outcome = {}
+
+    def serve():
+        try:
+            outcome["result"] = ps.run_ps(config, server=server)
+        except TaskTimeout as e:
+            outcome["error"] = e
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    thread.join(GUARD)
+    assert not thread.is_alive(), f"the ps still waits for its sibling after {GUARD:g} s"
+    assert str(outcome.get("error")) == (
+        f"ps 0: waited 3 s for the other ps (127.0.0.1:{absent}) to answer; it did not answer")
