@@ -12,6 +12,7 @@ import time
 import tensorflow as tf
 
 from sync_mnist import membership, sync
+from sync_mnist import verdict as verdict_lib
 from sync_mnist.config import TaskConfig
 
 tf1 = tf.compat.v1
@@ -34,7 +35,7 @@ class Progress:
         rate = train.batch_size * (local - self._last_logged) / max(now - self._since, 1e-9)
         self._since, self._last_logged = now, local
         try:
-            counters = sync.Counters.read(self._side, self._state,
+            counters = verdict_lib.Counters.read(self._side, self._state,
                                           options=tf1.RunOptions(timeout_in_ms=5000))
         except tf.errors.OpError:  # the ps is being restarted: the next line will have them
             log.info("step=%d loss=%.4f accuracy=%.3f examples_per_sec=%.0f (counters "
@@ -50,7 +51,7 @@ class Progress:
 
 def contributions_so_far(side, state: sync.SharedState) -> str:
     try:
-        return str(sync.Counters.read(side, state,
+        return str(verdict_lib.Counters.read(side, state,
                                       options=tf1.RunOptions(timeout_in_ms=5000)).accepted)
     except tf.errors.OpError:
         return "unreadable (the ps is unreachable)"
@@ -75,7 +76,7 @@ def stalled(side, state: sync.SharedState, members: membership.Membership,
             f"{membership.missing([int(s) for s in last_push], int(step), config.cluster)}")
 
 
-def write_summaries(writer, counters: sync.Counters, **scalars) -> None:
+def write_summaries(writer, counters: verdict_lib.Counters, **scalars) -> None:
     """Writes `scalars` and the counters (sync/accepted/workerN, sync/unused/workerN,
     sync/repeat_updates) as summaries at counters.global_step; `sync-mnist plot` reads them."""
     values = [tf1.Summary.Value(tag=name, simple_value=float(v))

@@ -22,7 +22,7 @@ The protocol, in the order it happens (where each step lives in brackets):
      running, no gradient is in flight, and every task reads the same final counters
      [membership.finish_barrier].
   7. **Verify.** Every worker reads the counters on the ps and computes the verdict from them:
-     synchronous only if each update averaged one gradient from each worker [sync.verify].
+     synchronous only if each update averaged one gradient from each worker [verdict_lib.verify].
   8. **Evaluate.** The chief evaluates the final weights on the test digits [worker.py].
   9. **Done.** Each worker puts its index in every ps's done-queue; a ps exits once it holds
      one entry per worker that was not lost, instead of `server.join()` forever [ps.py].
@@ -42,6 +42,7 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from sync_mnist import early_stop, membership, sync
+from sync_mnist import verdict as verdict_lib
 from sync_mnist.config import TaskConfig
 
 tf1 = tf.compat.v1

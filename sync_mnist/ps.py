@@ -16,6 +16,7 @@ import time
 import tensorflow as tf
 
 from sync_mnist import membership, protocol, report, session, sync
+from sync_mnist import verdict as verdict_lib
 from sync_mnist.config import START_SECS, TaskConfig, TaskTimeout
 
 tf1 = tf.compat.v1
@@ -128,9 +129,9 @@ def run_ps(config: TaskConfig, *, server=None) -> report.TaskResult:
     return result
 
 
-def _final_counters(sess, state: sync.SharedState, options) -> sync.Counters | None:
+def _final_counters(sess, state: sync.SharedState, options) -> verdict_lib.Counters | None:
     try:
-        return sync.Counters.read(sess, state, options=options)
+        return verdict_lib.Counters.read(sess, state, options=options)
     except tf.errors.OpError as e:
         log.warning("could not read the final counters: %s", str(e).splitlines()[0])
         return None

@@ -26,6 +26,7 @@ import time
 import tensorflow as tf
 
 from sync_mnist import data, membership, ps, report, session, sync
+from sync_mnist import verdict as verdict_lib
 from sync_mnist.config import START_SECS, TaskConfig
 from sync_mnist.metrics import Progress, contributions_so_far, write_summaries
 from sync_mnist.worker import build_graph, evaluate, load_shard
@@ -154,8 +155,8 @@ def run_question_worker(config: TaskConfig, *, dataset: data.Dataset | None = No
     result.local_steps = local
     result.train_s = time.monotonic() - train_started
     result.examples_per_sec = train.batch_size * local / max(result.train_s, 1e-9)
-    counters = sync.Counters.read(side, g.state, options=bounded)
-    verdict = sync.verify(counters, mode="sync", target_steps=local_steps,
+    counters = verdict_lib.Counters.read(side, g.state, options=bounded)
+    verdict = verdict_lib.verify(counters, mode="sync", target_steps=local_steps,
                           replicas_to_aggregate=train.aggregate(n))
     result.global_step = counters.global_step
     result.contributions, result.pushed = counters.accepted, counters.pushed

@@ -17,6 +17,7 @@ import tensorflow as tf
 from sync_mnist import cluster as cluster_lib
 from sync_mnist import (data, early_stop, export, membership, metrics, model, protocol, report,
                         session, sync)
+from sync_mnist import verdict as verdict_lib
 from sync_mnist.config import START_SECS, TaskConfig, TaskTimeout
 from sync_mnist.session import SideSession
 
@@ -160,7 +161,7 @@ class WorkerRun:
         self.result = report.TaskResult(role="worker", index=config.index,
                                         mode=config.train.mode,
                                         replicas_to_aggregate=self._aggregate)
-        self.verdict: sync.Verdict | None = None  # set by finish()
+        self.verdict: verdict_lib.Verdict | None = None  # set by finish()
 
     @property
     def _aggregate(self) -> int:
@@ -369,16 +370,16 @@ class WorkerRun:
         lost = membership.finish_barrier(
             lambda fetches, feed=None: side.run(fetches, feed, options=self.bounded), g.members,
             index=config.index, cluster=config.cluster, timeout=train.timeout, log=log)
-        counters = sync.Counters.read(side, g.state, options=self.bounded)
+        counters = verdict_lib.Counters.read(side, g.state, options=self.bounded)
         end = self.target
         if g.stop is not None:  # Sync: the run was planned to end where the target stopped it
             stop_step = int(side.run(g.stop_vars.stop_step, options=self.bounded))
             result.target_accuracy, result.stop_step = train.target_accuracy, stop_step or None
             if train.mode == "sync":  # (async mode counts local steps, and verifies no target)
                 end = early_stop.end_step(self.target, stop_step)
-        self.verdict = sync.verify(
+        self.verdict = verdict_lib.verify(
             counters, mode=train.mode, target_steps=end,
-            replicas_to_aggregate=self._aggregate, lost=lost) if train.proof else sync.Verdict(
+            replicas_to_aggregate=self._aggregate, lost=lost) if train.proof else verdict_lib.Verdict(
             None, None, "not verified: --bench-no-proof left the counters out")
         result.global_step = counters.global_step
         result.contributions, result.pushed = counters.accepted, counters.pushed

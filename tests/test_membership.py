@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 from sync_mnist import membership, preflight, report, session, sync
+from sync_mnist import verdict as verdict_lib
 from sync_mnist.cli import _cluster_layout, task_parser, _train_config
 from sync_mnist.cluster import ClusterLayout, free_ports
 from sync_mnist.config import EXIT_FAILED, EXIT_TIMEOUT, EXIT_USAGE, ConfigError, TaskConfig
@@ -59,12 +60,12 @@ def test_train_loop_in_async_mode_counts_local_steps():
 # ---------------------------------------------------------------------------- lost workers
 
 def _counters(accepted, pushed, global_step):
-    return sync.Counters(global_step=global_step, pushed=pushed, accepted=accepted,
+    return verdict_lib.Counters(global_step=global_step, pushed=pushed, accepted=accepted,
                          repeat_updates=0, solo_updates=0)
 
 
 def test_verdict_names_a_lost_backup_with_its_pushes():
-    verdict = sync.verify(_counters([30, 30, 0], [31, 30, 17], 30), mode="sync",
+    verdict = verdict_lib.verify(_counters([30, 30, 0], [31, 30, 17], 30), mode="sync",
                           target_steps=30, replicas_to_aggregate=2, lost=[2])
     assert verdict.synchronous
     assert verdict.line.startswith("synchronous with 1 backup worker: each of 30 updates")
@@ -72,7 +73,7 @@ def test_verdict_names_a_lost_backup_with_its_pushes():
 
 
 def test_verdict_with_r_equal_n_stands_on_the_counters_when_a_worker_was_lost_at_the_end():
-    verdict = sync.verify(_counters([30, 30], [30, 30], 30), mode="sync", target_steps=30,
+    verdict = verdict_lib.verify(_counters([30, 30], [30, 30], 30), mode="sync", target_steps=30,
                           replicas_to_aggregate=2, lost=[1])
     assert verdict.synchronous
     assert verdict.line.endswith("contributions [30, 30]; worker 1 lost after 30 pushes")

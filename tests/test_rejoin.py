@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from procs import local_cluster
 from sync_mnist import membership, session, sync, worker
+from sync_mnist import verdict as verdict_lib
 
 tf1 = tf.compat.v1
 pytestmark = pytest.mark.cluster
@@ -117,14 +118,14 @@ def test_successor_of_a_worker_that_pushed_but_never_took_its_token_rejoins_exac
     _in_lockstep(2, chief_step,
                  lambda: successor.run(successor_g.training.train_op, options=bounded))
     with chief_g.graph.as_default(), tf1.Session(servers[0].target) as side:
-        counters = sync.Counters.read(side, chief_g.state)
+        counters = verdict_lib.Counters.read(side, chief_g.state)
         waiting = int(side.run(chief_g.training.tokens_waiting))
     # Exactly as if nothing had happened: one gradient per worker per update, nothing dropped.
     assert counters.global_step == 6
     assert counters.accepted == counters.pushed == [6, 6]
     assert counters.repeat_updates == counters.over_aggregated == 0
     assert waiting == 0
-    verdict = sync.verify(counters, mode="sync", target_steps=6, replicas_to_aggregate=N)
+    verdict = verdict_lib.verify(counters, mode="sync", target_steps=6, replicas_to_aggregate=N)
     assert verdict.synchronous, verdict.line
     for s in (chief, successor):
         s.close()
@@ -159,10 +160,10 @@ def test_a_dead_workers_token_waits_in_its_own_queue_for_its_successor():
     # The successor's push for update 5 joins the chief's, which waited.
     assert successor.run(successor_g.training.train_op, options=bounded) == 5
     with chief_g.graph.as_default(), tf1.Session(servers[0].target) as side:
-        counters = sync.Counters.read(side, chief_g.state)
+        counters = verdict_lib.Counters.read(side, chief_g.state)
     assert counters.global_step == 5 and counters.accepted == [5, 5]
     assert counters.repeat_updates == counters.solo_updates == 0
-    verdict = sync.verify(counters, mode="sync", target_steps=5, replicas_to_aggregate=N)
+    verdict = verdict_lib.verify(counters, mode="sync", target_steps=5, replicas_to_aggregate=N)
     assert verdict.synchronous, verdict.line
     for s in (chief, successor):
         s.close()

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from procs import local_cluster
 from sync_mnist import session, sync
+from sync_mnist import verdict as verdict_lib
 
 tf1 = tf.compat.v1
 pytestmark = pytest.mark.cluster
@@ -70,7 +71,7 @@ class _Worker:
 
     def read(self, target):
         with self.graph.as_default(), tf1.Session(target) as sess:
-            return sync.Counters.read(sess, self.state), sess.run(self.x)
+            return verdict_lib.Counters.read(sess, self.state), sess.run(self.x)
 
 
 def _train(num_workers, replicas, steps, mode="sync", before_push=None, chief_hooks=()):
@@ -113,7 +114,7 @@ def test_lockstep_update_averages_one_gradient_per_worker():
     for w in workers:
         assert w.tokens == [1, 2, 3]
         assert w.local_steps == steps
-    verdict = sync.verify(counters, mode="sync", target_steps=steps, replicas_to_aggregate=3)
+    verdict = verdict_lib.verify(counters, mode="sync", target_steps=steps, replicas_to_aggregate=3)
     assert verdict.synchronous and verdict.as_promised, verdict.line
 
 
@@ -143,7 +144,7 @@ def test_a_chief_session_recovered_mid_run_keeps_the_cluster_in_lockstep():
     for w in workers[1:]:
         assert w.tokens == list(range(1, steps + 1)), (w.index, w.tokens)
     assert counters.global_step == steps and counters.accepted == [steps] * 3
-    verdict = sync.verify(counters, mode="sync", target_steps=steps, replicas_to_aggregate=3)
+    verdict = verdict_lib.verify(counters, mode="sync", target_steps=steps, replicas_to_aggregate=3)
     assert verdict.synchronous, verdict.line
 
 
@@ -156,7 +157,7 @@ def test_async_mode_shows_the_async_signature():
     assert counters.pushed == counters.accepted == [steps] * 3
     expected = -(GRADS[0] + GRADS[1] + GRADS[2]) * steps * LEARNING_RATE
     np.testing.assert_allclose(x, [expected] * 2, rtol=1e-5)
-    verdict = sync.verify(counters, mode="async", target_steps=steps, replicas_to_aggregate=3)
+    verdict = verdict_lib.verify(counters, mode="async", target_steps=steps, replicas_to_aggregate=3)
     assert not verdict.synchronous and verdict.as_promised, verdict.line
 
 
@@ -194,7 +195,7 @@ def test_backup_worker_updates_average_r_fresh_gradients_and_drop_the_stale_one(
     # Worker 2 pushed every step, and every one of its gradients is counted as unused.
     assert counters.pushed[2] == workers[2].local_steps >= 1
     assert counters.unused[2] == counters.pushed[2]
-    verdict = sync.verify(counters, mode="sync", target_steps=target,
+    verdict = verdict_lib.verify(counters, mode="sync", target_steps=target,
                           replicas_to_aggregate=replicas)
     assert verdict.synchronous, verdict.line
     assert "synchronous with 1 backup worker" in verdict.line
