@@ -209,9 +209,12 @@ class WorkerRun:
         """Waits for the ps and (bounded) for the chief, makes the training session, and rejoins
         a running cluster if this worker replaces one that died. Yields the training session."""
         config, train = self.config, self.train_config
+        # Sync: a ps, like the chief, may start after this worker (a pod still being scheduled,
+        # a loaded host): both get the start-up allowance on top of --timeout.
+        startup_wait = START_SECS + train.timeout
         for p, address in enumerate(config.cluster.ps_hosts):
-            cluster_lib.wait_reachable(address, f"ps {p}", train.timeout)
-        chief_wait = START_SECS + train.timeout  # the chief may start after this worker
+            cluster_lib.wait_reachable(address, f"ps {p}", startup_wait)
+        chief_wait = startup_wait
         mine = membership.settings(config, self.dataset.name)
         waiting_since = time.monotonic()
         if not config.is_chief:
