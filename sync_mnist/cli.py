@@ -35,6 +35,10 @@ from sync_mnist.config import TaskConfig, TrainConfig
 DEFAULT_EPOCHS = 12
 
 
+# What str.splitlines() breaks lines at, each shown as repr() shows it ('\n' as \n).
+_ESCAPED = str.maketrans({c: repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"})
+
+
 class _Parser(argparse.ArgumentParser):
     """Usage errors as one line and exit code 2 (argparse's code), without the usage dump.
 
@@ -46,7 +50,8 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(allow_abbrev=False, **kwargs)
 
     def error(self, message):
-        self.exit(config_lib.EXIT_USAGE, f"{self.prog}: error: {message}\n")
+        # One line even when an argument holds a line break: argparse quotes it as given.
+        self.exit(config_lib.EXIT_USAGE, f"{self.prog}: error: {message.translate(_ESCAPED)}\n")
 
 
 def _add_training_options(parser: argparse.ArgumentParser) -> None:

@@ -143,6 +143,10 @@ def from_tf_config(text: str) -> tuple[ClusterLayout, str, int]:
         config = json.loads(text)
     except json.JSONDecodeError as e:
         raise ClusterError(f"TF_CONFIG is not valid JSON ({e.msg} at character {e.pos})") from None
+    except ValueError as e:  # a number of more than 4300 digits (Python's limit for int())
+        raise ClusterError(f"TF_CONFIG cannot be read: {e}") from None
+    except RecursionError:
+        raise ClusterError("TF_CONFIG is nested too deeply to be read") from None
     if isinstance(config, dict) and "sparseCluster" in config:
         raise ClusterError("TF_CONFIG has a \"sparseCluster\" (a TFJob with enableDynamicWorker): "
                            "synchronous training needs a fixed list of workers; set "
@@ -250,6 +254,9 @@ def from_slurm(environ: Mapping[str, str], num_ps: int = DEFAULT_NUM_PS,
         raise ClusterError(f"SLURM_STEP_NODELIST names {len(nodes)} nodes but "
                            f"SLURM_STEP_TASKS_PER_NODE counts tasks for {len(counts)}")
     total = sum(counts)
+    if total > MAX_SLURM_TASKS:
+        raise ClusterError(f"SLURM_STEP_TASKS_PER_NODE {tasks_per_node!r} counts {total} tasks, "
+                           f"more than {MAX_SLURM_TASKS}")
     if total < num_ps + 1:
         raise ClusterError(f"the srun step has {total} task{'s' if total != 1 else ''}; --ps "
                            f"{num_ps} leaves no worker (start at least {num_ps + 1} tasks)")

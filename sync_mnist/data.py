@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import gzip
 import hashlib
+import math
 import os
 import tempfile
 import zlib
@@ -196,7 +197,7 @@ def _read_idx_stream(f: BinaryIO, path: Path) -> np.ndarray:
         raise DataError(f"{path}: header declares 0 {kind}")
     if ndim == 3 and (dims[1] == 0 or dims[2] == 0):
         raise DataError(f"{path}: header declares empty {dims[1]}x{dims[2]} images")
-    expected = int(np.prod(dims))
+    expected = math.prod(dims)  # exact: a numpy product of huge dimensions wraps around
     declared = (
         f"{dims[0]} images of {dims[1]}x{dims[2]} ({expected} bytes)"
         if ndim == 3
