@@ -363,6 +363,7 @@ def tf_configs(draw) -> str:
 
 @given(tf_configs(), st.sampled_from([[], [], [], ["--role", "worker"], ["--index", "1"],
                                       ["--role", "ps", "--index", "0"]]))
+@example("", ["--role", "ps", "--index", "0"])  # found here: an empty TF_CONFIG is none
 @example("[" * 100_000, [])  # RecursionError in json.loads: a traceback
 @example('{"cluster": {"ps": [' + "1" * 5000 + "]}}", [])  # int() refuses 4300+ digits
 @example(json.dumps({"cluster": {"chief": ["c0:1"], "ps": ["p0:1"], "worker": ["c0:1"]},
@@ -373,6 +374,10 @@ def test_fuzz_tf_config(document, flags):
     if not assert_accepted_or_refused(code, out, err, argv, "sync-mnist"):
         return
     (task,) = tasks
+    if not document:  # an empty TF_CONFIG is none: the flags' task in the default layout
+        assert task.cluster.as_dict() == cli._cluster_layout(cli.task_parser().parse_args(
+            argv)).as_dict()
+        return
     spec, given_task = json.loads(document)["cluster"], json.loads(document)["task"]
     chief = [host for job in cluster.CHIEF_JOBS for host in spec.get(job) or []]
     # The layout is the document's: its ps, and its chief (worker 0) before its workers.
@@ -478,7 +483,8 @@ def _srun(nodelist: str, tasks: str, rank: str = "0", **more: str) -> tuple[dict
 @example(_srun("n1", "3", SLURMD_NODENAME="n1", SLURM_LOCALID="\u00b2"))  # likewise
 def test_fuzz_slurm_step(slurm_resolver, step):
     environment, flags = step
-    argv = [*flags, "--dataset", "synthetic", "--train-steps", "5"]
+    # The flags last: a stray first word such as `plot` would be a subcommand.
+    argv = ["--dataset", "synthetic", "--train-steps", "5", *flags]
     code, out, err, placed = run_entry(cli.main, argv, environment)
     if not assert_accepted_or_refused(code, out, err, argv, "sync-mnist"):
         return
