@@ -9,13 +9,14 @@ JOBS   ?= 4
 
 # The test tiers. `make test` runs all of them (not the soak), JOBS test processes at a time:
 # most cluster tests wait on TensorFlow servers and timeouts more than they compute.
-#   test-fast:      no TensorFlow in the test process: parsing, data, reports, deploy files (< 30 s)
+#   test-fast:      no TensorFlow server: parsing, data, reports, deploy files, and
+#                   the fuzz tests' fast profile (< 30 s)
 #   test-inprocess: graphs and in-process clusters (exact sync arithmetic, counters)
 #   test-cluster:   whole clusters through the real command line
 FAST_TESTS := tests/test_cli_errors.py tests/test_config_cluster.py tests/test_data.py \
               tests/test_real_data.py tests/test_netns.py tests/test_task_identity.py \
               tests/test_tfjob.py tests/test_slurm.py tests/test_watch.py \
-              tests/test_experiment_tools.py tests/test_verify.py
+              tests/test_experiment_tools.py tests/test_verify.py tests/test_fuzz.py
 INPROCESS_TESTS := tests/test_model.py tests/test_membership.py \
                    tests/test_sync_cluster.py tests/test_rejoin.py tests/test_ps.py \
                    tests/test_early_stop.py
@@ -45,8 +46,12 @@ test-inprocess: install
 test-cluster: install
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup -m cluster $(addprefix --ignore=,$(INPROCESS_TESTS))
 
+# The long cluster runs, then the fuzz tests with Hypothesis's "soak" profile (conftest.py):
+# 10,000 examples per entry point, with their counts per test at the end.
 soak: install
 	$(BIN)/python -m pytest -q -m soak
+	$(BIN)/python -m pytest -q -m fuzz --hypothesis-profile=soak --hypothesis-show-statistics \
+	    tests/test_fuzz.py
 
 # About 10 minutes on a quiet 2-core machine; `make bench ARGS=--quick` about 2. Writes
 # bench-results/. The plot needs the optional `bench` extra (matplotlib); if it cannot be

@@ -35,6 +35,10 @@ from sync_mnist.config import TaskConfig, TrainConfig
 DEFAULT_EPOCHS = 12
 
 
+# What str.splitlines() breaks lines at, each shown as repr() shows it ('\n' as \n).
+_ESCAPED = str.maketrans({c: repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"})
+
+
 class _Parser(argparse.ArgumentParser):
     """Usage errors as one line and exit code 2 (argparse's code), without the usage dump.
 
@@ -46,7 +50,8 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(allow_abbrev=False, **kwargs)
 
     def error(self, message):
-        self.exit(config_lib.EXIT_USAGE, f"{self.prog}: error: {message}\n")
+        # One line even when an argument holds a line break: argparse quotes it as given.
+        self.exit(config_lib.EXIT_USAGE, f"{self.prog}: error: {message.translate(_ESCAPED)}\n")
 
 
 def _add_training_options(parser: argparse.ArgumentParser) -> None:
@@ -253,6 +258,11 @@ def _run_task(config: TaskConfig, verbose: bool) -> int:
     from sync_mnist import preflight, report, tfcompat
 
     result = report.TaskResult(role=config.role, index=config.index, mode=config.train.mode)
+    if config.summary_json:
+        try:
+            preflight.check_output_file(config.summary_json, "--summary-json")
+        except config_lib.ConfigError as e:
+            return _usage_error(e)  # and no record: where it would go is what is wrong
     try:
         # The user's to fix (a taken port, an unwritable --logdir): say so at once, not after
         # TensorFlow's start-up of a few seconds.
@@ -322,7 +332,12 @@ def _finish(config: TaskConfig, result, code: int) -> None:
     # ru_maxrss is in KiB on Linux.
     result.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if config.summary_json:
-        result.write_json(config.summary_json)
+        try:
+            result.write_json(config.summary_json)
+        except OSError as e:  # checked at the start (preflight); something changed since
+            logging.getLogger("sync_mnist").error(
+                "could not write --summary-json %s: %s", config.summary_json, e.strerror or e)
+            code = code or config_lib.EXIT_FAILED
     # The gRPC server has no clean shutdown in TF2; leave without running its destructor,
     # which can block, once everything this task owes anyone has been sent and written.
     logging.shutdown()
@@ -344,14 +359,18 @@ def plot_main(argv: list[str]) -> int:
                         help="the picture's title (default: the name of LOGDIR)")
     args = parser.parse_args(argv)
     _setup_logging(False, "plot")
-    from sync_mnist import plot, tfcompat
+    from sync_mnist import plot, preflight, tfcompat
 
     output = args.output or args.logdir / "synchrony.png"
     try:
-        plot.require_matplotlib()  # at once, before TensorFlow's slow start
+        # At once, before TensorFlow's slow start: matplotlib, something to draw, and
+        # somewhere to write it.
+        plot.require_matplotlib()
+        plot.events_files(args.logdir)
+        preflight.check_output_file(output, "-o")
         tfcompat.graph_mode(verbose=False)  # quiet: TensorFlow reads the events files
         series = plot.plot_run(args.logdir, output, title=args.title)
-    except plot.PlotError as e:
+    except (plot.PlotError, config_lib.ConfigError) as e:
         return _usage_error(e)
     logging.getLogger("sync_mnist").info(
         "wrote %s: contributions %s at global_step %d", output, series.final_contributions,
@@ -394,6 +413,14 @@ def launch_main(argv: list[str] | None = None) -> int:
                 f"--ps {args.ps} --workers {args.workers}: a cluster needs at least one of each")
         if not 0 <= args.base_port <= 65535:
             raise config_lib.ConfigError(f"--base-port {args.base_port} is outside 0-65535")
+        # In a private namespace the tasks take consecutive ports from it (0 means the
+        # default there): each task would exit 2 on a port past 65535.
+        first = args.base_port or cluster_lib.DEFAULT_BASE_PORT
+        last = first + args.ps + args.workers - 1
+        if last > 65535:
+            raise config_lib.ConfigError(
+                f"--base-port {args.base_port}: {args.ps} ps + {args.workers} workers need ports "
+                f"{first}-{last}, beyond 65535")
         if args.max_restarts < 0:
             raise config_lib.ConfigError(
                 f"--max-restarts must be 0 or more, got {args.max_restarts}")

@@ -8,9 +8,11 @@ the defaults below, which match `make run-cluster`'s localhost layout so that
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import errno
 import json
+import re
 import socket
 import time
 from typing import Mapping
@@ -141,6 +143,10 @@ def from_tf_config(text: str) -> tuple[ClusterLayout, str, int]:
         config = json.loads(text)
     except json.JSONDecodeError as e:
         raise ClusterError(f"TF_CONFIG is not valid JSON ({e.msg} at character {e.pos})") from None
+    except ValueError as e:  # a number of more than 4300 digits (Python's limit for int())
+        raise ClusterError(f"TF_CONFIG cannot be read: {e}") from None
+    except RecursionError:
+        raise ClusterError("TF_CONFIG is nested too deeply to be read") from None
     if isinstance(config, dict) and "sparseCluster" in config:
         raise ClusterError("TF_CONFIG has a \"sparseCluster\" (a TFJob with enableDynamicWorker): "
                            "synchronous training needs a fixed list of workers; set "
@@ -224,37 +230,56 @@ def from_slurm(environ: Mapping[str, str], num_ps: int = DEFAULT_NUM_PS,
                                f"{environ.get('SLURM_PROCID')!r})")
         return environ[name]
 
-    rank_text = var("SLURM_PROCID")
-    if not rank_text.isdigit():
-        raise ClusterError(f"SLURM_PROCID {rank_text!r} is not a task rank")
+    rank = _whole_number(var("SLURM_PROCID"))
+    if rank is None:
+        raise ClusterError(f"SLURM_PROCID {environ['SLURM_PROCID']!r} is not a task rank")
+    nodelist, tasks_per_node = var("SLURM_STEP_NODELIST"), var("SLURM_STEP_TASKS_PER_NODE")
+    for name, value in (("SLURM_STEP_NODELIST", nodelist),
+                        ("SLURM_STEP_TASKS_PER_NODE", tasks_per_node)):
+        if _expansion_bound(value) > MAX_SLURM_TASKS:
+            raise ClusterError(f"{name} {value!r} names more than {MAX_SLURM_TASKS} nodes or "
+                               "tasks")
     try:
-        nodes = slurm.expand_hostlist(var("SLURM_STEP_NODELIST"))
-        counts = slurm.expand_tasks_per_node(var("SLURM_STEP_TASKS_PER_NODE"))
+        nodes = slurm.expand_hostlist(nodelist)
+        counts = slurm.expand_tasks_per_node(tasks_per_node)
     except ValueError as e:
         raise ClusterError(str(e)) from None
+    twice = [node for node, n in collections.Counter(nodes).items() if n > 1]
+    if twice:
+        # The resolver keys its task counts by node name, so a repeated node would lose its
+        # tasks (TensorFlow then raises "Requested 4 tasks but only 2 were assigned").
+        raise ClusterError(f"SLURM_STEP_NODELIST {nodelist!r} names node {twice[0]} more than "
+                           "once")
     if len(nodes) != len(counts):
         raise ClusterError(f"SLURM_STEP_NODELIST names {len(nodes)} nodes but "
                            f"SLURM_STEP_TASKS_PER_NODE counts tasks for {len(counts)}")
     total = sum(counts)
+    if total > MAX_SLURM_TASKS:
+        raise ClusterError(f"SLURM_STEP_TASKS_PER_NODE {tasks_per_node!r} counts {total} tasks, "
+                           f"more than {MAX_SLURM_TASKS}")
     if total < num_ps + 1:
         raise ClusterError(f"the srun step has {total} task{'s' if total != 1 else ''}; --ps "
                            f"{num_ps} leaves no worker (start at least {num_ps + 1} tasks)")
     if not 1 <= base_port <= 65536 - max(counts):
         raise ClusterError(f"--base-port {base_port}: {max(counts)} tasks on a node need ports "
                            f"{base_port}-{base_port + max(counts) - 1}, outside 1-65535")
-    rank = int(rank_text)
     if rank >= total:
         raise ClusterError(f"SLURM_PROCID {rank} is outside the step's {total} tasks")
     # CPU-safe: with no GPU counts given, the resolver runs nvidia-smi, and fails without it.
     # It also pairs each task on a node with a slot of gpus_per_task GPUs and drops the tasks
     # beyond the last slot (0 GPUs: no task at all), so every task gets a nominal slot of one;
     # auto_set_gpu=False keeps it away from CUDA_VISIBLE_DEVICES, and nothing else reads them.
-    resolver = slurm.SlurmClusterResolver(
-        jobs={"ps": num_ps, "worker": total - num_ps}, port_base=base_port,
-        gpus_per_node=max(counts), gpus_per_task=1, tasks_per_node=dict(zip(nodes, counts)),
-        auto_set_gpu=False)
-    spec = resolver.cluster_spec().as_dict()
-    role, index = resolver.get_task_info()
+    try:
+        resolver = slurm.SlurmClusterResolver(
+            jobs={"ps": num_ps, "worker": total - num_ps}, port_base=base_port,
+            gpus_per_node=max(counts), gpus_per_task=1, tasks_per_node=dict(zip(nodes, counts)),
+            auto_set_gpu=False)
+        spec = resolver.cluster_spec().as_dict()
+        role, index = resolver.get_task_info()
+    except (RuntimeError, ValueError, KeyError) as e:  # a step it cannot place; no SLURM_PROCID
+        raise ClusterError(f"TensorFlow's SlurmClusterResolver cannot place this step "
+                           f"(SLURM_STEP_NODELIST {nodelist!r}, SLURM_STEP_TASKS_PER_NODE "
+                           f"{tasks_per_node!r}): {e}") from None
     # What the docstring promises, checked: the resolver read the same rank from os.environ,
     # and put the first num_ps ranks in the ps job.
     expected = ("ps", rank) if rank < num_ps else ("worker", rank - num_ps)
@@ -262,9 +287,9 @@ def from_slurm(environ: Mapping[str, str], num_ps: int = DEFAULT_NUM_PS,
         raise ClusterError(f"SlurmClusterResolver made rank {rank} {role} {index}, not "
                            f"{expected[0]} {expected[1]}")
     layout = ClusterLayout(tuple(spec["ps"]), tuple(spec["worker"]))
-    node, local = environ.get("SLURMD_NODENAME"), environ.get("SLURM_LOCALID")
-    if node and local and local.isdigit():
-        mine, given = f"{node}:{base_port + int(local)}", layout.address(role, index)
+    node, local = environ.get("SLURMD_NODENAME"), _whole_number(environ.get("SLURM_LOCALID", ""))
+    if node and local is not None:
+        mine, given = f"{node}:{base_port + local}", layout.address(role, index)
         if mine != given:
             # The resolver assumes srun's block distribution over nodes in sorted name order.
             raise ClusterError(
@@ -273,6 +298,27 @@ def from_slurm(environ: Mapping[str, str], num_ps: int = DEFAULT_NUM_PS,
                 "the nodes in sorted name order (srun --distribution=block, node names that "
                 "sort as Slurm orders them)")
     return layout, role, index
+
+
+# A real step has far fewer nodes and tasks; a range such as n[1-999999999] would have
+# TensorFlow build a list of a billion names first.
+MAX_SLURM_TASKS = 1 << 16
+
+
+def _expansion_bound(text: str) -> int:
+    """At least as many items as a hostlist ('n[1-4],m2') or a tasks-per-node list ('2(x3),1')
+    expands to, counted without expanding it."""
+    total = text.count(",") + 1
+    for low, high in re.findall(r"(\d+)-(\d+)", text):
+        total += max(0, int(high) - int(low)) if len(high) < 10 else MAX_SLURM_TASKS + 1
+    for repeat in re.findall(r"\(x(\d+)\)", text):
+        total += int(repeat) if len(repeat) < 10 else MAX_SLURM_TASKS + 1
+    return total
+
+
+def _whole_number(text: str) -> int | None:
+    """'12' -> 12; None for anything else (a sign, a space, non-ASCII digits such as '²')."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) < 19 else None
 
 
 def check_port_free(address: str, label: str) -> None:

@@ -7,6 +7,7 @@ never reads argparse, `sys.argv` or the environment.
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 from pathlib import Path
 from typing import Callable
@@ -46,6 +47,12 @@ EXIT_MEANINGS = {
 # that begin before the other side can exist (the ps for its first worker, a worker for the
 # chief, the launcher for its tasks) get it.
 START_SECS = 120.0
+# The bounds of --timeout. TensorFlow takes it in whole milliseconds (RunOptions.timeout_in_ms),
+# and reads 0 ms as no deadline at all, so less than 1 ms would leave every wait unbounded.
+# The longest wait, the launcher's 2 x --timeout + a minute, must stay within what Python's
+# thread waits accept (threading.TIMEOUT_MAX, about 9.2e9 s on Linux).
+MIN_TIMEOUT_SECS = 0.001
+MAX_TIMEOUT_SECS = 1e9
 
 
 class ConfigError(ValueError):
@@ -115,10 +122,13 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
-        if not self.learning_rate > 0:
-            raise ConfigError(f"--learning-rate must be positive, got {self.learning_rate}")
-        if not self.timeout > 0:
-            raise ConfigError(f"--timeout must be positive, got {self.timeout}")
+        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+            raise ConfigError(f"--learning-rate must be positive and finite, got "
+                              f"{self.learning_rate}")
+        if not MIN_TIMEOUT_SECS <= self.timeout <= MAX_TIMEOUT_SECS:  # also false for nan
+            raise ConfigError(f"--timeout must be {MIN_TIMEOUT_SECS:g}-{MAX_TIMEOUT_SECS:g} s "
+                              f"(TensorFlow counts whole milliseconds and reads 0 as no "
+                              f"deadline), got {self.timeout}")
         if self.save_secs is not None and not self.save_secs > 0:
             raise ConfigError(f"--save-secs must be positive, got {self.save_secs}")
         _check_choice("--mode", self.mode, MODES)

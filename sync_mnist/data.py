@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import gzip
 import hashlib
+import math
 import os
 import tempfile
 import zlib
@@ -150,8 +151,8 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
         A uint8 array: [n, rows, cols] for images, [n] for labels.
 
     Raises:
-        DataError: unreadable, wrong magic, truncated (header, payload or gzip stream)
-            or trailing bytes; the message starts with the path.
+        DataError: unreadable, wrong magic, no items, truncated (header, payload or gzip
+            stream) or trailing bytes; the message starts with the path.
     """
     path = Path(path)
     try:
@@ -192,9 +193,11 @@ def _read_idx_stream(f: BinaryIO, path: Path) -> np.ndarray:
             f"found {4 + len(rest)}"
         )
     dims = tuple(int.from_bytes(rest[4 * i : 4 + 4 * i], "big") for i in range(ndim))
+    if dims[0] == 0:  # an empty split: the chief would evaluate on nothing, after training
+        raise DataError(f"{path}: header declares 0 {kind}")
     if ndim == 3 and (dims[1] == 0 or dims[2] == 0):
         raise DataError(f"{path}: header declares empty {dims[1]}x{dims[2]} images")
-    expected = int(np.prod(dims))
+    expected = math.prod(dims)  # exact: a numpy product of huge dimensions wraps around
     declared = (
         f"{dims[0]} images of {dims[1]}x{dims[2]} ({expected} bytes)"
         if ndim == 3
@@ -417,6 +420,10 @@ def _read_npz(path: Path) -> tuple[np.ndarray, ...]:
         if x.dtype != np.uint8:
             raise DataError(f"{path}: x_{split} must be uint8 pixels, got {x.dtype}")
         _check_image_shape(x, path, f"x_{split}")
+        if not len(x):  # an empty split: the chief would evaluate on nothing, after training
+            raise DataError(f"{path}: x_{split} holds no images")
+        if not np.issubdtype(y.dtype, np.integer):  # 3.7 is no digit: refuse, never truncate
+            raise DataError(f"{path}: y_{split} must hold integer labels, got {y.dtype}")
         if y.ndim != 1 or len(y) != len(x):
             raise DataError(
                 f"{path}: x_{split} has {len(x)} images but y_{split} "

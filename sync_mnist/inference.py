@@ -13,24 +13,19 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from sync_mnist import data, preflight
+from sync_mnist import data, png, preflight
 from sync_mnist.config import ConfigError
 from sync_mnist.export import CLASSES, IMAGE_SIZE, INPUT, PROBABILITIES, SIGNATURE
+from sync_mnist.png import ImageError
 
 NUM_CLASSES = 10
 BATCH = 1000  # images per call of the model
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-_CHANNELS = {2: "grayscale with alpha", 3: "RGB", 4: "RGBA"}
 
 Model = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
 class ModelError(Exception):
     """The model directory is missing or holds no model of this interface; names the path."""
-
-
-class ImageError(Exception):
-    """An image file cannot be classified; the message names every such file."""
 
 
 def load_model(model_dir: Path) -> Model:
@@ -114,19 +109,11 @@ def read_png(path: Path) -> np.ndarray:
         raw = Path(path).read_bytes()
     except OSError as e:
         raise ImageError(f"{path}: cannot be read: {e.strerror or e}") from None
-    if not raw.startswith(PNG_SIGNATURE):
-        raise ImageError(f"{path}: not a PNG file")
+    png.check_header(raw, path)  # size and colour type, before anything is decoded
     try:
-        pixels = tf.io.decode_png(raw, channels=0).numpy()
+        pixels = tf.io.decode_png(raw, channels=1).numpy()
     except tf.errors.InvalidArgumentError as e:
         raise ImageError(f"{path}: not a readable PNG: {e.message.splitlines()[0]}") from None
-    height, width, channels = pixels.shape
-    if channels != 1:
-        raise ImageError(f"{path}: {_CHANNELS.get(channels, f'{channels} channels')}, "
-                         "expected grayscale (1 channel)")
-    if (height, width) != (IMAGE_SIZE, IMAGE_SIZE):
-        raise ImageError(f"{path}: {width}x{height} pixels, expected "
-                         f"{IMAGE_SIZE}x{IMAGE_SIZE}")
     return pixels[:, :, 0]
 
 

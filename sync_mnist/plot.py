@@ -43,22 +43,33 @@ class Series:
         return [int(self.contributions[w][-1][1]) for w in sorted(self.contributions)]
 
 
-def load(logdir: Path) -> Series:
-    """Reads every events file in `logdir` (oldest first; a later value for the same tag and
-    step wins, as the final reading repeats the last step's). Raises PlotError."""
-    import tensorflow as tf  # imported late: TensorFlow is slow to load
-
+def events_files(logdir: Path) -> list[Path]:
+    """The events files in `logdir`, oldest first (no TensorFlow needed). Raises PlotError."""
     logdir = Path(logdir)
     files = sorted(logdir.glob("events.out.tfevents.*"))
     if not files:
         raise PlotError(f"{logdir} holds no events files (the chief writes them with "
                         f"--logdir {logdir})")
+    return files
+
+
+def load(logdir: Path) -> Series:
+    """Reads every events file in `logdir` (oldest first; a later value for the same tag and
+    step wins, as the final reading repeats the last step's). Raises PlotError."""
+    import tensorflow as tf  # imported late: TensorFlow is slow to load
+    from google.protobuf.message import DecodeError
+
+    logdir = Path(logdir)
     scalars: dict[str, dict[int, float]] = {}
-    for path in files:
-        for event in tf.compat.v1.train.summary_iterator(str(path)):
-            for value in event.summary.value:
-                if value.HasField("simple_value"):
-                    scalars.setdefault(value.tag, {})[event.step] = value.simple_value
+    for path in events_files(logdir):
+        try:
+            for event in tf.compat.v1.train.summary_iterator(str(path)):
+                for value in event.summary.value:
+                    if value.HasField("simple_value"):
+                        scalars.setdefault(value.tag, {})[event.step] = value.simple_value
+        except (tf.errors.OpError, DecodeError) as e:  # a chief killed mid-write, a stray file
+            reason = (getattr(e, "message", None) or str(e) or type(e).__name__).splitlines()[0]
+            raise PlotError(f"{path} is not a readable events file: {reason}") from None
     contributions = {int(m[1]): sorted(points.items()) for tag, points in scalars.items()
                      if (m := _ACCEPTED.match(tag))}
     if not contributions:
@@ -117,6 +128,9 @@ def plot_run(logdir: Path, output: Path, title: str | None = None) -> Series:
     series = load(logdir)
     fig = draw(series, title)
     output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(output, format="png")
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(output, format="png")
+    except OSError as e:
+        raise PlotError(f"cannot write {output}: {e.strerror or e}") from None
     return series

@@ -27,6 +27,14 @@ def check_task(config: TaskConfig) -> None:
             check_export_dir(config.train.export_dir)
 
 
+def check_output_file(path: Path, flag: str) -> None:
+    """Raises ConfigError unless a file can be written at `path` (its directory is created if
+    need be): checked before the work, so that a run does not end in a failed write."""
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path} is a directory, not a file")
+    _check_writable(path.parent, path, f"{flag} {path}")
+
+
 def check_logdir(logdir: Path) -> None:
     """Raises ConfigError unless the chief can write checkpoints and summaries to logdir."""
     _check_writable(logdir, logdir, f"--logdir {logdir}")
@@ -50,7 +58,10 @@ def check_export_dir(export_dir: Path) -> None:
 def _check_writable(directory: Path, named: Path, flag: str) -> None:
     """Creates `directory` if need be and writes a probe file in it; ConfigError if it cannot."""
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:  # it exists, and is not a directory
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR)) from None
         probe = directory / f".{named.name}.write-test-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()

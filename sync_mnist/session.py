@@ -37,6 +37,7 @@ READY_POLL_SECS = 0.25
 STOP_GRACE_SECS = 0.25
 
 _LOST_PS = (tf.errors.UnavailableError, tf.errors.AbortedError)  # what MonitoredSession retries
+GLOBAL_STEP = "global_step"  # the variable's name, as tf.train.get_or_create_global_step makes it
 
 # Closing a session whose ps is gone blocks without end (TensorFlow keeps retrying to release
 # the graphs it registered there), and MonitoredSession closes the old session before it makes
@@ -316,14 +317,31 @@ def monitored_session(master: str, *, is_chief: bool, hooks: list, config: tf1.C
     return tf1.train.MonitoredSession(creator, hooks, stop_grace_period_secs=STOP_GRACE_SECS)
 
 
-def check_checkpoint(logdir: Path, variables: Sequence[tf.Variable]) -> None:
-    """Raises ConfigError if logdir's latest checkpoint cannot be restored into `variables`.
+def check_checkpoint(logdir: Path, variables: Sequence[tf.Variable],
+                     planned: int | None = None) -> None:
+    """Raises ConfigError if logdir's latest checkpoint cannot be restored into `variables`,
+    or is already past `planned` updates (global steps).
 
     Restoring it would fail mid-start with a long TensorFlow error; this names the variable.
+    A `checkpoint` file that TensorFlow cannot use (unparsable, or naming files that are not
+    there, as after the directory moved: a TF1 Saver writes absolute paths) is refused too:
+    TensorFlow would ignore it and silently train from scratch.
     """
+    index = Path(logdir) / "checkpoint"
+    if not index.exists():
+        return
+    try:
+        state = tf.train.get_checkpoint_state(str(logdir))
+    except ValueError:  # empty, no model_checkpoint_path, or not UTF-8
+        state = None
+    if state is None:
+        raise ConfigError(f"--logdir {logdir} has a checkpoint file that cannot be read as one "
+                          f"({index}): fix or remove it, or give a new --logdir")
     path = tf.train.latest_checkpoint(str(logdir))
     if path is None:
-        return
+        raise ConfigError(f"--logdir {logdir}: its checkpoint file ({index}) names "
+                          f"{state.model_checkpoint_path}, which does not exist (was the "
+                          "directory moved?): fix or remove that file, or give a new --logdir")
     try:
         shapes = dict(tf.train.list_variables(path))
     except (tf.errors.OpError, ValueError) as e:
@@ -338,6 +356,12 @@ def check_checkpoint(logdir: Path, variables: Sequence[tf.Variable]) -> None:
         if v.op.name not in shapes:
             raise ConfigError(f"--logdir {logdir} holds a checkpoint of a different model: it "
                               f"has no variable {v.op.name} (shape {v.shape.as_list()} here)")
+    step = int(tf.train.load_variable(path, GLOBAL_STEP)) if GLOBAL_STEP in shapes else None
+    if planned is not None and step is not None and step > planned:
+        # Resumed, it would train nothing and then fail the verdict (global_step != planned).
+        raise ConfigError(f"--logdir {logdir} holds a checkpoint at global_step {step}, past "
+                          f"the {planned} updates planned (--train-steps or --epochs): give a "
+                          f"new --logdir, or plan at least {step}")
 
 
 def first_line(error: Exception) -> str:

@@ -197,9 +197,12 @@ class WorkerRun:
             if self.logdir:
                 # A checkpoint of another model (say, of a cluster with another number of
                 # workers) would fail mid-restore with a long error: name the variable instead.
+                # In sync mode global_step counts updates, so a checkpoint past the plan
+                # has nothing left to train (in async mode, each worker's local steps count).
                 transient = self.g.transient
                 session.check_checkpoint(self.logdir, [
-                    v for v in tf1.global_variables() if all(v is not t for t in transient)])
+                    v for v in tf1.global_variables() if all(v is not t for t in transient)],
+                    planned=self.target if self.train_config.mode == "sync" else None)
             # The writer CheckpointSaverHook also uses (one cache per logdir): one events file.
             self.writer = (tf1.summary.FileWriterCache.get(str(self.logdir)) if self.logdir
                            else None)

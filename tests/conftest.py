@@ -11,6 +11,18 @@ import sys
 import types
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# The fuzzing profiles of tests/test_fuzz.py, chosen with Hypothesis's own pytest option
+# --hypothesis-profile. "fast", the default (`make test`): every entry point in a few seconds,
+# the same examples on every run. "soak" (`make soak`): 10,000 fresh examples per entry point.
+# Neither keeps a database: what a run finds goes into test_fuzz.py as an explicit @example.
+# No deadline: each example has a bound of its own (test_fuzz.bounded) that only a hang reaches.
+settings.register_profile("fast", max_examples=150, derandomize=True, deadline=None,
+                          database=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("soak", max_examples=10_000, deadline=None, database=None,
+                          print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("fast")
 
 # Quiet TensorFlow's C++ logs before it is imported, as cli.main does for users.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

@@ -8,6 +8,8 @@ BEHAVIOUR:
   hanging-ps       the workers finish, synchronous, and exit 0; the ps never exits.
   not-synchronous  every task ends by itself; the workers' records say "not synchronous"
                    and they exit 3, as real workers of the question's replay do.
+  bad-input-chief  the chief rejects its input as a real one does (one `error:` line, a
+                   record with the error, exit 2); the other tasks wait to be stopped.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from sync_mnist import config as config_lib
 from sync_mnist import report
 
 START_SECS = 30.0  # a bare Python start-up, bounded generously for a loaded machine
+BAD_INPUT = "--logdir /nowhere/logdir is not writable: Permission denied"  # bad-input-chief's
 
 
 def main() -> int:
@@ -35,6 +38,12 @@ def main() -> int:
     chief_started = marks / "chief-started"
     if args.role == "worker" and args.index == 0:
         chief_started.touch()
+        if behaviour == "bad-input-chief":
+            print(f"error: {BAD_INPUT}", flush=True)
+            result = report.TaskResult(role="worker", index=0, mode="sync", error=BAD_INPUT,
+                                       exit_code=config_lib.EXIT_USAGE)
+            result.write_json(args.summary_json)
+            return config_lib.EXIT_USAGE
     else:
         if args.role == "worker":
             print(f"[worker {args.index}] {report.WAITING_FOR_CHIEF}", flush=True)
@@ -44,6 +53,8 @@ def main() -> int:
                 print(f"the chief did not start within {START_SECS:g} s", flush=True)
                 return config_lib.EXIT_TIMEOUT
             time.sleep(0.05)
+    while behaviour == "bad-input-chief":
+        time.sleep(3600)  # until the launcher stops it
     if args.role == "ps":
         while behaviour == "hanging-ps":
             time.sleep(3600)  # until the launcher stops it

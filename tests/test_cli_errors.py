@@ -77,6 +77,7 @@ def _tf_config(task, workers=("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")) -> s
 
 
 CLUSTER = ["--ps-hosts", "{ps}", "--worker-hosts", "{workers}"]
+TIMEOUT_WHY = "(TensorFlow counts whole milliseconds and reads 0 as no deadline)"
 WORKER_1 = ["--role", "worker", "--index", "1", *CLUSTER]
 
 # (argv template, TF_CONFIG or None, the exact stderr line). Templates use `hosts`' keys.
@@ -113,11 +114,20 @@ TASK_ERRORS = {
     "zero batch size": ([*WORKER_1, "--batch-size", "0"], None,
                         "error: --batch-size must be a positive integer, got 0"),
     "zero learning rate": ([*WORKER_1, "--learning-rate", "0"], None,
-                           "error: --learning-rate must be positive, got 0.0"),
+                           "error: --learning-rate must be positive and finite, got 0.0"),
     "negative learning rate": ([*WORKER_1, "--learning-rate", "-0.01"], None,
-                               "error: --learning-rate must be positive, got -0.01"),
+                               "error: --learning-rate must be positive and finite, got -0.01"),
     "zero timeout": ([*WORKER_1, "--timeout", "0"], None,
-                     "error: --timeout must be positive, got 0.0"),
+                     f"error: --timeout must be 0.001-1e+09 s {TIMEOUT_WHY}, got 0.0"),
+    # Each of these was accepted: inf ended in OverflowError (exit 1) at the first bounded
+    # call, and 0.0004 s became timeout_in_ms=0, which TensorFlow reads as no deadline.
+    "infinite timeout": ([*WORKER_1, "--timeout", "inf"], None,
+                         f"error: --timeout must be 0.001-1e+09 s {TIMEOUT_WHY}, got inf"),
+    "nan timeout": ([*WORKER_1, "--timeout", "nan"], None,
+                    f"error: --timeout must be 0.001-1e+09 s {TIMEOUT_WHY}, got nan"),
+    "sub-millisecond timeout": ([*WORKER_1, "--timeout", "0.0004"], None,
+                                f"error: --timeout must be 0.001-1e+09 s {TIMEOUT_WHY}, "
+                                "got 0.0004"),
     "zero log-every": ([*WORKER_1, "--log-every", "0"], None,
                        "error: --log-every must be a positive integer, got 0"),
     "zero save-secs": ([*WORKER_1, "--save-secs", "0"], None,
@@ -292,6 +302,15 @@ LAUNCH_ERRORS = {
                          "error: --ps 1 --workers -3: a cluster needs at least one of each"),
     "base port out of range": (["--base-port", "70000"],
                                "error: --base-port 70000 is outside 0-65535"),
+    # Accepted before: in the private namespace every task then exited 2 on its own port.
+    "ports past 65535": (["--base-port", "65534"],
+                         "error: --base-port 65534: 1 ps + 3 workers need ports 65534-65537, "
+                         "beyond 65535"),
+    "ports past 65535 from the default": (["--base-port", "0", "--workers", "63400"],
+                                          "error: --base-port 0: 1 ps + 63400 workers need "
+                                          "ports 2222-65622, beyond 65535"),
+    "infinite timeout": (["--timeout", "inf"],
+                         f"error: --timeout must be 0.001-1e+09 s {TIMEOUT_WHY}, got inf"),
     "negative max restarts": (["--max-restarts", "-1"],
                               "error: --max-restarts must be 0 or more, got -1"),
     "zero batch size": (["--batch-size", "0"],
@@ -487,6 +506,21 @@ def test_real_command_names_a_port_already_in_use():
     assert code == 2, err
     assert "Traceback" not in err
     assert err.splitlines() == [f"error: port {w1} (worker 1, 127.0.0.1:{w1}) is already in use"]
+    assert out == ""
+
+
+# Not `cluster`: the record's path is checked before TensorFlow is imported.
+def test_real_command_checks_its_summary_json_before_training(tmp_path):
+    # Before: the task ran (here: until its ps was found unreachable), then failed to write
+    # its record: a traceback at the very end, and no os._exit, so the gRPC server's
+    # destructor could hold the process.
+    ps, w0, w1 = free_ports(3)
+    code, out, err, _ = _run_task_process([
+        "--role", "worker", "--index", "1", "--ps-hosts", f"127.0.0.1:{ps}",
+        "--worker-hosts", f"127.0.0.1:{w0},127.0.0.1:{w1}", "--dataset", "synthetic",
+        "--train-steps", "5", "--timeout", "2", "--summary-json", str(tmp_path)])
+    assert code == 2, err
+    assert err.splitlines() == [f"error: --summary-json {tmp_path} is a directory, not a file"]
     assert out == ""
 
 

@@ -330,6 +330,9 @@ def test_train_config_needs_exactly_one_length(kwargs):
     assert str(raised.value) == "give exactly one of --train-steps and --epochs"
 
 
+TIMEOUT_WHY = "(TensorFlow counts whole milliseconds and reads 0 as no deadline)"
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"train_steps": 0}, "--train-steps must be a positive integer, got 0"),
     ({"train_steps": -5}, "--train-steps must be a positive integer, got -5"),
@@ -338,12 +341,24 @@ def test_train_config_needs_exactly_one_length(kwargs):
     ({"train_steps": 1, "batch_size": -100}, "--batch-size must be a positive integer, got -100"),
     ({"train_steps": 1, "log_every": 0}, "--log-every must be a positive integer, got 0"),
     ({"train_steps": 1, "save_steps": 0}, "--save-steps must be a positive integer, got 0"),
-    ({"train_steps": 1, "learning_rate": 0.0}, "--learning-rate must be positive, got 0.0"),
-    ({"train_steps": 1, "learning_rate": -0.1}, "--learning-rate must be positive, got -0.1"),
+    ({"train_steps": 1, "learning_rate": 0.0},
+     "--learning-rate must be positive and finite, got 0.0"),
+    ({"train_steps": 1, "learning_rate": -0.1},
+     "--learning-rate must be positive and finite, got -0.1"),
     ({"train_steps": 1, "learning_rate": float("nan")},
-     "--learning-rate must be positive, got nan"),
-    ({"train_steps": 1, "timeout": 0.0}, "--timeout must be positive, got 0.0"),
-    ({"train_steps": 1, "timeout": -3.0}, "--timeout must be positive, got -3.0"),
+     "--learning-rate must be positive and finite, got nan"),
+    ({"train_steps": 1, "learning_rate": float("inf")},
+     "--learning-rate must be positive and finite, got inf"),
+    ({"train_steps": 1, "timeout": 0.0}, f"--timeout must be 0.001-1e+09 s {TIMEOUT_WHY}, got 0.0"),
+    ({"train_steps": 1, "timeout": -3.0},
+     f"--timeout must be 0.001-1e+09 s {TIMEOUT_WHY}, got -3.0"),
+    # 0.4 ms would be timeout_in_ms=0: no deadline at all. inf and nan: no bound either.
+    ({"train_steps": 1, "timeout": 0.0004},
+     f"--timeout must be 0.001-1e+09 s {TIMEOUT_WHY}, got 0.0004"),
+    ({"train_steps": 1, "timeout": float("inf")},
+     f"--timeout must be 0.001-1e+09 s {TIMEOUT_WHY}, got inf"),
+    ({"train_steps": 1, "timeout": float("nan")},
+     f"--timeout must be 0.001-1e+09 s {TIMEOUT_WHY}, got nan"),
     ({"train_steps": 1, "mode": "lockstep"}, "--mode 'lockstep' is not one of: sync, async"),
     ({"train_steps": 1, "optimizer": "rmsprop"},
      "--optimizer 'rmsprop' is not one of: adam, sgd, momentum"),

@@ -162,6 +162,44 @@ def test_labels_outside_0_9(tmp_path):
         data.load_mnist(directory)
 
 
+# Each was accepted before: the chief then divided by zero in its evaluation after training
+# (exit 1, and the ps exit 200), `sync-mnist evaluate` printed accuracy=nan, and float
+# labels were truncated to digits without a word.
+
+@pytest.mark.parametrize("empty", [TEST_IMAGES, TRAIN_LABELS])
+def test_an_idx_file_with_a_count_of_0_is_refused(tmp_path, empty):
+    arrays = {TEST_IMAGES: TINY[2][:0], TEST_LABELS: TINY[3][:0]} if empty == TEST_IMAGES \
+        else {TRAIN_IMAGES: TINY[0][:0], TRAIN_LABELS: TINY[1][:0]}
+    directory = _write_tiny(tmp_path, [arrays.get(n, a) for n, a in zip(data.MNIST_FILES, TINY)])
+    kind = "images" if empty == TEST_IMAGES else "labels"
+    with pytest.raises(DataError) as err:
+        data.load_mnist(directory)
+    # The images of each pair are read first: an empty test split is named by its images.
+    named = empty if empty == TEST_IMAGES else TRAIN_IMAGES
+    assert str(err.value) == f"{directory / named}: header declares 0 images"
+    with pytest.raises(DataError, match=rf"^{directory / empty}: header declares 0 {kind}$"):
+        data.read_idx(directory / empty)
+
+
+def test_an_npz_with_an_empty_test_split_is_refused(tmp_path):
+    np.savez(tmp_path / "mnist.npz", x_train=TINY[0], y_train=TINY[1], x_test=TINY[2][:0],
+             y_test=TINY[3][:0])
+    with pytest.raises(DataError) as err:
+        data.load_mnist(tmp_path)
+    assert str(err.value) == f"{tmp_path / 'mnist.npz'}: x_test holds no images"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.bool_])
+def test_an_npz_with_labels_that_are_not_integers_is_refused(tmp_path, dtype):
+    labels = TINY[1].astype(dtype) + (dtype(0.7) if dtype is not np.bool_ else False)
+    np.savez(tmp_path / "mnist.npz", x_train=TINY[0], y_train=labels, x_test=TINY[2],
+             y_test=TINY[3])
+    with pytest.raises(DataError) as err:
+        data.load_mnist(tmp_path)
+    assert str(err.value) == (f"{tmp_path / 'mnist.npz'}: y_train must hold integer labels, "
+                              f"got {np.dtype(dtype)}")
+
+
 def test_swapped_files_are_caught(tmp_path):
     directory = _write_tiny(tmp_path, (TINY[1], TINY[0], TINY[2], TINY[3]))
     with pytest.raises(DataError, match=r"train-images-idx3-ubyte\.gz: expected images"):

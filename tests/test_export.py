@@ -7,8 +7,10 @@ sync_mnist, as a user would load it.
 from __future__ import annotations
 
 import re
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -186,6 +188,29 @@ def test_predict_names_every_file_that_is_not_a_28x28_grayscale_png(exported, tm
     assert len(errors) == len(bad), run.stderr
     for line, (path, reason) in zip(errors, bad.items()):
         assert line.startswith(f"error: {path}: ") and reason in line, line
+
+
+def _png_chunk(kind: bytes, body: bytes) -> bytes:
+    return (struct.pack(">I", len(body)) + kind + body +
+            struct.pack(">I", zlib.crc32(kind + body)))
+
+
+def test_predict_refuses_a_png_by_its_header_before_decoding_it(tmp_path, monkeypatch):
+    # 50,000 x 50,000 grayscale pixels in a few hundred bytes: decoding allocates 2.5 GB
+    # before it reads a row. Before, read_png decoded first and checked the size after.
+    bomb = tmp_path / "bomb.png"
+    bomb.write_bytes(b"\x89PNG\r\n\x1a\n"
+                     + _png_chunk(b"IHDR", struct.pack(">IIBBBBB", 50_000, 50_000, 8, 0, 0, 0, 0))
+                     + _png_chunk(b"IDAT", zlib.compress(bytes(50_001 * 8)))
+                     + _png_chunk(b"IEND", b""))
+
+    def decode_png(*args, **kwargs):
+        raise AssertionError("decoded before its header was checked")
+
+    monkeypatch.setattr(tf.io, "decode_png", decode_png)
+    with pytest.raises(inference.ImageError) as raised:
+        inference.read_png(bomb)
+    assert str(raised.value) == f"{bomb}: 50000x50000 pixels, expected 28x28"
 
 
 @pytest.mark.parametrize("command", [["evaluate"], ["predict", "x.png"]])

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
+import fake_task
 from procs import ROOT, processes_mentioning, read_json
 from sync_mnist.launcher import launch
-from sync_mnist.config import EXIT_TIMEOUT
+from sync_mnist.config import EXIT_TIMEOUT, EXIT_USAGE, TrainConfig
 
 FAKE_TASK = str(Path(__file__).with_name("fake_task.py"))
 BOUND = 60  # seconds a launcher of stand-in tasks may take on a loaded machine
@@ -74,6 +75,36 @@ def test_the_launchers_last_line_states_its_exit_code(processes, tmp_path):
                                   "show it was not synchronous)")
 
 
+def test_a_tasks_bad_input_is_the_launchers_exit_2_naming_the_task_and_its_reason(processes,
+                                                                                 tmp_path):
+    # The chief exits 2 (say, an unwritable --logdir): before, the launcher said 1, and a
+    # script or a TFJob lost the difference between bad input and a crash.
+    code, launcher, summary = _launch_fakes(processes, tmp_path, "bad-input-chief")
+
+    assert code == EXIT_USAGE, launcher.output
+    assert launcher.lines[-2:] == [f"error: worker 0: {fake_task.BAD_INPUT}",
+                                   "exit code 2 (bad input)"]
+    assert [line for line in launcher.lines if line.startswith("error:")] == [
+        launcher.lines[-2]]
+    chief = next(t for t in summary["tasks"] if (t["role"], t["index"]) == ("worker", 0))
+    assert (chief["exit_code"], chief["error"]) == (EXIT_USAGE, fake_task.BAD_INPUT)
+
+
+def test_the_launchers_summary_json_is_checked_before_any_task_starts(tmp_path, monkeypatch,
+                                                                      capsys):
+    # Before: the cluster ran to the end, then writing its record raised IsADirectoryError,
+    # a traceback with no `exit code` line.
+    monkeypatch.setattr(launch, "TASK_COMMAND", [sys.executable, FAKE_TASK, "not-synchronous",
+                                                 str(tmp_path)])
+    code = launch.run_cluster(num_ps=1, num_workers=2, base_port=0, isolate="off", task_args=[],
+                              train=TrainConfig(train_steps=2, timeout=1.0, dataset="synthetic"),
+                              summary_json=tmp_path)
+    assert code == EXIT_USAGE
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: --summary-json {tmp_path} is a directory, not a file"]
+    assert not (tmp_path / "chief-started").exists(), "a task was started"
+
+
 @pytest.mark.cluster
 def test_make_run_cluster_names_the_launchers_exit_code(processes, tmp_path):
     """make reports any failure as its own code 2; the launcher's last line keeps the real one."""
@@ -86,11 +117,13 @@ def test_make_run_cluster_names_the_launchers_exit_code(processes, tmp_path):
 
     assert make.wait(240) == 2, make.output  # make's own code for a failed recipe
     assert processes_mentioning(str(tmp_path)) == []
-    # The chief rejected its --logdir (2), so the launcher stopped the cluster: exit 1.
-    assert f"[worker 0] error: --logdir {not_a_dir / 'logdir'} is not writable" in make.output
+    # The chief rejected its --logdir (2), so the launcher stopped the cluster: exit 2 too.
+    rejected = f"--logdir {not_a_dir / 'logdir'} is not writable: Not a directory"
+    assert f"[worker 0] error: {rejected}" in make.output
+    assert f"error: worker 0: {rejected}" in make.lines, make.output
     stated = [line for line in make.lines if line.startswith("exit code ")]
-    assert stated == ["exit code 1 (a task failed; the launcher: some task failed)"], make.output
-    assert any(line.endswith("run-cluster] Error 1") for line in make.lines), make.output
+    assert stated == ["exit code 2 (bad input)"], make.output
+    assert any(line.endswith("run-cluster] Error 2") for line in make.lines), make.output
 
 
 # ------------------------------------------------------------------ between fork and exec

@@ -180,6 +180,78 @@ def test_check_checkpoint_names_the_variable_that_differs(tmp_path):
             session.check_checkpoint(tmp_path, other[:2])
 
 
+def _save_step_5(logdir):
+    with tf.Graph().as_default():
+        tf1.get_variable("global_step", initializer=tf.constant(5, tf.int64))
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            tf1.train.Saver().save(sess, str(logdir / "model.ckpt"), global_step=5)
+
+
+@pytest.mark.parametrize("content", ["model_checkpoint_path: {{{", "", "\xff\xfe"],
+                         ids=["unparsable", "empty", "not text"])
+def test_check_checkpoint_refuses_a_checkpoint_file_tensorflow_would_ignore(tmp_path, content):
+    # Before: TensorFlow logged "Checkpoint ignored" (hidden) and the chief silently started
+    # over (unparsable), or a ValueError "Invalid checkpoint state" came through (empty).
+    _save_step_5(tmp_path)
+    (tmp_path / "checkpoint").write_bytes(content.encode("latin-1"))
+    with tf.Graph().as_default():
+        step = [tf1.get_variable("global_step", [], tf.int64)]
+        with pytest.raises(ConfigError) as raised:
+            session.check_checkpoint(tmp_path, step)
+    assert str(raised.value) == (f"--logdir {tmp_path} has a checkpoint file that cannot be "
+                                 f"read as one ({tmp_path / 'checkpoint'}): fix or remove it, "
+                                 "or give a new --logdir")
+
+
+def test_check_checkpoint_refuses_a_moved_logdir_whose_checkpoint_file_names_the_old_one(
+        tmp_path):
+    # A TF1 Saver writes absolute paths into the checkpoint file; after a move they point
+    # nowhere, and before, TensorFlow then ignored the checkpoint: a silent fresh start.
+    _save_step_5(tmp_path / "before")
+    (tmp_path / "before").rename(tmp_path / "after")
+    with tf.Graph().as_default():
+        step = [tf1.get_variable("global_step", [], tf.int64)]
+        with pytest.raises(ConfigError) as raised:
+            session.check_checkpoint(tmp_path / "after", step)
+    assert str(raised.value) == (
+        f"--logdir {tmp_path / 'after'}: its checkpoint file ({tmp_path / 'after/checkpoint'}) "
+        f"names {tmp_path / 'before/model.ckpt-5'}, which does not exist (was the directory "
+        "moved?): fix or remove that file, or give a new --logdir")
+
+
+@pytest.mark.cluster  # in-process servers
+def test_a_chief_refuses_a_checkpoint_already_past_its_planned_updates(tmp_path):
+    # Before: the chief resumed at global_step 10, trained nothing, and the verdict said
+    # "global_step 10 != 4 planned": exit 3 (not synchronous) for what is bad input.
+    from procs import local_cluster
+    from sync_mnist import data, worker
+    from sync_mnist.config import TrainConfig
+
+    servers, spec = local_cluster(1)
+    layout = ClusterLayout(tuple(spec.as_dict()["ps"]), tuple(spec.as_dict()["worker"]))
+
+    def chief(train_steps: int) -> worker.WorkerRun:
+        run = worker.WorkerRun(TaskConfig(role="worker", index=0, cluster=layout, train=TrainConfig(
+            train_steps=train_steps, dataset="synthetic", logdir=tmp_path, timeout=30.0)))
+        run.load_shard(data.make_synthetic(0))
+        return run
+
+    # The chief's own model, at global_step 10, saved as a checkpoint in its --logdir.
+    run = chief(10)
+    run.build_graph()
+    with run.graph.as_default(), tf1.Session(servers[0].target) as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(tf1.assign(tf1.train.get_global_step(), 10))
+        tf1.train.Saver().save(sess, str(tmp_path / "model.ckpt"), global_step=10)
+    chief(10).build_graph()  # 10 planned: nothing past the plan
+    with pytest.raises(ConfigError) as raised:
+        chief(4).build_graph()
+    assert str(raised.value) == (f"--logdir {tmp_path} holds a checkpoint at global_step 10, "
+                                 "past the 4 updates planned (--train-steps or --epochs): give "
+                                 "a new --logdir, or plan at least 10")
+
+
 # ---------------------------------------------------------------------------- the table
 
 def test_table_gains_a_restarts_column_only_when_a_task_was_restarted():

@@ -183,6 +183,15 @@ SLURM_ERRORS = {
                                        local=0), [],
                                   "error: SLURM_STEP_NODELIST names 3 nodes but "
                                   "SLURM_STEP_TASKS_PER_NODE counts tasks for 2"),
+    # Before: TensorFlow's resolver raised RuntimeError ("Requested 4 tasks but only 2 were
+    # assigned"), a traceback.
+    "a node listed twice": (dict(nodelist="n1,n1", tasks="2(x2)", rank=0, node="n1", local=0),
+                            [], "error: SLURM_STEP_NODELIST 'n1,n1' names node n1 more than "
+                                "once"),
+    "a range of a billion nodes": (dict(nodelist="n[1-999999999]", tasks="1", rank=0, node="n1",
+                                        local=0), [],
+                                   "error: SLURM_STEP_NODELIST 'n[1-999999999]' names more "
+                                   "than 65536 nodes or tasks"),
     # Ranks dealt round-robin (srun --distribution=cyclic): rank 1 runs on n2, but the
     # resolver, which assumes blocks, would give it n1's second port.
     "cyclic distribution": (dict(nodelist="n[1-2]", tasks="2(x2)", rank=1, node="n2", local=0),

@@ -100,6 +100,54 @@ def test_plot_command_without_matplotlib_says_what_to_install(tmp_path, capsys, 
     assert capsys.readouterr().err.strip() == f"error: {plot.MISSING_MATPLOTLIB}"
 
 
+def _write_events(logdir, steps: int = 3):
+    """Summaries as the chief writes them (one worker's contributions); the events file."""
+    from sync_mnist import tfcompat
+
+    tfcompat.graph_mode(verbose=False)  # FileWriter is graph-mode only, as the chief runs
+    import tensorflow as tf
+
+    tf1 = tf.compat.v1
+    writer = tf1.summary.FileWriter(str(logdir))
+    for step in range(1, steps + 1):
+        writer.add_summary(tf1.Summary(value=[tf1.Summary.Value(
+            tag="sync/accepted/worker0", simple_value=step)]), step)
+    writer.close()
+    (events,) = logdir.glob("events.out.tfevents.*")
+    return events
+
+
+@pytest.mark.parametrize("damage, reason", [
+    ("truncated", "truncated record at "),  # a chief killed mid-write
+    ("corrupt", "corrupted record at "),  # a flipped bit: the record's checksum fails
+])
+def test_plot_command_on_a_damaged_events_file_is_one_error_line(damage, reason, tmp_path,
+                                                                 capsys):
+    # Before: TensorFlow's DataLossError, a traceback.
+    events = _write_events(tmp_path / "run")
+    raw = events.read_bytes()
+    events.write_bytes(raw[:-5] if damage == "truncated" else
+                       raw[:30] + bytes([raw[30] ^ 1]) + raw[31:])
+    assert cli.main(["plot", str(tmp_path / "run"), "-o", str(tmp_path / "out.png")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: {events} is not a readable events file: {reason}"), line
+    assert not (tmp_path / "out.png").exists()
+
+
+def test_plot_command_checks_its_output_before_reading_the_run(tmp_path, capsys):
+    # Before: PermissionError, NotADirectoryError or IsADirectoryError from savefig, a
+    # traceback after TensorFlow's start and the whole read.
+    _write_events(tmp_path / "run")
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "a-dir").mkdir()
+    for output, reason in ((tmp_path / "a-file" / "out.png", "is not writable: Not a directory"),
+                           (tmp_path / "a-dir", "is a directory, not a file")):
+        assert cli.main(["plot", str(tmp_path / "run"), "-o", str(output)]) == 2
+        assert capsys.readouterr().err.splitlines() == [f"error: -o {output} {reason}"]
+    assert cli.main(["plot", str(tmp_path / "run"), "-o", str(tmp_path / "out.png")]) == 0
+    assert (tmp_path / "out.png").stat().st_size > 0
+
+
 def test_tensorboard_reads_every_tag(runs):
     accumulator = pytest.importorskip(
         "tensorboard.backend.event_processing.event_accumulator")

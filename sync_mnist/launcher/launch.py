@@ -23,7 +23,7 @@ from pathlib import Path
 
 from sync_mnist import cluster as cluster_lib
 from sync_mnist import config as config_lib
-from sync_mnist import data, report
+from sync_mnist import data, preflight, report
 from sync_mnist.launcher import netns, progress
 from sync_mnist.config import TrainConfig
 
@@ -43,6 +43,7 @@ TASK_COMMAND = [sys.executable, "-m", "sync_mnist"]
 # much: the ps's grace beyond --timeout, a blocked unwinding's last resort, the evaluation.
 EXIT_GRACE_SECS = 30.0
 QUESTION_READY_POLL_SECS = 30.0  # tf.compat.v1.train.Supervisor's default recovery_wait_secs
+NO_RECORD = "wrote no result record"  # a task's error when it wrote none
 _PR_SET_PDEATHSIG = 1
 # Resolved here, in the launcher, before any fork: a library or symbol lookup (dlopen, dlsym)
 # between fork and exec can deadlock on a lock that another thread of the launcher held.
@@ -105,8 +106,7 @@ class _Task:
         try:
             fields = json.loads(self.summary.read_text())
         except (OSError, ValueError):
-            fields = {"role": self.role, "index": self.index, "mode": "?",
-                      "error": "wrote no result record"}
+            fields = {"role": self.role, "index": self.index, "mode": "?", "error": NO_RECORD}
         result = report.TaskResult(**fields)
         result.exit_code = self.proc.returncode if self.proc.returncode is not None else -1
         result.restarts = self.restarts
@@ -175,7 +175,9 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
         # starts, rather than once per task.
         data.check_source(train.dataset, train.data_dir)
         dataset = train.dataset
-    except data.DataError as e:
+        if summary_json:  # and the cluster's record, which is written only at the end
+            preflight.check_output_file(Path(summary_json), "--summary-json")
+    except (data.DataError, config_lib.ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return config_lib.EXIT_USAGE
     try:
@@ -243,11 +245,18 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
     summary = report.cluster_summary(results, tasks, wall)
     display.show(report.format_table(results))
     display.show(report.closing_lines(summary))
+    code = _exit_code(tasks, results, summary, train, failed=failed, interrupted=interrupted)
     if summary_json:
         path = Path(summary_json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(summary, indent=2) + "\n")
-    code = _exit_code(tasks, results, summary, train, failed=failed, interrupted=interrupted)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(summary, indent=2) + "\n")
+        except OSError as e:  # checked at the start; something changed since
+            print(f"error: could not write --summary-json {path}: {e.strerror or e}",
+                  file=sys.stderr)
+            code = code or config_lib.EXIT_FAILED
+    if code == config_lib.EXIT_USAGE:  # a task rejected its input: name it and its reason
+        print(f"error: {failed.tag}: {_usage_reason(failed, results)}", file=sys.stderr)
     # The last line: `make run-cluster` turns every failure into make's own code 2.
     _print(f"exit code {code} ({config_lib.EXIT_MEANINGS[code]})")
     return code
@@ -257,6 +266,8 @@ def _exit_code(tasks: list[_Task], results: list[report.TaskResult], summary: di
                train: TrainConfig, *, failed: _Task | None, interrupted: bool) -> int:
     if interrupted:
         return config_lib.EXIT_INTERRUPTED
+    if failed is not None and failed.proc.returncode == config_lib.EXIT_USAGE:
+        return config_lib.EXIT_USAGE  # bad input to a task is bad input to the cluster
     if any(t.overdue for t in tasks):  # a bound of the launcher's own expired
         return config_lib.EXIT_TIMEOUT
     # The question's ps never exits by itself: stopping it is expected, not a failure.
@@ -270,6 +281,14 @@ def _exit_code(tasks: list[_Task], results: list[report.TaskResult], summary: di
     if train.mode == "sync" and not summary["synchronous"]:
         return config_lib.EXIT_NOT_SYNCHRONOUS
     return config_lib.EXIT_OK
+
+
+def _usage_reason(task: _Task, results: list[report.TaskResult]) -> str:
+    """What a task that exited 2 said was wrong: the error in its result record."""
+    error = next(r.error for r in results if (r.role, r.index) == (task.role, task.index))
+    if error in (None, NO_RECORD):
+        return f"bad input ({error or 'no error in its record'}; its lines above say why)"
+    return error
 
 
 def _wait_until_waiting(tasks: list[_Task], others: list[_Task],
