@@ -200,7 +200,7 @@ def _task_in_cluster(args: argparse.Namespace, parser: argparse.ArgumentParser
             raise config_lib.ConfigError(f"--ps {num_ps}: a cluster needs at least one ps task")
         from sync_mnist import tfcompat
 
-        _before_tensorflow(args.verbose)  # the resolver imports TensorFlow
+        _before_tensorflow(args.verbose)  # from_slurm's hostlist parser imports TensorFlow
         tfcompat.graph_mode(args.verbose)
         return cluster_lib.from_slurm(
             os.environ, num_ps=num_ps,
