@@ -142,3 +142,49 @@ def _ranks(text: str) -> list[int]:
         low, _, high = part.partition("-")
         out += range(int(low), int(high or low) + 1)
     return out
+
+
+# Two hosts, each a network namespace on the testbed's veth network: the controller's and one per
+# node. The testbed names its namespaces after tasks; here each is a host.
+HOSTS = {"n9": ("worker", 0), "n10": ("worker", 1), "ctl": ("ps", 0)}
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    from sync_mnist.experiments import testbed
+
+    why = slurm_cluster.unavailable()
+    if why:
+        pytest.skip(f"no real Slurm here: {why}")
+    try:
+        testbed.check(cpu=False)
+    except testbed.Unavailable as e:
+        pytest.skip(f"no network namespaces for two Slurm nodes here: {e}")
+    with testbed.Testbed(num_ps=1, num_workers=2) as bed:
+        # /etc/hosts on each node (a bind mount in its own mount namespace): the tasks reach
+        # each other by node name, as the resolver gives them.
+        hosts_file = tmp_path_factory.mktemp("hosts") / "hosts"
+        hosts_file.write_text("127.0.0.1 localhost\n" + "".join(
+            f"{bed.address[task]} {name}\n" for name, task in HOSTS.items()))
+        # Each in a UTS namespace too: slurmd and slurmctld check their hostname.
+        n9, n10, ctl = [slurm_cluster.Node(name, bed.address[task], slurm_cluster.namespaced_entry(
+            bed.namespace[task], name, hosts_file)) for name, task in HOSTS.items()]
+        with slurm_cluster.SlurmCluster([n9, n10], ctl, first_job_id=1) as running:
+            yield running
+
+
+def test_the_script_with_its_defaults_on_two_nodes_in_slurm_order(two_nodes, tmp_path):
+    # The script's own --nodes=2 --ntasks=4 --cpus-per-task=2: ranks 0-1 on n9, 2-3 on n10.
+    # As text "n10" sorts before "n9"; Slurm's order is n9, n10.
+    job, marker = _job(two_nodes, tmp_path, [])
+    two_nodes.wait(job, BOUND)
+    assert (job.state, job.exit_code) == ("COMPLETED", "0:0"), job.output
+    base = 20000 + job.id % 20000
+    assert f"[ps 0] serving n9:{base};" in job.output, job.output  # rank 0
+    verdicts = _verdicts(job.output)
+    assert sorted(verdicts) == ["0", "1", "2"], job.output
+    for verdict in verdicts.values():
+        assert verdict.startswith(f"synchronous: each of {STEPS} updates averaged exactly one "
+                                  "gradient from each of 3 workers"), verdict
+    assert (tmp_path / "logdir" / "saved_model" / "saved_model.pb").is_file()
+    assert processes_mentioning(marker) == []
