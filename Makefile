@@ -17,7 +17,7 @@ JOBS   ?= 4
 # .ci/run runs after `make test`.
 FAST_TESTS := tests/test_cli_errors.py tests/test_config_cluster.py tests/test_data.py \
               tests/test_real_data.py tests/test_netns.py tests/test_task_identity.py \
-              tests/test_tfjob.py tests/test_slurm.py tests/test_watch.py \
+              tests/test_tfjob.py tests/test_watch.py \
               tests/test_experiment_tools.py
 INPROCESS_TESTS := tests/test_model.py tests/test_verify.py tests/test_membership.py \
                    tests/test_sync_cluster.py tests/test_rejoin.py tests/test_ps.py \
