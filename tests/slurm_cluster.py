@@ -84,10 +84,8 @@ class Job:
     id: int
     output_path: Path
     popen: subprocess.Popen
-    submitted: float
     state: str | None = None  # JobState, from scontrol once the job has ended
     exit_code: str | None = None  # ExitCode, "2:0": the script's code and the signal
-    seconds: float | None = None  # from submission to sbatch's return
 
     @property
     def output(self) -> str:
@@ -238,12 +236,11 @@ class SlurmCluster:
                 str(ROOT / "deploy" / "slurm" / "sync-mnist.sbatch"), *script_args]
         popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True, env=self.env, cwd=ROOT, stdin=subprocess.DEVNULL)
-        submitted = time.monotonic()
         line = popen.stdout.readline()  # --parsable: the job id, as soon as it is queued
         if not line.strip().split(";")[0].isdigit():
             popen.wait(COMMAND_SECS)
             raise RuntimeError(f"sbatch did not queue the job: {line!r} {popen.stderr.read()}")
-        job = Job(int(line.split(";")[0]), output, popen, submitted)
+        job = Job(int(line.split(";")[0]), output, popen)
         self._jobs.append(job)
         return job
 
@@ -255,7 +252,6 @@ class SlurmCluster:
         except subprocess.TimeoutExpired:
             raise AssertionError(f"job {job.id} still running after {timeout} s; output:\n"
                                  f"{job.output}") from None
-        job.seconds = time.monotonic() - job.submitted
         ended = self.jobcomp.read_text().splitlines() if self.jobcomp.exists() else []
         for line in ended:
             fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
