@@ -13,15 +13,18 @@ JOBS   ?= 4
 #                   the fuzz tests' fast profile (< 30 s)
 #   test-inprocess: graphs and in-process clusters (exact sync arithmetic, counters)
 #   test-cluster:   whole clusters through the real command line
+# Not in `make test`: `make test-slurm`, the sbatch script under a real Slurm of its own (root;
+# installs slurm-wlm and munge where missing, else skips saying why; a few minutes), which
+# .ci/run runs after `make test`.
 FAST_TESTS := tests/test_cli_errors.py tests/test_config_cluster.py tests/test_data.py \
               tests/test_real_data.py tests/test_netns.py tests/test_task_identity.py \
-              tests/test_tfjob.py tests/test_slurm.py tests/test_watch.py \
+              tests/test_tfjob.py tests/test_watch.py \
               tests/test_experiment_tools.py tests/test_verify.py tests/test_fuzz.py
 INPROCESS_TESTS := tests/test_model.py tests/test_membership.py \
                    tests/test_sync_cluster.py tests/test_rejoin.py tests/test_ps.py \
                    tests/test_early_stop.py
 
-.PHONY: install run-cluster test test-fast test-inprocess test-cluster soak bench clean
+.PHONY: install run-cluster test test-fast test-inprocess test-cluster test-slurm soak bench clean
 
 install: $(STAMP)
 
@@ -45,6 +48,11 @@ test-inprocess: install
 
 test-cluster: install
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup -m cluster $(addprefix --ignore=,$(INPROCESS_TESTS))
+
+test-slurm: install
+	@start=$$(date +%s); $(BIN)/python -m pytest -q -rs -m slurm tests/test_slurm_real.py; \
+	    code=$$?; echo "test-slurm: the real-Slurm tier took $$(($$(date +%s) - start)) s"; \
+	    exit $$code
 
 # The long cluster runs, then the fuzz tests with Hypothesis's "soak" profile (conftest.py):
 # 10,000 examples per entry point, with their counts per test at the end.

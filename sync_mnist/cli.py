@@ -205,7 +205,7 @@ def _task_in_cluster(args: argparse.Namespace, parser: argparse.ArgumentParser
             raise config_lib.ConfigError(f"--ps {num_ps}: a cluster needs at least one ps task")
         from sync_mnist import tfcompat
 
-        _before_tensorflow(args.verbose)  # the resolver imports TensorFlow
+        _before_tensorflow(args.verbose)  # from_slurm's hostlist parser imports TensorFlow
         tfcompat.graph_mode(args.verbose)
         return cluster_lib.from_slurm(
             os.environ, num_ps=num_ps,
@@ -241,17 +241,41 @@ def main(argv: list[str] | None = None) -> int:
         return plot_main(argv[1:])
     if argv and argv[0] in MODEL_COMMANDS:  # the first word only: task flags stay as they are
         return model_main(argv)
-    parser = task_parser()
-    args = parser.parse_args(argv)
+    # Sync: in an srun step with --kill-on-bad-exit, the first task to reject an argument gets
+    # the others SIGTERM, while they are rejecting the same argument. Held until the arguments
+    # are checked (and ignored by `run` after a rejection), a SIGTERM does not turn their exit 2
+    # (bad input) into a kill, so the step, and the job, end with 2.
+    held: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: held.append(signum))
     try:
+        parser = task_parser()
+        args = parser.parse_args(argv)
         layout, role, index = _task_in_cluster(args, parser)
         config = TaskConfig(role=role, index=index, cluster=layout,
                             train=_train_config(args), summary_json=args.summary_json)
     except ValueError as e:  # ConfigError, ClusterError
         return _usage_error(e)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     _setup_logging(args.verbose, config.name)
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    if held:  # stopped while it checked its arguments, which were good
+        logging.getLogger("sync_mnist").error("interrupted")
+        return config_lib.EXIT_INTERRUPTED
     return _run_task(config, args.verbose)
+
+
+def run() -> None:
+    """The `sync-mnist` process (bin/sync-mnist, the console script, `python -m sync_mnist`):
+    main(), then exit with its code."""
+    try:
+        code = main()
+    except SystemExit as e:  # argparse: --help, or a usage error
+        code = e.code
+    # Sync: srun's SIGTERM to the other tasks may still come as this one exits 2. Python's
+    # shutdown puts back the default action of a signal it handles, not of one it ignores.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(code)
 
 
 def _run_task(config: TaskConfig, verbose: bool) -> int:

@@ -1,7 +1,7 @@
 """Cluster layout: which ps and worker tasks exist and where they listen.
 
 The layout comes from --ps-hosts/--worker-hosts, from a TF_CONFIG value (as Kubernetes' TFJob
-sets it), from an srun step's environment (through TensorFlow's SlurmClusterResolver), or from
+sets it), from an srun step's environment (srun's block distribution over its nodes), or from
 the defaults below, which match `make run-cluster`'s localhost layout so that
 `sync-mnist --role worker --index 1` works in a second terminal with no other flag.
 """
@@ -205,22 +205,23 @@ def from_slurm(environ: Mapping[str, str], num_ps: int = DEFAULT_NUM_PS,
                base_port: int = DEFAULT_BASE_PORT) -> tuple[ClusterLayout, str, int]:
     """The layout of an srun step and this task's role and index in it.
 
-    TensorFlow's SlurmClusterResolver does the work: it lists the step's nodes in sorted order,
-    gives the tasks on a node consecutive ports from base_port, makes the first num_ps ranks ps
-    tasks (its jobs are taken in name order, and "ps" sorts before "worker") and the rest
-    workers, and maps this rank to its task.
+    srun's block distribution, as Slurm lays it out: the ranks fill the step's nodes in the
+    order SLURM_STEP_NODELIST gives them (Slurm's order: n9 before n10), the tasks on a node
+    listen on consecutive ports from base_port, the first num_ps ranks are ps tasks and the
+    rest workers. (TensorFlow's SlurmClusterResolver sorts the node names as text, n10 before
+    n9, and so gives such a step's tasks each other's addresses; only its hostlist parsing,
+    which keeps the order, is used.)
 
     Args:
-      environ: the process environment, with srun's SLURM_STEP_NODELIST and
-        SLURM_STEP_TASKS_PER_NODE, and SLURM_PROCID (which the resolver itself reads from
-        os.environ). SLURMD_NODENAME and SLURM_LOCALID, where set, are checked against the
-        address the resolver gives this rank.
+      environ: the process environment, with srun's SLURM_PROCID, SLURM_STEP_NODELIST and
+        SLURM_STEP_TASKS_PER_NODE. SLURMD_NODENAME and SLURM_LOCALID, where set, are checked
+        against the address this rank is given.
       num_ps: ps tasks; the rest of the step's tasks are workers.
       base_port: the port of the first task on each node.
 
     Raises:
-      ClusterError: a variable is missing or malformed, the step is too small, or this rank
-        would be given an address that is not its own.
+      ClusterError: a variable is missing or malformed, the step is too small, a node is
+        listed twice, or this rank would be given an address that is not its own.
     """
     from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver as slurm
 
@@ -246,8 +247,7 @@ def from_slurm(environ: Mapping[str, str], num_ps: int = DEFAULT_NUM_PS,
         raise ClusterError(str(e)) from None
     twice = [node for node, n in collections.Counter(nodes).items() if n > 1]
     if twice:
-        # The resolver keys its task counts by node name, so a repeated node would lose its
-        # tasks (TensorFlow then raises "Requested 4 tasks but only 2 were assigned").
+        # Its tasks would be given the same addresses as the first listing's.
         raise ClusterError(f"SLURM_STEP_NODELIST {nodelist!r} names node {twice[0]} more than "
                            "once")
     if len(nodes) != len(counts):
@@ -265,38 +265,18 @@ def from_slurm(environ: Mapping[str, str], num_ps: int = DEFAULT_NUM_PS,
                            f"{base_port}-{base_port + max(counts) - 1}, outside 1-65535")
     if rank >= total:
         raise ClusterError(f"SLURM_PROCID {rank} is outside the step's {total} tasks")
-    # CPU-safe: with no GPU counts given, the resolver runs nvidia-smi, and fails without it.
-    # It also pairs each task on a node with a slot of gpus_per_task GPUs and drops the tasks
-    # beyond the last slot (0 GPUs: no task at all), so every task gets a nominal slot of one;
-    # auto_set_gpu=False keeps it away from CUDA_VISIBLE_DEVICES, and nothing else reads them.
-    try:
-        resolver = slurm.SlurmClusterResolver(
-            jobs={"ps": num_ps, "worker": total - num_ps}, port_base=base_port,
-            gpus_per_node=max(counts), gpus_per_task=1, tasks_per_node=dict(zip(nodes, counts)),
-            auto_set_gpu=False)
-        spec = resolver.cluster_spec().as_dict()
-        role, index = resolver.get_task_info()
-    except (RuntimeError, ValueError, KeyError) as e:  # a step it cannot place; no SLURM_PROCID
-        raise ClusterError(f"TensorFlow's SlurmClusterResolver cannot place this step "
-                           f"(SLURM_STEP_NODELIST {nodelist!r}, SLURM_STEP_TASKS_PER_NODE "
-                           f"{tasks_per_node!r}): {e}") from None
-    # What the docstring promises, checked: the resolver read the same rank from os.environ,
-    # and put the first num_ps ranks in the ps job.
-    expected = ("ps", rank) if rank < num_ps else ("worker", rank - num_ps)
-    if (role, index) != expected:
-        raise ClusterError(f"SlurmClusterResolver made rank {rank} {role} {index}, not "
-                           f"{expected[0]} {expected[1]}")
-    layout = ClusterLayout(tuple(spec["ps"]), tuple(spec["worker"]))
+    addresses = [f"{node}:{base_port + local}"
+                 for node, count in zip(nodes, counts) for local in range(count)]
+    layout = ClusterLayout(tuple(addresses[:num_ps]), tuple(addresses[num_ps:]))
+    role, index = ("ps", rank) if rank < num_ps else ("worker", rank - num_ps)
     node, local = environ.get("SLURMD_NODENAME"), _whole_number(environ.get("SLURM_LOCALID", ""))
     if node and local is not None:
         mine, given = f"{node}:{base_port + local}", layout.address(role, index)
         if mine != given:
-            # The resolver assumes srun's block distribution over nodes in sorted name order.
             raise ClusterError(
-                f"Slurm rank {rank} runs on {node} (local task {local}), but TensorFlow's "
-                f"SlurmClusterResolver makes it {role} {index} at {given}: it assumes ranks fill "
-                "the nodes in sorted name order (srun --distribution=block, node names that "
-                "sort as Slurm orders them)")
+                f"Slurm rank {rank} runs on {node} (local task {local}), but a block "
+                f"distribution makes it {role} {index} at {given}: the ranks must fill the "
+                "nodes in order (srun --distribution=block)")
     return layout, role, index
 
 

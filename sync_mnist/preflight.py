@@ -8,13 +8,17 @@ model directory that holds no model), so it is a one-line error naming the value
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import socket
 from pathlib import Path
 
 from sync_mnist import cluster as cluster_lib
 from sync_mnist.config import ConfigError, TaskConfig
 
 SAVED_MODEL_FILE = "saved_model.pb"  # the file that makes a directory a SavedModel
+LOCK_FILE = ".sync-mnist.lock"  # in --logdir: held by the chief of the cluster that uses it
+_held: list = []  # the chief's lock file, open (so locked) until the process ends
 
 
 def check_task(config: TaskConfig) -> None:
@@ -36,8 +40,35 @@ def check_output_file(path: Path, flag: str) -> None:
 
 
 def check_logdir(logdir: Path) -> None:
-    """Raises ConfigError unless the chief can write checkpoints and summaries to logdir."""
+    """Raises ConfigError unless the chief can write checkpoints and summaries to logdir, and
+    no other cluster's chief uses it; then holds its lock for as long as this process lives."""
     _check_writable(logdir, logdir, f"--logdir {logdir}")
+    lock(logdir)
+
+
+def lock(logdir: Path) -> None:
+    """Takes logdir's lock, which the kernel releases when this process ends (even by a kill).
+
+    Two clusters on one --logdir would overwrite each other's checkpoints, and a restore could
+    load the other's model and counters. A POSIX record lock (fcntl), which NFS carries across
+    hosts. Raises ConfigError naming the holder if it is taken.
+    """
+    path = logdir / LOCK_FILE
+    held = open(path, "a+")  # pylint: disable=consider-using-with: kept open on purpose
+    try:
+        fcntl.lockf(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        held.seek(0)
+        holder = held.read().strip() or "a chief"
+        held.close()
+        if e.errno not in (errno.EACCES, errno.EAGAIN):
+            raise ConfigError(f"--logdir {logdir}: cannot lock {path}: {e.strerror}") from None
+        raise ConfigError(f"--logdir {logdir} is in use by a running cluster ({holder} holds "
+                          f"{path}); give each cluster a --logdir of its own") from None
+    held.truncate(0)
+    held.write(f"the chief, pid {os.getpid()} on {socket.gethostname()},")
+    held.flush()
+    _held.append(held)
 
 
 def check_export_dir(export_dir: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import re
 import threading
 import time
 from pathlib import Path
@@ -307,7 +308,7 @@ def monitored_session(master: str, *, is_chief: bool, hooks: list, config: tf1.C
             model_missing=tf1.report_uninitialized_variables(everything),
             prepare_timeout=bound, ps_hosts=ps_hosts)
         if checkpoint_dir:
-            hooks.append(tf1.train.CheckpointSaverHook(
+            hooks.append(_SharedCheckpointSaverHook(
                 checkpoint_dir, save_secs=save_secs,
                 save_steps=None if save_secs else save_steps, scaffold=scaffold))
     else:
@@ -315,6 +316,48 @@ def monitored_session(master: str, *, is_chief: bool, hooks: list, config: tf1.C
         creator = _PromptWorkerSessionCreator(scaffold, master, config, max_wait_secs=timeout)
     creator._setup_bound(bound, ps_hosts, status)  # pylint: disable=protected-access
     return tf1.train.MonitoredSession(creator, hooks, stop_grace_period_secs=STOP_GRACE_SECS)
+
+
+class _SharedCheckpointSaverHook(tf1.train.CheckpointSaverHook):
+    """CheckpointSaverHook that checks, at a session's first save, that the checkpoint is
+    complete where the chief restores from.
+
+    Sync: the saver is sharded. Each ps runs the save of its own variables and writes their
+    shard to its own filesystem, and the last ps merges the shards' indexes there; the chief
+    writes only the `checkpoint` file. On hosts that do not share --logdir, the chief would
+    never find a checkpoint to restore: a lost ps would be a lost model, a resume a fresh start.
+    """
+
+    def __init__(self, checkpoint_dir: str, **kwargs):
+        super().__init__(checkpoint_dir, **kwargs)
+        self._logdir = checkpoint_dir
+
+    def after_create_session(self, session, coord):
+        try:
+            super().after_create_session(session, coord)  # saves the model as it is now
+        except tf.errors.OpError as e:
+            missing = re.search(r"NOT_FOUND: (\S+) not found", str(e))
+            if "MergeV2Checkpoints" not in str(e) or not missing:
+                raise
+            raise ConfigError(_not_shared(self._logdir, f"the last ps cannot find "
+                                          f"{missing.group(1)}, another ps's shard, to merge "
+                                          "the checkpoint")) from None
+        # Not tf.train.latest_checkpoint, which logs an error of its own for a missing shard.
+        state = tf.train.get_checkpoint_state(self._logdir)  # the chief's own file: present
+        path = state.model_checkpoint_path
+        try:
+            reader = tf.train.load_checkpoint(path)
+            for name in reader.get_variable_to_shape_map():
+                reader.get_tensor(name)
+        except (tf.errors.OpError, ValueError) as e:
+            raise ConfigError(_not_shared(self._logdir, f"the chief cannot read "
+                                          f"{Path(path).name}: {first_line(e)}")) from None
+
+
+def _not_shared(logdir: str, reason: str) -> str:
+    return (f"--logdir {logdir}: the checkpoint just saved is not complete where the chief "
+            f"restores from ({reason}): each ps writes its own variables to its own filesystem, "
+            "so --logdir must be storage that every ps and the chief share, at the same path")
 
 
 def check_checkpoint(logdir: Path, variables: Sequence[tf.Variable],

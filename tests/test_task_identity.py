@@ -152,17 +152,17 @@ def test_several_tasks_on_one_node_get_consecutive_ports_from_base_port(ran, mon
     assert all(c.cluster == ran[0].cluster for c in ran)  # every rank sees the same cluster
 
 
-def test_slurm_resolution_needs_no_gpu_and_leaves_cuda_alone(monkeypatch):
-    # The resolver's defaults run nvidia-smi; here there is none, and nothing may be set.
-    monkeypatch.setenv("PATH", "/nonexistent")
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    env = {"SLURM_PROCID": "2", "SLURM_STEP_NODELIST": "n[1-2]",
-           "SLURM_STEP_TASKS_PER_NODE": "2(x2)"}
-    monkeypatch.setenv("SLURM_PROCID", "2")  # the resolver reads the rank from os.environ
-    layout, role, index = cluster.from_slurm(env, num_ps=1, base_port=2222)
-    assert (role, index) == ("worker", 1)
-    assert layout.as_dict() == {"ps": ["n1:2222"], "worker": ["n1:2223", "n2:2222", "n2:2223"]}
-    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+def test_nodes_are_filled_in_slurms_order_not_as_their_names_sort(ran, monkeypatch):
+    # Slurm orders n9 before n10, and puts ranks 0-1 on n9; as text, n10 sorts first (which
+    # TensorFlow's SlurmClusterResolver does, giving rank 0 n10's address).
+    for rank, node, local in ((0, "n9", 0), (1, "n9", 1), (2, "n10", 0), (3, "n10", 1)):
+        _srun_env(monkeypatch, "n[9-10]", "2(x2)", rank, node, local)
+        assert cli.main(TRAIN) == RAN
+    assert [(c.role, c.index) for c in ran] == [("ps", 0), ("worker", 0), ("worker", 1),
+                                                ("worker", 2)]
+    assert ran[0].cluster.as_dict() == {"ps": ["n9:2222"],
+                                        "worker": ["n9:2223", "n10:2222", "n10:2223"]}
+    assert all(c.cluster == ran[0].cluster for c in ran)
 
 
 SLURM_ERRORS = {
@@ -192,21 +192,12 @@ SLURM_ERRORS = {
                                         local=0), [],
                                    "error: SLURM_STEP_NODELIST 'n[1-999999999]' names more "
                                    "than 65536 nodes or tasks"),
-    # Ranks dealt round-robin (srun --distribution=cyclic): rank 1 runs on n2, but the
-    # resolver, which assumes blocks, would give it n1's second port.
+    # Ranks dealt round-robin (srun --distribution=cyclic): rank 1 runs on n2, but in blocks
+    # it would have n1's second port.
     "cyclic distribution": (dict(nodelist="n[1-2]", tasks="2(x2)", rank=1, node="n2", local=0),
-                            [], "error: Slurm rank 1 runs on n2 (local task 0), but TensorFlow's "
-                            "SlurmClusterResolver makes it worker 0 at n1:2223: it assumes ranks "
-                            "fill the nodes in sorted name order (srun --distribution=block, "
-                            "node names that sort as Slurm orders them)"),
-    # Slurm orders n9 before n10; the resolver sorts names as text, n10 first.
-    "names that sort differently": (dict(nodelist="n[9-10]", tasks="1(x2)", rank=0, node="n9",
-                                         local=0), [],
-                                    "error: Slurm rank 0 runs on n9 (local task 0), but "
-                                    "TensorFlow's SlurmClusterResolver makes it ps 0 at "
-                                    "n10:2222: it assumes ranks fill the nodes in sorted name "
-                                    "order (srun --distribution=block, node names that sort as "
-                                    "Slurm orders them)"),
+                            [], "error: Slurm rank 1 runs on n2 (local task 0), but a block "
+                            "distribution makes it worker 0 at n1:2223: the ranks must fill the "
+                            "nodes in order (srun --distribution=block)"),
 }
 
 
@@ -289,15 +280,6 @@ def test_the_task_process_exits_with_the_code_its_error_maps_to(error, code, tmp
     assert out.stderr.splitlines()[-1].endswith(f"[worker 1] error: failed: {name}: "
                                                 f"{error.split(', ')[-1][1:-2]}")
     assert json.loads(record.read_text())["exit_code"] == code
-
-
-def test_the_rank_given_and_the_resolvers_must_agree(monkeypatch):
-    # The resolver reads SLURM_PROCID from os.environ itself; a different one is caught.
-    monkeypatch.setenv("SLURM_PROCID", "0")
-    env = {"SLURM_PROCID": "2", "SLURM_STEP_NODELIST": "n1", "SLURM_STEP_TASKS_PER_NODE": "3"}
-    with pytest.raises(ClusterError) as raised:
-        cluster.from_slurm(env)
-    assert str(raised.value) == "SlurmClusterResolver made rank 2 ps 0, not worker 1"
 
 
 @pytest.mark.cluster  # starts TensorFlow: not for `make test-fast`

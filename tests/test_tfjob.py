@@ -112,9 +112,14 @@ def _read_crd_schema() -> dict:
 
 
 def _load_manifest() -> dict:
+    (job,) = [d for d in _load_documents() if d["kind"] == "TFJob"]
+    return job
+
+
+def _load_documents() -> list[dict]:
     import yaml
 
-    return yaml.safe_load(MANIFEST.read_text())
+    return list(yaml.safe_load_all(MANIFEST.read_text()))
 
 
 def _unknown_fields(value, schema: dict, path: str = "") -> list[str]:
@@ -196,6 +201,22 @@ def test_manifest_is_1_ps_and_3_workers_with_one_command_and_the_chosen_policies
     assert job["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
     (port,) = replicas["Worker"]["template"]["spec"]["containers"][0]["ports"]
     assert port == {"name": "tfjob-port", "containerPort": 2222}  # what TF_CONFIG will name
+
+
+def test_every_pod_mounts_one_read_write_many_claim_at_the_logdir():
+    # Each ps writes its shard of a checkpoint to its own filesystem, and the chief restores
+    # from its own: --logdir must be storage that every pod shares (an emptyDir is the pod's).
+    (claim,) = [d for d in _load_documents() if d["kind"] == "PersistentVolumeClaim"]
+    assert claim["apiVersion"] == "v1"
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    for rtype, spec in _load_manifest()["spec"]["tfReplicaSpecs"].items():
+        pod = spec["template"]["spec"]
+        (container,) = pod["containers"]
+        logdir = container["command"][container["command"].index("--logdir") + 1]
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == logdir]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        assert volume == {"name": mount["name"], "persistentVolumeClaim": {
+            "claimName": claim["metadata"]["name"]}}, rtype
 
 
 @pytest.mark.parametrize("task_type, index", [("ps", 0), ("worker", 0), ("worker", 2)])
