@@ -12,9 +12,13 @@ restarted task). Every task's first process writes its pid to `ROLE-INDEX.pid`. 
   not-synchronous  every task ends by itself; the workers' records say "not synchronous"
                    and they exit 3, as real workers of the question's replay do.
   timeout          every worker exits 200 (a bounded wait) naming nobody as missing.
-  frozen-worker    worker 1's first process stops itself (SIGSTOP); the other workers' first
-                   processes then wait --timeout and exit 200 naming worker 1 as missing, as
-                   real ones do. Restarted, every worker ends as in `ok`.
+  frozen-worker    every worker's first process logs a progress line, then worker 1's stops
+                   itself (SIGSTOP); the others then wait --timeout and exit 200 naming worker
+                   1 as missing, as real ones do. Restarted, every worker ends as in `ok`.
+  slow-replacement every worker's first process logs a progress line, then worker 1's kills
+                   itself (SIGKILL); its second process takes 3 x --timeout to start, while the
+                   others' first processes exit 200 after 2 x --timeout naming worker 1 as
+                   missing. Restarted, every worker ends as in `ok`.
   lost-backup      worker 2 kills itself (SIGKILL) once the chief has started; the others end
                    synchronous and name it lost, as with --replicas-to-aggregate 2.
   ps-dies-at-start the ps's first process exits 201 at once, before the chief has started;
@@ -91,6 +95,9 @@ def main() -> int:
     if behaviour == "lost-backup" and args.index == 2:
         os.kill(os.getpid(), signal.SIGKILL)
     if behaviour == "frozen-worker" and run == 1:
+        # Training had begun: the launcher has seen the cluster make progress with worker 1 in it.
+        print(f"[worker {args.index}] step=2 global_step=2/4 loss=0.1 accuracy=0.9 "
+              f"examples_per_sec=100 contributions=[2, 2, 2]", flush=True)
         if args.index == 1:
             os.kill(os.getpid(), signal.SIGSTOP)  # until the launcher kills it
         frozen = int(_read_when_written(marks / "worker-1.pid"))
@@ -102,6 +109,27 @@ def main() -> int:
                      f"worker {args.index}: waited {args.timeout:g} s for an update after "
                      "local step 2; contributions so far [2, 2, 2]; missing: worker 1 (no "
                      "gradient for update 3)")
+    if behaviour == "slow-replacement":
+        if run == 1:
+            print(f"[worker {args.index}] step=2 global_step=2/4 loss=0.1 accuracy=0.9 "
+                  f"examples_per_sec=100 contributions=[2, 2, 2]", flush=True)
+            (marks / f"progress-{args.index}").touch()
+            if args.index == 1:
+                for other in range(workers):  # dies after the last progress line, not before
+                    _wait_for(marks / f"progress-{other}", f"worker {other}'s progress")
+                time.sleep(0.5)
+                os.kill(os.getpid(), signal.SIGKILL)
+            runs_of_1 = marks / "worker-1-runs"
+            deadline = time.monotonic() + START_SECS
+            while len(runs_of_1.read_text().split()) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(2 * args.timeout)  # waited for worker 1's replacement, still starting
+            return _fail(args, config_lib.EXIT_TIMEOUT,
+                         f"worker {args.index}: waited {args.timeout:g} s for an update after "
+                         "local step 2; contributions so far [2, 2, 2]; missing: worker 1 (no "
+                         "gradient for update 3)")
+        if args.index == 1:
+            time.sleep(3 * args.timeout)  # a start-up under load: importing TensorFlow
     if behaviour == "chatty":
         for line in range(10_000):
             print(f"[worker {args.index}] line {line} " + "x" * 200, flush=True)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from procs import ROOT, processes_mentioning, read_json
+from sync_mnist import report
 from sync_mnist.launcher import launch
 from sync_mnist.config import EXIT_OK, EXIT_TIMEOUT
 
@@ -116,6 +117,19 @@ def test_a_frozen_worker_named_missing_is_killed_and_restarted_not_the_ones_that
     assert len(summary["pids"]["worker 1"]) == 2 and not _alive(frozen)
 
 
+def test_a_replacement_still_starting_is_not_killed_for_being_named_missing(processes,
+                                                                          tmp_path):
+    code, launcher, summary = _launch_fakes(processes, tmp_path, "slow-replacement",
+                                            max_restarts=3)
+
+    assert code == EXIT_OK, launcher.output
+    # Worker 1 was restarted once, when it died; the two that then timed out waiting for its
+    # replacement (started after the last progress, still starting) were restarted instead.
+    assert summary["restarts"] == {"worker 0": 1, "worker 1": 1, "worker 2": 1}, \
+        launcher.output
+    assert "killing it" not in launcher.output
+
+
 def test_with_one_restart_the_frozen_worker_gets_it_and_the_run_ends_200(processes, tmp_path):
     code, launcher, summary = _launch_fakes(processes, tmp_path, "frozen-worker",
                                             max_restarts=1)
@@ -161,10 +175,48 @@ def test_a_cluster_in_which_no_worker_ends_is_stopped_at_the_launchers_bound(pro
     assert all(t["blocked"] for t in summary["tasks"])
 
 
+def test_missing_tasks_reads_the_peers_a_timeout_message_names():
+    assert report.missing_tasks(
+        "worker 2: waited 20 s for an update after local step 492; contributions so far "
+        "[492, 492, 492]; missing: worker 1 (no gradient for update 493)") == ["worker 1"]
+    assert report.missing_tasks(
+        "ps 0: no progress for 25 s (global_step stuck at 5; missing: worker 1 (no gradient "
+        "for update 6; nothing listens at 127.0.0.1:5), worker 2 (no gradient for update 6); "
+        "workers done: none of 3)") == ["worker 1", "worker 2"]
+    assert report.missing_tasks(
+        "worker 1: ...; missing: none: every worker pushed for update 24 but no update came; "
+        "the chief (worker 0) runs the update loop and is missing") == ["worker 0"]
+    assert report.missing_tasks("missing: ps 1 (does not answer)") == ["ps 1"]
+    # No clause, no names: what a reason mentions is not a name.
+    assert report.missing_tasks("worker 1: waited 10 s for an update after local step 3; the "
+                                "ps is reachable but its counters cannot be read") == []
+    assert report.missing_tasks(None) == []
+
+
+def test_the_cluster_summary_judges_a_run_by_the_workers_that_were_not_lost():
+    def worker(index, **fields):
+        return report.TaskResult(role="worker", index=index, mode="sync", **fields)
+
+    verdict = "synchronous with 1 backup worker: ...; worker 2 lost after 17 pushes"
+    reading = dict(contributions=[60, 58, 15], synchronous=True, verdict=verdict, lost=[2],
+                   global_step=60, finished_at=1.0)
+    results = [worker(0, **reading), worker(1, **reading),
+               worker(2, error="wrote no result record")]  # killed: no record of its own
+    summary = report.cluster_summary(results, [], wall=1.0)
+    assert summary["synchronous"] is True and summary["lost"] == [2]
+    # Not lost, a worker with no verdict is no synchronous run.
+    reading["lost"] = None
+    summary = report.cluster_summary([worker(0, **reading), worker(1, **reading), results[2]],
+                                     [], wall=1.0)
+    assert summary["synchronous"] is False
+
+
 def _launcher_with_stdout(tmp_path, behaviour: str) -> subprocess.Popen:
-    return subprocess.Popen(_launcher_argv(tmp_path, behaviour), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=ROOT,
-                            start_new_session=True)
+    """The launcher with its stdout a pipe for the test to read, or not; stderr to a file."""
+    with open(tmp_path / "stderr", "wb") as stderr:
+        return subprocess.Popen(_launcher_argv(tmp_path, behaviour), stdout=subprocess.PIPE,
+                                stderr=stderr, stdin=subprocess.DEVNULL, cwd=ROOT,
+                                start_new_session=True)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -186,8 +238,8 @@ def test_a_launcher_whose_output_is_not_read_still_runs_its_cluster_to_the_end(t
             time.sleep(0.1)
         summary = read_json(tmp_path / "cluster.json")
         assert summary["exit_code"] == EXIT_OK and summary["synchronous"] is True
-        out, err = launcher.communicate(timeout=BOUND)  # now the reader comes back
-        assert launcher.returncode == EXIT_OK, err
+        out, _ = launcher.communicate(timeout=BOUND)  # now the reader comes back
+        assert launcher.returncode == EXIT_OK, (tmp_path / "stderr").read_text()
         assert out.decode().splitlines()[-1] == "exit code 0 (done; in sync mode, verified " \
             "synchronous)"
     finally:
@@ -200,8 +252,13 @@ def test_a_launcher_whose_reader_went_away_ends_quietly_with_its_own_code(tmp_pa
         for _ in range(3):
             launcher.stdout.readline()
         launcher.stdout.close()
-        err = launcher.stderr.read().decode()
-        assert launcher.wait(BOUND) == EXIT_OK, err
+        try:
+            code = launcher.wait(BOUND)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the launcher stalled once its reader had gone:\n"
+                                 f"{(tmp_path / 'stderr').read_text()[-3000:]}") from None
+        err = (tmp_path / "stderr").read_text()
+        assert code == EXIT_OK, err
         assert "Traceback" not in err and "BrokenPipeError" not in err, err
         assert read_json(tmp_path / "cluster.json")["synchronous"] is True
     finally:

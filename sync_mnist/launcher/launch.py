@@ -314,7 +314,8 @@ class _Policy:
     while fewer than `max_restarts` restarts have been made in all, whether it died while
     the cluster started or later. A task that timed out (exit 200) and names a peer as
     missing (report.missing_tasks) has that peer restarted first, killed first if it still
-    runs: frozen (SIGSTOP) or stuck, it has not answered for a whole --timeout. Failing a
+    runs: frozen (SIGSTOP) or stuck, it has not answered for a whole --timeout (unless it
+    is still starting: see _culprits). Failing a
     restart, a worker other than the chief may be left dead while `spare_workers` allow
     (backups, R < N): the chief declares it lost and the rest finish without it.
     """
@@ -348,15 +349,18 @@ class _Policy:
         return False
 
     def _culprits(self, task: _Task) -> list[_Task]:
-        """The live tasks that `task`'s timeout names as missing, oldest process first.
+        """The live tasks that `task`'s timeout names as missing.
 
-        A process started less than --timeout ago is a replacement that may still be on its
-        way: not the one that was waited for.
+        A process still starting is spared, as its peers' waits are meant to spare it: one
+        started after the cluster's latest progress line, within its start-up allowance
+        (START_SECS + --timeout), is a replacement on its way, not the one that was waited for.
         """
         named = report.missing_tasks(task.result().error)
+        progressed = max((t.progressed for t in self._tasks if t.progressed), default=0.0)
         now = time.monotonic()
         return [t for t in self._tasks if t.tag in named and t is not task and not t.lost
-                and t.poll() is None and now - t.spawned >= self._timeout]
+                and t.poll() is None and (t.spawned < progressed or now - t.spawned
+                                          > config_lib.START_SECS + self._timeout)]
 
     def _restart(self, task: _Task, what: str) -> bool:
         if self._made >= self._max:
