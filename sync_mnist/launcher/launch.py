@@ -284,11 +284,9 @@ def _exit_code(tasks: list[_Task], results: list[report.TaskResult], summary: di
     if any(t.overdue for t in tasks):  # a bound of the launcher's own expired
         return config_lib.EXIT_TIMEOUT
     # The failures are the codes of the tasks that ended by themselves: not those the launcher
-    # stopped once it gave up (their code is its doing), nor a lost backup. The question's ps
-    # never exits by itself: stopping it is expected, not a failure.
-    failures = [r.exit_code for t, r in zip(tasks, results)
-                if not t.stopped and not t.lost
-                and not (t.role == "ps" and train.setup == "question" and failed is None)
+    # stopped (once it gave up, or the question's ps, which never exits by itself), nor a
+    # lost backup.
+    failures = [r.exit_code for t, r in zip(tasks, results) if not t.stopped and not t.lost
                 and r.exit_code not in (config_lib.EXIT_OK, config_lib.EXIT_NOT_SYNCHRONOUS)]
     if failed is not None and failed.proc.returncode in (config_lib.EXIT_OK,
                                                          config_lib.EXIT_NOT_SYNCHRONOUS):
@@ -314,10 +312,10 @@ class _Policy:
     while fewer than `max_restarts` restarts have been made in all, whether it died while
     the cluster started or later. A task that timed out (exit 200) and names a peer as
     missing (report.missing_tasks) has that peer restarted first, killed first if it still
-    runs: frozen (SIGSTOP) or stuck, it has not answered for a whole --timeout (unless it
-    is still starting: see _culprits). Failing a
-    restart, a worker other than the chief may be left dead while `spare_workers` allow
-    (backups, R < N): the chief declares it lost and the rest finish without it.
+    runs: frozen (SIGSTOP) or stuck, it has not answered for a whole --timeout (unless it is
+    still starting: see _culprits). Failing a restart, a worker other than the chief may be
+    left dead while `spare_workers` allow (backups, R < N): the chief declares it lost and
+    the rest finish without it.
     """
 
     def __init__(self, tasks: list[_Task], *, max_restarts: int, spare_workers: int,
@@ -424,6 +422,9 @@ def _wait(tasks: list[_Task], policy: _Policy, *, ps_serve_forever: bool,
         live = [t for t in tasks if t.poll() is None
                 and not (ps_serve_forever and t.role == "ps")]
         now = time.monotonic()
+        if not live:  # only a lost backup ended just now: the next round sees the rest
+            time.sleep(0.1)
+            continue
         if first_end is not None and now - first_end[0] > end_bound:
             why = f"still running {end_bound:g} s after {first_end[1].tag} ended"
         elif first_end is None and now - max(t.last_sign_of_life() for t in tasks) > stall_bound:
