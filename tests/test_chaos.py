@@ -61,6 +61,18 @@ def test_a_verified_run_reported_as_a_failure_contradicts_its_counters():
         ("defect", ["contradiction"])
 
 
+def test_a_run_a_worker_verified_that_then_failed_is_a_defect():
+    # The ps killed at the end: two workers verified the final counters and exited 0, then the
+    # launcher stopped the chief.
+    tasks = [{"role": "worker", "index": 1, "exit_code": 0, "synchronous": True},
+             {"role": "worker", "index": 0, "exit_code": 130, "synchronous": None,
+              "blocked": True, "error": "still running at the end; stopped by the launcher"}]
+    summary = _verified(synchronous=False, tasks=tasks)
+    lines = ["[cluster] error: ps 0 exited with code -9; stopping the cluster"]
+    assert chaos.classify(_plan(victim="ps 0"), _seen(1, summary, lines)) == \
+        ("defect", ["verified-but-failed"])
+
+
 def test_exit_0_without_the_counters_to_show_it_is_a_contradiction():
     short = _verified(contributions=[100, 100, 99])
     assert chaos.classify(_plan(), _seen(0, short)) == ("defect", ["contradiction"])

@@ -21,14 +21,17 @@ and its output:
                 its own bounds and the launcher's stopped it), leftover (a process of the run
                 outlived its launcher), unexpected-code, traceback, contradiction (a verdict
                 against the counters or the exit code, e.g. a verified run reported failed),
-                repeat (an update averaged two gradients of one worker, R = N), unnamed (a
+                verified-but-failed (a worker verified the run from the final counters, yet
+                it ended as a failure), repeat (an update averaged two gradients of one
+                worker, R = N), unnamed (a
                 failure whose messages do not name the victim), short-stop-failed (a stop
                 shorter than --timeout failed the run), no-fault-failed (the fault never landed,
                 and the run failed all the same)
 A fault that lands after its victim has ended is "missed"; the run is classified all the same.
 
 It prints one line per run, then the outcomes by (victim, fault) and by phase, and writes every
-run, with its plan and what was seen, to --json. Exit codes: 0 no defect; 1 some defect; 2 bad
+run, with its plan and what was seen, to --json, and each run's output beside it
+(chaos-run-N.log). Exit codes: 0 no defect; 1 some defect; 2 bad
 arguments; 130 interrupted.
 """
 
@@ -365,6 +368,10 @@ def classify(plan: Plan, seen: dict) -> tuple[str, list[str]]:
         category = "failed-named"
         if verified:
             defects.append("contradiction")  # the counters verified it, yet it failed
+        elif summary and any(t.get("role") == "worker" and t.get("synchronous") is True
+                             for t in summary.get("tasks", [])):
+            # A worker read the final counters and verified the run; then something failed.
+            defects.append("verified-but-failed")
         if not seen["fault_landed"]:
             defects.append("no-fault-failed")
         elif plan.fault == "stop-short":
@@ -473,8 +480,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 seen = run_one(plan, Path(tmp))
                 category, defects = classify(plan, seen)
                 print(run_line(plan, seen, category, defects), flush=True)
+                output = args.json.with_name(f"{args.json.stem}-run-{plan.run}.log")
+                output.parent.mkdir(parents=True, exist_ok=True)
+                output.write_text("\n".join(seen["lines"]) + "\n")
                 records.append({**dataclasses.asdict(plan), "victim_kind": plan.victim_kind,
-                                "category": category, "defects": defects,
+                                "category": category, "defects": defects, "log": str(output),
                                 **{k: v for k, v in seen.items() if k != "lines"},
                                 "alerts": [line for line in seen["lines"]
                                            if _ALERT.search(line)][:40]})
