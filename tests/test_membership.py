@@ -4,6 +4,7 @@ verdict, the settings tasks compare, timeout messages, logdir checks, the restar
 from __future__ import annotations
 
 import json
+import logging
 import socket
 
 import pytest
@@ -258,3 +259,31 @@ def test_chief_saves_every_save_secs_when_given_else_every_save_steps(tmp_path, 
     # The checkpoint leaves the transient variable out.
     names = [name for name, _ in tf.train.list_variables(tf.train.latest_checkpoint(tmp_path))]
     assert names == ["global_step"]
+
+
+# ---------------------------------------------------------------------------- finish barrier
+
+def test_the_chief_finishes_without_a_backup_silent_for_the_timeout(monkeypatch):
+    """A frozen backup worker (SIGSTOP: its server still accepts connections) is declared lost
+    when it has not pushed for --timeout, which is also the chief's own bound at the barrier:
+    the barrier must open on the mark, not time out."""
+    n = 3
+    m = membership.Membership(*(object() for _ in range(7)))
+    finished = [membership.RUNNING, membership.FINISHED, membership.RUNNING]
+    last_push = [40, 40, 38]
+
+    def run(fetches, feed=None):
+        if fetches is m.mark:
+            w, value = feed[m.mark_worker][0], feed[m.mark_value][0]
+            finished[w] = max(finished[w], value)
+            return None
+        assert fetches == [m.finished, m.last_push]
+        return [list(finished), list(last_push)]
+
+    monkeypatch.setattr(membership, "probe", lambda address: None)  # stopped, yet listening
+    monkeypatch.setattr(membership, "POLL_SECS", 0.05)
+    layout = ClusterLayout(("127.0.0.1:1",), tuple(f"127.0.0.1:{p}" for p in (2, 3, 4)))
+    lost = membership.finish_barrier(run, m, index=0, cluster=layout, timeout=0.5,
+                                     log=logging.getLogger("test"))
+    assert lost == [2]
+    assert finished == [membership.FINISHED, membership.FINISHED, membership.LOST]
