@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import time
 
 import pytest
 import tensorflow as tf
@@ -202,6 +203,7 @@ class _FakeTask:
     def __init__(self, role, index, *codes):
         self.role, self.index, self.tag = role, index, f"{role} {index}"
         self.codes, self.starts, self.lost = list(codes), 1, False
+        self.spawned, self.progressed = time.monotonic(), None
 
     def poll(self):
         return self.codes[self.starts - 1]
@@ -209,32 +211,42 @@ class _FakeTask:
     def restart(self):
         self.starts += 1
 
+    def result(self):
+        return TaskResult(role=self.role, index=self.index, mode="sync")
 
-def test_launcher_restarts_dead_tasks_within_its_budget_and_never_bad_input():
+    def last_sign_of_life(self):
+        return time.monotonic()
+
+
+def _wait(tasks, max_restarts=0, spare_workers=0):
     from sync_mnist.launcher import launch
 
+    policy = launch._Policy(tasks, max_restarts=max_restarts, spare_workers=spare_workers,
+                            timeout=10.0)
+    return launch._wait(tasks, policy, ps_serve_forever=False)
+
+
+def test_launcher_restarts_dead_tasks_within_its_budget_and_never_bad_input():
     ps, chief, worker = (_FakeTask("ps", 0, -9, 0), _FakeTask("worker", 0, 0),
                          _FakeTask("worker", 1, EXIT_TIMEOUT, EXIT_FAILED, 0))
     # Three deaths, two restarts allowed: the third stops the cluster.
-    assert launch._wait([ps, chief, worker], ps_serve_forever=False, max_restarts=2) is worker
+    assert _wait([ps, chief, worker], max_restarts=2) is worker
     assert (ps.starts, worker.starts) == (2, 2)
     # Exit 2 (bad input) and 3 (not synchronous) are final: a restart would not mend them.
     bad = _FakeTask("worker", 1, EXIT_USAGE, 0)
-    assert launch._wait([bad], ps_serve_forever=False, max_restarts=5) is bad
+    assert _wait([bad], max_restarts=5) is bad
     assert bad.starts == 1
 
 
 def test_launcher_goes_on_without_a_dead_backup_worker_but_not_without_the_chief():
-    from sync_mnist.launcher import launch
-
     chief, backup = _FakeTask("worker", 0, 0), _FakeTask("worker", 2, -9)
-    assert launch._wait([chief, backup], ps_serve_forever=False, spare_workers=1) is None
+    assert _wait([chief, backup], spare_workers=1) is None
     assert backup.lost
     dead_chief = _FakeTask("worker", 0, -9)
-    assert launch._wait([dead_chief], ps_serve_forever=False, spare_workers=1) is dead_chief
+    assert _wait([dead_chief], spare_workers=1) is dead_chief
     # With R = N there is no spare: a dead worker stops the cluster.
     again = _FakeTask("worker", 2, -9)
-    assert launch._wait([again], ps_serve_forever=False, spare_workers=0) is again
+    assert _wait([again], spare_workers=0) is again
 
 
 # ---------------------------------------------------------------------------- checkpoints
