@@ -24,7 +24,7 @@ INPROCESS_TESTS := tests/test_model.py tests/test_membership.py \
                    tests/test_sync_cluster.py tests/test_rejoin.py tests/test_ps.py \
                    tests/test_early_stop.py
 
-.PHONY: install run-cluster test test-fast test-inprocess test-cluster test-slurm soak bench clean
+.PHONY: install run-cluster test test-fast test-inprocess test-cluster test-slurm soak chaos bench clean
 
 install: $(STAMP)
 
@@ -60,6 +60,13 @@ soak: install
 	$(BIN)/python -m pytest -q -m soak
 	$(BIN)/python -m pytest -q -m fuzz --hypothesis-profile=soak --hypothesis-show-statistics \
 	    tests/test_fuzz.py
+
+# The chaos soak: the localhost cluster again and again, each run with one random fault
+# (SIGKILL, or SIGSTOP then SIGCONT, of a random task at a random moment), every outcome
+# classified against the README. About 15 minutes; `make chaos ARGS=--quick` is 3 runs (the
+# soak tier runs those). Writes chaos-results/chaos.json.
+chaos: install
+	$(BIN)/python -m sync_mnist.experiments.chaos $(ARGS)
 
 # About 10 minutes on a quiet 2-core machine; `make bench ARGS=--quick` about 2. Writes
 # bench-results/. The plot needs the optional `bench` extra (matplotlib); if it cannot be

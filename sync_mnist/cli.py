@@ -419,7 +419,9 @@ def launch_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-restarts", type=int, default=0,
                         help="restart a task that dies (killed, crashed or timed out; not one "
                              "that rejected its input or found training not synchronous), up "
-                             "to this many times in all (default: 0)")
+                             "to this many times in all, start-up included; a task that timed "
+                             "out naming a peer as missing has that peer restarted first, "
+                             "killed first if it still runs (default: 0)")
     parser.add_argument("--isolate", default="auto", choices=netns.MODES,
                         help="run every task in one private network namespace with loopback "
                              "only, so no other host and no process outside it can reach the "

@@ -178,6 +178,7 @@ def finish_barrier(run: Callable, m: Membership, *, index: int,
         if not running:  # Sync: the barrier opens: the counters are final for every reader
             return [w for w in range(n) if finished[w] == LOST]
         now = time.monotonic()
+        marked = False
         if is_chief:  # Sync: only the chief declares a worker lost, so all read the same list
             for w in running:
                 if last_seen.get(w, (None,))[0] != last_push[w]:
@@ -189,7 +190,10 @@ def finish_barrier(run: Callable, m: Membership, *, index: int,
                 if reason:
                     log.warning("worker %d is lost (%s); finishing without it", w, reason)
                     run(m.mark, {m.mark_worker: [w], m.mark_value: [LOST]})
-        if now - started > bound:
+                    marked = True
+        # A worker silent for `timeout` is marked lost just as the chief's own bound expires:
+        # read again, and the barrier opens on the mark.
+        if now - started > bound and not marked:
             names = ", ".join(f"worker {w}" + (" (the chief)" if w == 0 else "")
                               for w in running)
             done = [w for w in range(n) if finished[w] == FINISHED]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,31 @@ from sync_mnist import config as config_lib
 # Logged by a non-chief worker just before it waits for the chief; the launcher starts the chief
 # only once every other worker has said it, so both setups face the same start order.
 WAITING_FOR_CHIEF = "waiting for the chief"
+
+# Sync: a task whose bounded wait expired because a peer did not answer says so at the end of
+# its message (its record's `error`) as `missing: ` and the peers, each `worker N` or `ps N`,
+# with an optional `(why)`, comma-separated: membership.missing's form, e.g. `missing: worker 1
+# (no gradient for update 24), worker 2 (...)`. The launcher reads it to restart that peer
+# rather than the task that waited for it. (`missing: none: ... the chief (worker 0) ...` is
+# membership.missing's form for a chief whose update loop is what is missing.)
+_MISSING = re.compile(r"missing: ((?:(?:worker|ps) \d+(?: \([^()]*\))?(?:, |$|;))+)")
+_CHIEF_MISSING = re.compile(r"missing: none: .*the chief \(worker 0\)")
+_TASK = re.compile(r"\b(worker|ps) (\d+)\b")
+
+
+def missing_tasks(message: str | None) -> list[str]:
+    """The peers a timeout message names as missing, as `worker N` / `ps N`; [] for none."""
+    if not message:
+        return []
+    if _CHIEF_MISSING.search(message):
+        return ["worker 0"]
+    names = []
+    for clause in _MISSING.findall(message):
+        # Only the names, not what the reasons in parentheses mention.
+        for role, index in _TASK.findall(re.sub(r"\([^()]*\)", "", clause)):
+            if f"{role} {index}" not in names:
+                names.append(f"{role} {index}")
+    return names
 
 
 @dataclasses.dataclass
@@ -137,11 +163,15 @@ def _fmt(value, spec: str = "") -> str:
 def cluster_summary(results: list[TaskResult], tasks, wall: float) -> dict:
     """The whole cluster's record: the task keys (from the chief's reading) plus wall_s, tasks.
 
-    `tasks` are the launcher's: each has role, index, restarts and exited_at (unix time).
+    `tasks` are the launcher's: each has role, index, restarts, pids and exited_at (unix time).
     """
     workers = sorted((r for r in results if r.role == "worker"), key=lambda r: r.index)
     chief = next((r for r in workers if r.index == 0), None)
     reading = latest_reading(results)
+    # Sync: a worker the chief declared lost (a backup, R < N) has no verdict of its own; the
+    # others' verdicts, read from the ps after the finish barrier, name it and stand for the run.
+    lost = reading.lost if reading and reading.lost else []
+    judges = [r for r in workers if r.index not in lost]
     verdicts = {r.verdict for r in workers if r.verdict}
     ready = [r.ready_at for r in workers if r.ready_at]
     finished = [r.finished_at for r in workers if r.finished_at]
@@ -157,7 +187,7 @@ def cluster_summary(results: list[TaskResult], tasks, wall: float) -> dict:
         "dropped": reading.dropped if reading else None,
         # The verdict of the latest reading; the fixed setup's workers all read the same final
         # counters, so there a disagreement between tasks is itself a failure.
-        "synchronous": bool(workers) and all(r.synchronous for r in workers),
+        "synchronous": bool(judges) and all(r.synchronous for r in judges),
         "verdict": reading.verdict if reading else None,
         "verdicts_agree": len(verdicts) <= 1,
         "test_accuracy": chief.test_accuracy if chief else None,
@@ -176,8 +206,12 @@ def cluster_summary(results: list[TaskResult], tasks, wall: float) -> dict:
         "solo_updates": reading.solo_updates if reading else None,
         "blocked": [f"{r.role} {r.index}" for r in results if r.blocked],
         # Sync: workers the chief declared lost at the finish, and the launcher's restarts.
-        "lost": reading.lost if reading and reading.lost else [],
+        "lost": lost,
         "restarts": {f"{t.role} {t.index}": t.restarts for t in tasks if t.restarts},
+        # Every process the launcher started for each task, in order (the last one is running
+        # or ended the task): a tool that injects faults finds its victims here and in the
+        # launcher's "started worker 1 (pid N)" lines.
+        "pids": {f"{t.role} {t.index}": list(t.pids) for t in tasks},
         "exit_lag_s": max(exits) - max(finished) if exits and finished else None,
         # Time to accuracy: the chief's evaluations, and when the target was reached.
         **{key: getattr(chief, key) if chief else None

@@ -4,7 +4,9 @@ verdict, the settings tasks compare, timeout messages, logdir checks, the restar
 from __future__ import annotations
 
 import json
+import logging
 import socket
+import time
 
 import pytest
 import tensorflow as tf
@@ -274,6 +276,7 @@ class _FakeTask:
     def __init__(self, role, index, *codes):
         self.role, self.index, self.tag = role, index, f"{role} {index}"
         self.codes, self.starts, self.lost = list(codes), 1, False
+        self.spawned, self.progressed = time.monotonic(), None
 
     def poll(self):
         return self.codes[self.starts - 1]
@@ -281,32 +284,42 @@ class _FakeTask:
     def restart(self):
         self.starts += 1
 
+    def result(self):
+        return TaskResult(role=self.role, index=self.index, mode="sync")
 
-def test_launcher_restarts_dead_tasks_within_its_budget_and_never_bad_input():
+    def last_sign_of_life(self):
+        return time.monotonic()
+
+
+def _wait(tasks, max_restarts=0, spare_workers=0):
     from sync_mnist.launcher import launch
 
+    policy = launch._Policy(tasks, max_restarts=max_restarts, spare_workers=spare_workers,
+                            timeout=10.0)
+    return launch._wait(tasks, policy, ps_serve_forever=False)
+
+
+def test_launcher_restarts_dead_tasks_within_its_budget_and_never_bad_input():
     ps, chief, worker = (_FakeTask("ps", 0, -9, 0), _FakeTask("worker", 0, 0),
                          _FakeTask("worker", 1, EXIT_TIMEOUT, EXIT_FAILED, 0))
     # Three deaths, two restarts allowed: the third stops the cluster.
-    assert launch._wait([ps, chief, worker], ps_serve_forever=False, max_restarts=2) is worker
+    assert _wait([ps, chief, worker], max_restarts=2) is worker
     assert (ps.starts, worker.starts) == (2, 2)
     # Exit 2 (bad input) and 3 (not synchronous) are final: a restart would not mend them.
     bad = _FakeTask("worker", 1, EXIT_USAGE, 0)
-    assert launch._wait([bad], ps_serve_forever=False, max_restarts=5) is bad
+    assert _wait([bad], max_restarts=5) is bad
     assert bad.starts == 1
 
 
 def test_launcher_goes_on_without_a_dead_backup_worker_but_not_without_the_chief():
-    from sync_mnist.launcher import launch
-
     chief, backup = _FakeTask("worker", 0, 0), _FakeTask("worker", 2, -9)
-    assert launch._wait([chief, backup], ps_serve_forever=False, spare_workers=1) is None
+    assert _wait([chief, backup], spare_workers=1) is None
     assert backup.lost
     dead_chief = _FakeTask("worker", 0, -9)
-    assert launch._wait([dead_chief], ps_serve_forever=False, spare_workers=1) is dead_chief
+    assert _wait([dead_chief], spare_workers=1) is dead_chief
     # With R = N there is no spare: a dead worker stops the cluster.
     again = _FakeTask("worker", 2, -9)
-    assert launch._wait([again], ps_serve_forever=False, spare_workers=0) is again
+    assert _wait([again], spare_workers=0) is again
 
 
 # ---------------------------------------------------------------------------- checkpoints
@@ -331,3 +344,31 @@ def test_chief_saves_every_save_secs_when_given_else_every_save_steps(tmp_path, 
     # The checkpoint leaves the transient variable out.
     names = [name for name, _ in tf.train.list_variables(tf.train.latest_checkpoint(tmp_path))]
     assert names == ["global_step"]
+
+
+# ---------------------------------------------------------------------------- finish barrier
+
+def test_the_chief_finishes_without_a_backup_silent_for_the_timeout(monkeypatch):
+    """A frozen backup worker (SIGSTOP: its server still accepts connections) is declared lost
+    when it has not pushed for --timeout, which is also the chief's own bound at the barrier:
+    the barrier must open on the mark, not time out."""
+    n = 3
+    m = membership.Membership(*(object() for _ in range(7)))
+    finished = [membership.RUNNING, membership.FINISHED, membership.RUNNING]
+    last_push = [40, 40, 38]
+
+    def run(fetches, feed=None):
+        if fetches is m.mark:
+            w, value = feed[m.mark_worker][0], feed[m.mark_value][0]
+            finished[w] = max(finished[w], value)
+            return None
+        assert fetches == [m.finished, m.last_push]
+        return [list(finished), list(last_push)]
+
+    monkeypatch.setattr(membership, "probe", lambda address: None)  # stopped, yet listening
+    monkeypatch.setattr(membership, "POLL_SECS", 0.05)
+    layout = ClusterLayout(("127.0.0.1:1",), tuple(f"127.0.0.1:{p}" for p in (2, 3, 4)))
+    lost = membership.finish_barrier(run, m, index=0, cluster=layout, timeout=0.5,
+                                     log=logging.getLogger("test"))
+    assert lost == [2]
+    assert finished == [membership.FINISHED, membership.FINISHED, membership.LOST]

@@ -42,6 +42,10 @@ TASK_COMMAND = [sys.executable, "-m", "sync_mnist"]
 # non-chief's bound at the finish barrier; a question worker's last wait for a token) plus this
 # much: the ps's grace beyond --timeout, a blocked unwinding's last resort, the evaluation.
 EXIT_GRACE_SECS = 30.0
+# Whatever the tasks do, the cluster must show a sign of life at least this often, plus
+# 2 x --timeout + EXIT_GRACE_SECS: a task started or ended, or a worker's progress line. The
+# start-up allowance covers a restarted task's start; past it, something waits without a bound.
+STALL_ALLOWANCE_SECS = config_lib.START_SECS
 QUESTION_READY_POLL_SECS = 30.0  # tf.compat.v1.train.Supervisor's default recovery_wait_secs
 NO_RECORD = "wrote no result record"  # a task's error when it wrote none
 _PR_SET_PDEATHSIG = 1
@@ -53,26 +57,34 @@ _prctl = _libc.prctl
 
 class _Task:
     def __init__(self, role: str, index: int, argv: list[str], summary: Path,
-                 namespace: netns.PrivateNamespace | None = None, output=None):
+                 namespace: netns.PrivateNamespace | None, output):
         self.role, self.index, self.summary = role, index, summary
-        self._output = output or _print  # where its lines go: see progress.Display
+        self._output = output  # where its lines go: see progress.Display
         self.tag = f"{role} {index}"
         self.stopped = False  # still running when the launcher stopped the cluster
         self.restarts = 0  # times --max-restarts restarted it
         self.lost = False  # a worker that died while backups carried on without it
         self.overdue: str | None = None  # why the launcher stopped it past a bound of its own
+        self.pids: list[int] = []  # every process started for it, the current one last
         self.waiting_for_chief = threading.Event()
         self._argv, self._namespace = argv, namespace
         self._spawn()
 
     def _spawn(self) -> None:
         namespace, launcher = self._namespace, os.getpid()
-        self.exited_at: float | None = None
+        self.exited_at: float | None = None  # unix time, for the summary
+        self.ended: float | None = None  # monotonic, like the two below
+        self.progressed: float | None = None  # its latest progress line
+        self.waiting_for_chief.clear()
+        # A record left by the process before must not pass for this one's.
+        self.summary.unlink(missing_ok=True)
+        self.spawned = time.monotonic()
         self.proc = subprocess.Popen(
             self._argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, env={**TASK_ENV, **os.environ},
             start_new_session=True,  # its own process group, so stopping it stops its children
             preexec_fn=lambda: _child_setup(namespace, launcher), text=True, bufsize=1)
+        self.pids.append(self.proc.pid)
         self.reader = threading.Thread(target=self._forward, daemon=True)
         self.reader.start()
         log.info("started %s (pid %d)", self.tag, self.proc.pid)
@@ -83,18 +95,35 @@ class _Task:
         self.restarts += 1
         self._spawn()
 
+    def kill(self) -> None:
+        """SIGKILLs its process group and waits (bounded) until the process is gone."""
+        self.signal_group(signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=KILL_GRACE_SECS)
+        except subprocess.TimeoutExpired:  # stuck in the kernel; the restart goes ahead
+            log.error("%s (pid %d) survived SIGKILL for %g s", self.tag, self.proc.pid,
+                      KILL_GRACE_SECS)
+        self.poll()
+
     def _forward(self) -> None:
         for line in self.proc.stdout:
             line = line.rstrip("\n")
             if report.WAITING_FOR_CHIEF in line:
                 self.waiting_for_chief.set()
-            self._output(line if f"[{self.tag}]" in line else f"[{self.tag}] {line}")
+            line = line if f"[{self.tag}]" in line else f"[{self.tag}] {line}"
+            if progress.parse(line):
+                self.progressed = time.monotonic()
+            self._output(line)
 
     def poll(self) -> int | None:
         code = self.proc.poll()
         if code is not None and self.exited_at is None:
-            self.exited_at = time.time()
+            self.exited_at, self.ended = time.time(), time.monotonic()
         return code
+
+    def last_sign_of_life(self) -> float:
+        """When (monotonic) it last started, ended or printed a progress line."""
+        return max(t for t in (self.spawned, self.ended, self.progressed) if t is not None)
 
     def signal_group(self, signum: int) -> None:
         try:
@@ -119,14 +148,6 @@ class _Task:
         if self.overdue:
             result.blocked, result.error = True, self.overdue
         return result
-
-
-_print_lock = threading.Lock()
-
-
-def _print(line: str) -> None:
-    with _print_lock:
-        print(line, flush=True)
 
 
 def _child_setup(namespace: netns.PrivateNamespace | None, launcher: int) -> None:
@@ -214,22 +235,25 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
 
             for index in range(num_ps):
                 start("ps", index)
+            # Sync: with backups (R < N) the others can finish without a lost worker.
+            spare = num_workers - train.aggregate(num_workers) \
+                if train.setup == "fixed" and train.mode == "sync" else 0
+            policy = _Policy(tasks, max_restarts=max_restarts, spare_workers=spare,
+                             timeout=train.timeout)
             # The chief starts last, once every other worker waits for it: the start order in
             # which the question's 30 s readiness poll bites, and the same for both setups.
             others = [start("worker", index) for index in range(1, num_workers)]
-            failed = _wait_until_waiting(tasks, others, config_lib.START_SECS + train.timeout)
+            failed = _wait_until_waiting(tasks, others, config_lib.START_SECS + train.timeout,
+                                         policy)
             if failed is None:
                 start("worker", 0)
-                # Sync: with backups (R < N) the others can finish without a lost worker.
-                spare = num_workers - train.aggregate(num_workers) \
-                    if train.setup == "fixed" and train.mode == "sync" else 0
                 # The question's workers may still be waiting out Supervisor's 30 s readiness
                 # poll when its chief, training alone, has ended.
                 end_bound = 2 * train.timeout + EXIT_GRACE_SECS + (
                     QUESTION_READY_POLL_SECS if train.setup == "question" else 0.0)
-                failed = _wait(tasks, ps_serve_forever=train.setup == "question",
-                               max_restarts=max_restarts, spare_workers=spare,
-                               end_bound=end_bound)
+                failed = _wait(tasks, policy, ps_serve_forever=train.setup == "question",
+                               end_bound=end_bound,
+                               stall_bound=STALL_ALLOWANCE_SECS + end_bound)
         except KeyboardInterrupt:
             interrupted, failed = True, None
             log.error("interrupted; stopping every task")
@@ -243,22 +267,22 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
         results = [t.result() for t in tasks]
     wall = time.time() - started
     summary = report.cluster_summary(results, tasks, wall)
-    display.show(report.format_table(results))
-    display.show(report.closing_lines(summary))
     code = _exit_code(tasks, results, summary, train, failed=failed, interrupted=interrupted)
-    if summary_json:
+    if summary_json:  # first: the screen's reader may be slow (a pager), or gone
         path = Path(summary_json)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(summary, indent=2) + "\n")
+            path.write_text(json.dumps({**summary, "exit_code": code}, indent=2) + "\n")
         except OSError as e:  # checked at the start; something changed since
             print(f"error: could not write --summary-json {path}: {e.strerror or e}",
                   file=sys.stderr)
             code = code or config_lib.EXIT_FAILED
+    display.show(report.format_table(results))
+    display.show(report.closing_lines(summary))
     if code == config_lib.EXIT_USAGE:  # a task rejected its input: name it and its reason
         print(f"error: {failed.tag}: {_usage_reason(failed, results)}", file=sys.stderr)
     # The last line: `make run-cluster` turns every failure into make's own code 2.
-    _print(f"exit code {code} ({config_lib.EXIT_MEANINGS[code]})")
+    display.show(f"exit code {code} ({config_lib.EXIT_MEANINGS[code]})")
     return code
 
 
@@ -270,14 +294,19 @@ def _exit_code(tasks: list[_Task], results: list[report.TaskResult], summary: di
         return config_lib.EXIT_USAGE  # bad input to a task is bad input to the cluster
     if any(t.overdue for t in tasks):  # a bound of the launcher's own expired
         return config_lib.EXIT_TIMEOUT
-    # The question's ps never exits by itself: stopping it is expected, not a failure.
-    expected_stop = {("ps", t.index) for t in tasks if t.role == "ps" and t.stopped
-                     and train.setup == "question" and failed is None}
-    lost = {("worker", t.index) for t in tasks if t.lost}
-    if failed is not None or any(r.exit_code not in (0, config_lib.EXIT_NOT_SYNCHRONOUS)
-                                 for r in results
-                                 if (r.role, r.index) not in expected_stop | lost):
-        return config_lib.EXIT_FAILED
+    # The failures are the codes of the tasks that ended by themselves: not those the launcher
+    # stopped (once it gave up, or the question's ps, which never exits by itself), nor a
+    # lost backup.
+    failures = [r.exit_code for t, r in zip(tasks, results) if not t.stopped and not t.lost
+                and r.exit_code not in (config_lib.EXIT_OK, config_lib.EXIT_NOT_SYNCHRONOUS)]
+    if failed is not None and failed.proc.returncode in (config_lib.EXIT_OK,
+                                                         config_lib.EXIT_NOT_SYNCHRONOUS):
+        failures.append(config_lib.EXIT_FAILED)  # it ended before the chief even started
+    if failures:
+        # Sync: when every failure was a bounded wait (a peer missing, dead or stuck), so is
+        # the cluster's, and like a task's it asks for a retry.
+        return config_lib.EXIT_TIMEOUT if all(c == config_lib.EXIT_TIMEOUT for c in failures) \
+            else config_lib.EXIT_FAILED
     if train.mode == "sync" and not summary["synchronous"]:
         return config_lib.EXIT_NOT_SYNCHRONOUS
     return config_lib.EXIT_OK
@@ -291,42 +320,108 @@ def _usage_reason(task: _Task, results: list[report.TaskResult]) -> str:
     return error
 
 
-def _wait_until_waiting(tasks: list[_Task], others: list[_Task],
-                        timeout: float) -> _Task | None:
-    """Waits until each of `others` has logged that it waits for the chief (bounded)."""
-    deadline = time.monotonic() + timeout
+# Exits that a restart cannot mend: bad input, and a run that ended (synchronous or not).
+_FINAL_EXITS = (config_lib.EXIT_OK, config_lib.EXIT_USAGE, config_lib.EXIT_NOT_SYNCHRONOUS)
+
+
+class _Policy:
+    """What the launcher does when a task fails: restart it, let it go, or stop the cluster.
+
+    A task that dies (a signal, a crash, a timeout) is started again with the same command
+    while fewer than `max_restarts` restarts have been made in all, whether it died while
+    the cluster started or later. A task that timed out (exit 200) and names a peer as
+    missing (report.missing_tasks) has that peer restarted first, killed first if it still
+    runs: frozen (SIGSTOP) or stuck, it has not answered for a whole --timeout (unless it is
+    still starting: see _culprits). Failing a restart, a worker other than the chief may be
+    left dead while `spare_workers` allow (backups, R < N): the chief declares it lost and
+    the rest finish without it.
+    """
+
+    def __init__(self, tasks: list[_Task], *, max_restarts: int, spare_workers: int,
+                 timeout: float):
+        self._tasks, self._max, self._spare, self._timeout = (tasks, max_restarts,
+                                                              spare_workers, timeout)
+        self._made = 0
+
+    def after_exit(self, task: _Task, code: int, when: str = "") -> bool:
+        """Handles `task`'s exit with `code` (`when`: a phrase for the log, such as " before
+        the chief started"); False when the cluster must be stopped."""
+        exited = f"{task.tag} exited with code {code}{when}"
+        if code in _FINAL_EXITS:
+            log.error("%s; stopping the cluster", exited)
+            return False
+        if code == config_lib.EXIT_TIMEOUT:
+            for culprit in self._culprits(task):
+                if not self._restart(culprit, f"{exited} naming {culprit.tag} as missing; "
+                                              f"{culprit.tag}"):
+                    break
+        if self._restart(task, exited):
+            return True
+        if task.role == "worker" and task.index != 0 \
+                and sum(t.lost for t in self._tasks) < self._spare:
+            task.lost = True
+            log.warning("%s; the backup workers carry on without it", exited)
+            return True
+        log.error("%s; stopping the cluster", exited)
+        return False
+
+    def _culprits(self, task: _Task) -> list[_Task]:
+        """The live tasks that `task`'s timeout names as missing.
+
+        A process still starting is spared, as its peers' waits are meant to spare it: one
+        started after the cluster's latest progress line, within its start-up allowance
+        (START_SECS + --timeout), is a replacement on its way, not the one that was waited for.
+        """
+        named = report.missing_tasks(task.result().error)
+        progressed = max((t.progressed for t in self._tasks if t.progressed), default=0.0)
+        now = time.monotonic()
+        return [t for t in self._tasks if t.tag in named and t is not task and not t.lost
+                and t.poll() is None and (t.spawned < progressed or now - t.spawned
+                                          > config_lib.START_SECS + self._timeout)]
+
+    def _restart(self, task: _Task, what: str) -> bool:
+        if self._made >= self._max:
+            return False
+        self._made += 1
+        if task.poll() is None:
+            log.warning("%s is still running: killing it and restarting it (restart %d of %d)",
+                        what, self._made, self._max)
+            task.kill()
+        else:
+            log.warning("%s; restarting it (restart %d of %d)", what, self._made, self._max)
+        task.restart()
+        return True
+
+
+def _wait_until_waiting(tasks: list[_Task], others: list[_Task], timeout: float,
+                        policy: _Policy) -> _Task | None:
+    """Waits until each of `others` has logged that it waits for the chief (bounded: `timeout`
+    from its latest start). A task that ends meanwhile goes to `policy`."""
     for task in others:
-        while not task.waiting_for_chief.wait(0.1):
-            failed = next((t for t in tasks if t.poll() is not None), None)
-            if failed is not None:
-                log.error("%s exited with code %d before the chief started; stopping the "
-                          "cluster", failed.tag, failed.proc.returncode)
-                return failed
-            if time.monotonic() > deadline:
+        while not task.lost and not task.waiting_for_chief.wait(0.1):
+            for t in tasks:
+                code = t.poll()
+                if code is not None and not t.lost \
+                        and not policy.after_exit(t, code, " before the chief started"):
+                    return t
+            if task.poll() is None and time.monotonic() > task.spawned + timeout:
                 task.overdue = f"did not start waiting for the chief within {timeout:g} s"
                 log.error("%s %s; stopping the cluster", task.tag, task.overdue)
                 return task
     return None
 
 
-# Exits that a restart cannot mend: bad input, and a run that ended but was not synchronous.
-_FINAL_EXITS = (config_lib.EXIT_OK, config_lib.EXIT_USAGE, config_lib.EXIT_NOT_SYNCHRONOUS)
+def _wait(tasks: list[_Task], policy: _Policy, *, ps_serve_forever: bool,
+          end_bound: float = float("inf"), stall_bound: float = float("inf")) -> _Task | None:
+    """Waits for every task; on a failure that `policy` cannot mend, returns that task (the
+    caller stops the rest).
 
-
-def _wait(tasks: list[_Task], *, ps_serve_forever: bool, max_restarts: int = 0,
-          spare_workers: int = 0, end_bound: float = float("inf")) -> _Task | None:
-    """Waits for every task; on the first failure, returns that task (the caller stops the rest).
-
-    A task that dies (a signal, a crash, a timeout) is started again with the same command
-    while fewer than `max_restarts` restarts have been made in all. Failing that, a worker
-    other than the chief may be left dead while `spare_workers` allow (backups, R < N): the
-    chief declares it lost and the rest finish without it. Each task bounds its own waits
-    with --timeout, so this loop ends; should a task hang all the same, the loop ends
-    `end_bound` seconds after the first worker ended by itself, marking what still runs
-    overdue. With ps_serve_forever (the question's server.join()), it ends when every worker
-    has.
+    Each task bounds its own waits with --timeout, so this loop ends; should a task hang all
+    the same, the loop ends `end_bound` seconds after the first worker ended by itself, or
+    `stall_bound` seconds after the cluster's last sign of life (a task started or ended, a
+    worker's progress line) while no worker has ended, marking what still runs overdue. With
+    ps_serve_forever (the question's server.join()), it ends when every worker has.
     """
-    restarts = 0
     first_end: tuple[float, _Task] | None = None  # when, and which worker, ended by itself
     while True:
         running = False
@@ -338,33 +433,29 @@ def _wait(tasks: list[_Task], *, ps_serve_forever: bool, max_restarts: int = 0,
                 if first_end is None and task.role == "worker":
                     first_end = (time.monotonic(), task)
             elif not task.lost:
-                if code not in _FINAL_EXITS and restarts < max_restarts:
-                    restarts += 1
-                    log.warning("%s exited with code %d; restarting it (restart %d of %d)",
-                                task.tag, code, restarts, max_restarts)
-                    task.restart()
-                    running = True
-                elif task.role == "worker" and task.index != 0 and code not in _FINAL_EXITS \
-                        and sum(t.lost for t in tasks) < spare_workers:
-                    task.lost = True
-                    log.warning("%s exited with code %d; the backup workers carry on without "
-                                "it", task.tag, code)
-                else:
-                    log.error("%s exited with code %d; stopping the cluster", task.tag, code)
+                if not policy.after_exit(task, code):
                     return task
+                running = True
         if not running:
             return None
-        late = [t for t in tasks if t.poll() is None
-                and not (ps_serve_forever and t.role == "ps")] \
-            if first_end is not None and time.monotonic() - first_end[0] > end_bound else []
-        if late:
-            for t in late:
-                t.overdue = (f"still running {end_bound:g} s after {first_end[1].tag} ended; "
-                             "stopped by the launcher")
-            log.error("%s still running %g s after %s ended; stopping the cluster",
-                      ", ".join(t.tag for t in late), end_bound, first_end[1].tag)
-            return late[0]
-        time.sleep(0.1)
+        live = [t for t in tasks if t.poll() is None
+                and not (ps_serve_forever and t.role == "ps")]
+        now = time.monotonic()
+        if not live:  # only a lost backup ended just now: the next round sees the rest
+            time.sleep(0.1)
+            continue
+        if first_end is not None and now - first_end[0] > end_bound:
+            why = f"still running {end_bound:g} s after {first_end[1].tag} ended"
+        elif first_end is None and now - max(t.last_sign_of_life() for t in tasks) > stall_bound:
+            why = (f"still running after {stall_bound:g} s in which no task started or ended "
+                   "and no worker logged progress")
+        else:
+            time.sleep(0.1)
+            continue
+        for t in live:
+            t.overdue = f"{why}; stopped by the launcher"
+        log.error("%s %s; stopping the cluster", ", ".join(t.tag for t in live), why)
+        return live[0]
 
 
 def _stop(tasks: list[_Task]) -> None:

@@ -9,13 +9,16 @@ file whose path is printed first; warnings and errors (and with --verbose, every
 printed above the progress line as well. The table and the verdict always end the output.
 
 Anywhere else (CI, a pipe, a file, `make` in a script) the output is what it always was: every
-task's lines in order, no escape codes.
+task's lines in order, no escape codes. They are written by a thread of their own, so a reader
+that stops reading (a pager, `| head`) never holds up the tasks, whose pipes the launcher keeps
+draining; a reader that has gone (`| head` after its lines) ends the output, quietly.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import queue
 import re
 import sys
 import tempfile
@@ -102,6 +105,7 @@ class Display:
         self._rates: dict[int, int] = {}
         self._saved_handlers: list[logging.Handler] | None = None
         self._closed = threading.Event()
+        self._writer = None if live else _Writer(self._stream)
         if live:
             self._start()
 
@@ -186,8 +190,7 @@ class Display:
                 f.write(line + "\n")
 
     def _print(self, text: str) -> None:
-        with self._lock:
-            print(text, file=self._stream, flush=True)
+        self._writer.write(text)
 
     def close(self) -> None:
         """Ends the live line (it stays on screen as it last was) and restores logging."""
@@ -204,13 +207,67 @@ class Display:
                 self._file = None
 
     def show(self, text: str) -> None:
-        """Text that always reaches the screen, such as the table and the verdict."""
+        """Text that always reaches the screen, such as the table and the verdict.
+
+        Returns once it is written, after every line before it (or the reader has gone).
+        """
         with self._lock:
             if self.live:
                 self._to_file(text)
                 self._above(text, self._stream)
-            else:
-                self._print(text)
+                return
+            self._print(text)
+        # Unbounded on purpose: the reader sets the pace (a pager may wait for its user), and
+        # by now the tasks have ended, so nothing else waits on it.
+        self._writer.drain()
+
+
+class _Writer:
+    """Writes lines to a stream from a thread of its own, in order.
+
+    A reader that has closed its end (`| head`) ends the output: the rest is dropped, and the
+    stream's descriptor is pointed at /dev/null so that nothing else (Python's last flush at
+    exit) meets the broken pipe and prints a traceback.
+    """
+
+    def __init__(self, stream: IO[str]):
+        self._stream = stream
+        self._lines: queue.Queue[str] = queue.Queue()
+        self.broken = False
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def write(self, text: str) -> None:
+        self._lines.put(text)  # never blocks: the tasks' readers call it
+
+    def drain(self) -> None:
+        """Returns once everything written so far has been written out (or dropped)."""
+        self._lines.join()
+
+    def _run(self) -> None:
+        while True:
+            text = self._lines.get()
+            try:
+                if not self.broken:
+                    print(text, file=self._stream, flush=True)
+            except BrokenPipeError:  # the reader has gone: a quiet end of the output
+                self.broken = True
+                _discard(self._stream)
+            except (OSError, ValueError) as e:  # a full disk, a closed file: say it, once
+                self.broken = True
+                print(f"error: the launcher's output stopped: {e}", file=sys.stderr, flush=True)
+            finally:
+                self._lines.task_done()
+
+
+def _discard(stream: IO[str]) -> None:
+    """From now on, whatever is written to `stream` goes to /dev/null."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # not backed by a descriptor (a test's)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 class _LiveHandler(logging.Handler):
