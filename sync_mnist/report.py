@@ -54,6 +54,9 @@ class TaskResult:
     pushed: list[int] | None = None  # gradients each worker pushed
     dropped: list[int] | None = None  # pushed but never averaged (stale, or left at the end)
     solo_updates: int | None = None  # updates made of a single worker's gradients
+    # Updates that averaged two or more gradients of one worker (the counter the verdict reads;
+    # 0 in lockstep), so that a reader of the record need not parse the verdict.
+    repeat_updates: int | None = None
     synchronous: bool | None = None
     verdict: str | None = None
     test_accuracy: float | None = None  # chief only
@@ -204,6 +207,7 @@ def cluster_summary(results: list[TaskResult], tasks, wall: float) -> dict:
                                 for r in workers] if chief and chief.ready_at else None,
         "chief_wait_s": [r.chief_wait_s for r in workers],
         "solo_updates": reading.solo_updates if reading else None,
+        "repeat_updates": reading.repeat_updates if reading else None,
         "blocked": [f"{r.role} {r.index}" for r in results if r.blocked],
         # Sync: workers the chief declared lost at the finish, and the launcher's restarts.
         "lost": lost,
