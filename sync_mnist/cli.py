@@ -90,6 +90,10 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
     save.add_argument("--save-secs", type=float, default=None,
                       help="seconds between checkpoints instead of --save-steps, with --logdir "
                            "(default: none: every --save-steps steps)")
+    g.add_argument("--restart-grace", type=float, default=5.0,
+                   help="ps only: seconds past --timeout it waits without progress before it "
+                        "gives up, so that restarted workers can start; sync-mnist-cluster "
+                        "--max-restarts sets 120 (default: 5)")
     g.add_argument("--export-dir", type=Path, default=None,
                    help="where the chief saves the trained model (a SavedModel) at the end; "
                         "an earlier model there is replaced (default: LOGDIR/saved_model "
@@ -146,6 +150,7 @@ def _train_config(args: argparse.Namespace) -> TrainConfig:
                        data_dir=args.data_dir, logdir=args.logdir, timeout=args.timeout,
                        mode=args.mode, log_every=args.log_every, save_steps=args.save_steps,
                        save_secs=args.save_secs, export_dir=_export_dir(args),
+                       restart_grace=args.restart_grace,
                        replicas_to_aggregate=args.replicas_to_aggregate, setup=args.setup,
                        proof=not args.bench_no_proof, eval_every=args.eval_every,
                        target_accuracy=args.target_accuracy)

@@ -103,6 +103,9 @@ class TrainConfig:
     log_every: int = 20  # local steps between progress lines
     save_steps: int = 100  # global steps between checkpoints (chief, with a logdir)
     save_secs: float | None = None  # seconds between checkpoints instead, when given
+    # A ps gives up this long past --timeout without progress: time for restarted workers to
+    # start (the launcher sets it to START_SECS with --max-restarts; a TFJob would too).
+    restart_grace: float = 5.0
     export_dir: Path | None = None  # the chief's SavedModel at the end; None: none
     # Benchmark only (hidden --bench-no-proof): leave the ps-side counters out of the graph to
     # price them. The run is then NOT verified: its verdict says so and claims nothing.
@@ -129,6 +132,9 @@ class TrainConfig:
             raise ConfigError(f"--timeout must be {MIN_TIMEOUT_SECS:g}-{MAX_TIMEOUT_SECS:g} s "
                               f"(TensorFlow counts whole milliseconds and reads 0 as no "
                               f"deadline), got {self.timeout}")
+        if not 0 <= self.restart_grace <= MAX_TIMEOUT_SECS:  # also false for nan
+            raise ConfigError(f"--restart-grace must be 0-{MAX_TIMEOUT_SECS:g} s, got "
+                              f"{self.restart_grace}")
         if self.save_secs is not None and not self.save_secs > 0:
             raise ConfigError(f"--save-secs must be positive, got {self.save_secs}")
         _check_choice("--mode", self.mode, MODES)

@@ -23,7 +23,6 @@ tf1 = tf.compat.v1
 log = logging.getLogger(__name__)
 
 POLL_SECS = 1.0  # the bound on each of the ps's own reads while it waits for done entries
-PS_GRACE_SECS = 5.0  # beyond --timeout without progress, before the ps gives up (see run_ps)
 
 
 def start_server(config: TaskConfig):
@@ -105,7 +104,7 @@ def run_ps(config: TaskConfig, *, server=None) -> report.TaskResult:
             # (they import TensorFlow and load data, possibly on hosts started later). Once
             # training runs, wait a little longer than the workers' own --timeout, so that they,
             # who know more, speak first, and a worker restarted within --timeout finds its ps.
-            if idle > timeout + (START_SECS if step is None else PS_GRACE_SECS):
+            if idle > timeout + (START_SECS if step is None else config.train.restart_grace):
                 seen = "no worker has initialised the model" if step is None else (
                     f"global_step stuck at {step}")
                 if step is not None and reading and len(done | set(lost)) == 0:

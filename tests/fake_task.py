@@ -27,6 +27,7 @@ restarted task). Every task's first process writes its pid to `ROLE-INDEX.pid`. 
                    restarted, it ends as in `ok`.
   no-end           no task ever ends, and no worker logs progress.
   chatty           as `ok`, but every worker first prints 2 MB of lines.
+  ps-dies-at-end   as `ok`, but the ps kills itself (SIGKILL) once the chief has exited.
 """
 
 from __future__ import annotations
@@ -52,6 +53,14 @@ def _wait_for(path: Path, what: str) -> None:
             print(f"{what} did not start within {START_SECS:g} s", flush=True)
             sys.exit(config_lib.EXIT_TIMEOUT)
         time.sleep(0.05)
+
+
+def _ended(pid: int) -> bool:
+    """Exited: gone, or a zombie its parent has not reaped yet."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 def _stopped(pid: int) -> bool:
@@ -98,6 +107,11 @@ def main() -> int:
                                                           and args.role == "ps"):
         time.sleep(3600)  # until the launcher stops it
     if args.role == "ps":
+        if behaviour == "ps-dies-at-end":
+            chief = int(_read_when_written(marks / "worker-0.pid"))
+            while not _ended(chief):
+                time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGKILL)
         return config_lib.EXIT_OK
     if behaviour == "timeout":
         return _fail(args, config_lib.EXIT_TIMEOUT,

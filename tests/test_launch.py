@@ -66,6 +66,21 @@ def _launch_fakes(processes, tmp_path, behaviour: str, grace: float = 1.0, **opt
     return code, launcher, read_json(tmp_path / "cluster.json")
 
 
+def test_a_ps_that_dies_once_the_run_was_verified_leaves_it_verified(processes, tmp_path):
+    # Before: the ps's death after the chief had verified the run and exited 0 made the
+    # launcher exit 1 (without restarts) or restart an empty ps that waited in vain (with).
+    code, launcher, summary = _launch_fakes(processes, tmp_path, "ps-dies-at-end",
+                                            max_restarts=3)
+
+    assert code == EXIT_OK, launcher.output
+    assert "ps 0 exited with code -9 after a worker had verified the run and ended: not " \
+           "restarted" in launcher.output
+    ps = next(t for t in summary["tasks"] if t["role"] == "ps")
+    assert ps["restarts"] == 0 and "not restarted" in ps["error"]
+    assert [t["exit_code"] for t in summary["tasks"] if t["role"] == "worker"] == [0, 0, 0]
+    assert summary["exit_code"] == EXIT_OK
+
+
 def test_a_task_still_running_after_the_workers_ended_is_stopped_with_exit_timeout(processes,
                                                                                  tmp_path):
     code, launcher, summary = _launch_fakes(processes, tmp_path, "hanging-ps")

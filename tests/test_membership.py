@@ -275,7 +275,7 @@ class _FakeTask:
 
     def __init__(self, role, index, *codes):
         self.role, self.index, self.tag = role, index, f"{role} {index}"
-        self.codes, self.starts, self.lost = list(codes), 1, False
+        self.codes, self.starts, self.lost, self.spent = list(codes), 1, False, False
         self.spawned, self.progressed = time.monotonic(), None
 
     def poll(self):
@@ -300,7 +300,8 @@ def _wait(tasks, max_restarts=0, spare_workers=0):
 
 
 def test_launcher_restarts_dead_tasks_within_its_budget_and_never_bad_input():
-    ps, chief, worker = (_FakeTask("ps", 0, -9, 0), _FakeTask("worker", 0, 0),
+    # The chief still runs: a ps that dies once a worker has ended 0 is not restarted.
+    ps, chief, worker = (_FakeTask("ps", 0, -9, 0), _FakeTask("worker", 0, None),
                          _FakeTask("worker", 1, EXIT_TIMEOUT, EXIT_FAILED, 0))
     # Three deaths, two restarts allowed: the third stops the cluster.
     assert _wait([ps, chief, worker], max_restarts=2) is worker

@@ -64,6 +64,7 @@ class _Task:
         self.stopped = False  # still running when the launcher stopped the cluster
         self.restarts = 0  # times --max-restarts restarted it
         self.lost = False  # a worker that died while backups carried on without it
+        self.spent = False  # a ps that died once a worker had verified the run and ended
         self.overdue: str | None = None  # why the launcher stopped it past a bound of its own
         self.pids: list[int] = []  # every process started for it, the current one last
         self.waiting_for_chief = threading.Event()
@@ -142,6 +143,9 @@ class _Task:
         if self.lost:
             result.error = (f"lost (exit {result.exit_code}); the backup workers finished "
                             "without it")
+        if self.spent:
+            result.error = (f"exited with code {result.exit_code} after a worker had verified "
+                            "the run and ended; not restarted")
         if self.stopped:
             result.blocked = True
             result.error = "still running at the end; stopped by the launcher"
@@ -228,6 +232,9 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
                 argv = [*TASK_COMMAND, "--role", role,
                         "--index", str(index), "--ps-hosts", ",".join(ps_hosts),
                         "--worker-hosts", ",".join(worker_hosts), *task_args,
+                        # Sync: the ps waits for the workers the launcher restarts.
+                        *(["--restart-grace", f"{config_lib.START_SECS:g}"]
+                          if max_restarts and role == "ps" else []),
                         "--dataset", dataset, "--summary-json", str(summary)]
                 entry = network.entry(role, index) if network else namespace
                 tasks.append(_Task(role, index, argv, summary, entry, display.task_line))
@@ -297,7 +304,8 @@ def _exit_code(tasks: list[_Task], results: list[report.TaskResult], summary: di
     # The failures are the codes of the tasks that ended by themselves: not those the launcher
     # stopped (once it gave up, or the question's ps, which never exits by itself), nor a
     # lost backup.
-    failures = [r.exit_code for t, r in zip(tasks, results) if not t.stopped and not t.lost
+    failures = [r.exit_code for t, r in zip(tasks, results)
+                if not t.stopped and not t.lost and not t.spent
                 and r.exit_code not in (config_lib.EXIT_OK, config_lib.EXIT_NOT_SYNCHRONOUS)]
     if failed is not None and failed.proc.returncode in (config_lib.EXIT_OK,
                                                          config_lib.EXIT_NOT_SYNCHRONOUS):
@@ -347,6 +355,16 @@ class _Policy:
         """Handles `task`'s exit with `code` (`when`: a phrase for the log, such as " before
         the chief started"); False when the cluster must be stopped."""
         exited = f"{task.tag} exited with code {code}{when}"
+        if task.role == "ps" and any(t.role == "worker" and t.poll() == config_lib.EXIT_OK
+                                     for t in self._tasks):
+            # Sync: a worker that ended 0 had read the final counters and verified them, and
+            # the chief ends 0 only once its model is written. A restarted ps would come back
+            # empty and wait for done reports its predecessor already had; the others finish
+            # without it, or fail on their own, and the run's code is theirs.
+            task.spent = True
+            log.warning("%s after a worker had verified the run and ended: not restarted; "
+                        "the workers' results decide the run", exited)
+            return True
         if code in _FINAL_EXITS:
             log.error("%s; stopping the cluster", exited)
             return False
@@ -432,7 +450,7 @@ def _wait(tasks: list[_Task], policy: _Policy, *, ps_serve_forever: bool,
             elif code in (config_lib.EXIT_OK, config_lib.EXIT_NOT_SYNCHRONOUS):
                 if first_end is None and task.role == "worker":
                     first_end = (time.monotonic(), task)
-            elif not task.lost:
+            elif not task.lost and not task.spent:
                 if not policy.after_exit(task, code):
                     return task
                 running = True
