@@ -17,6 +17,7 @@ FAST_TESTS := tests/test_cli_errors.py tests/test_config_cluster.py tests/test_d
               tests/test_tfjob.py tests/test_slurm.py tests/test_watch.py \
               tests/test_experiment_tools.py
 INPROCESS_TESTS := tests/test_model.py tests/test_verify.py tests/test_membership.py \
+                   tests/test_partition.py \
                    tests/test_sync_cluster.py tests/test_rejoin.py tests/test_ps.py \
                    tests/test_early_stop.py
 

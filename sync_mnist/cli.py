@@ -114,6 +114,12 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
                         "of those evaluations whose test accuracy reaches A (0 < A <= 1; needs "
                         "--eval-every); not reached: training runs the planned length and "
                         "still exits 0 (default: none)")
+    g.add_argument("--wire-dtype", default="float32", choices=config_lib.WIRE_DTYPES,
+                   help="what each gradient crosses to the ps in: bfloat16 halves the bytes "
+                        "of every push (cast on the worker, float32 again on the ps, where the "
+                        "accumulators and the optimizer stay float32; each element rounded to "
+                        "8 significant bits); the weights' pull stays float32 (default: "
+                        "float32)")
     # Benchmark only (sync-mnist-bench prices the proof with it): no counters, no verdict.
     parser.add_argument("--bench-no-proof", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--summary-json", type=Path, default=None,
@@ -143,7 +149,7 @@ def _train_config(args: argparse.Namespace) -> TrainConfig:
                        save_secs=args.save_secs, export_dir=_export_dir(args),
                        replicas_to_aggregate=args.replicas_to_aggregate, setup=args.setup,
                        proof=not args.bench_no_proof, eval_every=args.eval_every,
-                       target_accuracy=args.target_accuracy)
+                       target_accuracy=args.target_accuracy, wire_dtype=args.wire_dtype)
 
 
 def _export_dir(args: argparse.Namespace) -> Path | None:

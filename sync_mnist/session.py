@@ -19,7 +19,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from sync_mnist import cluster as cluster_lib
-from sync_mnist import membership
+from sync_mnist import membership, model
 from sync_mnist.config import ConfigError, TaskTimeout
 
 tf1 = tf.compat.v1
@@ -320,6 +320,9 @@ def check_checkpoint(logdir: Path, variables: Sequence[tf.Variable]) -> None:
     """Raises ConfigError if logdir's latest checkpoint cannot be restored into `variables`.
 
     Restoring it would fail mid-start with a long TensorFlow error; this names the variable.
+    A variable cut into slices (one per ps: model.build_logits) is checked whole, under the
+    name and shape the checkpoint holds it by, so a checkpoint of a cluster with another
+    number of ps passes: it restores.
     """
     path = tf.train.latest_checkpoint(str(logdir))
     if path is None:
@@ -329,15 +332,15 @@ def check_checkpoint(logdir: Path, variables: Sequence[tf.Variable]) -> None:
     except (tf.errors.OpError, ValueError) as e:
         raise ConfigError(f"--logdir {logdir} holds a checkpoint that cannot be read "
                           f"({Path(path).name}): {_first_line(e)}") from None
-    for v in variables:  # a shape that differs says more than a name that is missing
-        name, here = v.op.name, v.shape.as_list()
-        if name in shapes and list(shapes[name]) != here:
+    wholes = model.whole_variables(variables)
+    for name, whole in wholes.items():  # a shape that differs says more than a missing name
+        if name in shapes and list(shapes[name]) != whole.shape:
             raise ConfigError(f"--logdir {logdir} holds a checkpoint of a different model: "
-                              f"{name} has shape {list(shapes[name])} there, {here} here")
-    for v in variables:
-        if v.op.name not in shapes:
+                              f"{name} has shape {list(shapes[name])} there, {whole.shape} here")
+    for name, whole in wholes.items():
+        if name not in shapes:
             raise ConfigError(f"--logdir {logdir} holds a checkpoint of a different model: it "
-                              f"has no variable {v.op.name} (shape {v.shape.as_list()} here)")
+                              f"has no variable {name} (shape {whole.shape} here)")
 
 
 def _first_line(error: Exception) -> str:
