@@ -115,7 +115,11 @@ def make_optimizer(name: str, learning_rate: float, *, decay_steps: int | None =
     `global_step` goes from 0 to `decay_steps` (and stays 0 beyond).
     """
     if decay_steps:
-        learning_rate = tf1.train.cosine_decay(learning_rate, global_step, decay_steps)
+        # Where global_step is (ps 0 in a cluster): the update runs on the ps tasks, and a
+        # rate made under the chief's device would cost each ps a read from the chief in
+        # every update.
+        with tf1.device(global_step.device):
+            learning_rate = tf1.train.cosine_decay(learning_rate, global_step, decay_steps)
     if name == "adam":
         return tf1.train.AdamOptimizer(learning_rate)
     if name == "sgd":

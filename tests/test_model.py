@@ -193,3 +193,35 @@ def test_the_ps_tasks_share_the_models_bytes_evenly(num_ps):
     assert _placement(num_ps, 2) == chief
 
 
+
+
+def test_the_update_runs_on_the_ps_alone_and_the_sync_state_on_ps_0():
+    from sync_mnist import worker
+    from sync_mnist.cluster import ClusterLayout
+    from sync_mnist.config import TaskConfig, TrainConfig
+
+    config = TaskConfig(role="worker", index=0,
+                        cluster=ClusterLayout(("p0:1", "p1:1"), ("w0:1", "w1:1")),
+                        train=TrainConfig(train_steps=10))
+    with tf.Graph().as_default():
+        g = worker.build_graph(config, dataset="synthetic", target=10)
+        shared = {v.op.name: v.device for v in tf1.global_variables()
+                  if v.op.name == "global_step" or v.op.name.startswith("sync_")}
+        (update,) = g.training.optimizer.get_chief_queue_runner().enqueue_ops
+    # Everything the counting, the progress lines and the finish read is on one ps, so none of
+    # it costs a run on each ps; a round-robin dealt the counters over both.
+    assert len(shared) == 11 and set(shared.values()) == {"/job:ps/task:0"}, shared
+    # The chief's update (with the cosine rate) needs nothing from the chief's own device.
+    on_workers = {op.name for op in _ancestors(update) if "/job:worker" in op.device}
+    assert on_workers == set(), sorted(on_workers)
+
+
+def _ancestors(op: tf.Operation) -> set[tf.Operation]:
+    seen, todo = set(), [op]
+    while todo:
+        current = todo.pop()
+        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
+            if parent not in seen:
+                seen.add(parent)
+                todo.append(parent)
+    return seen
