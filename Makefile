@@ -49,7 +49,7 @@ test-cluster: install
 soak: install
 	$(BIN)/python -m pytest -q -m soak
 
-# About 10 minutes on a quiet 2-core machine; `make bench ARGS=--quick` about 2. Writes
+# About 12 minutes on a quiet 2-core machine; `make bench ARGS=--quick` about 2. Writes
 # bench-results/. The plot needs the optional `bench` extra (matplotlib); if it cannot be
 # installed, the bench says so and still writes the table and the JSON.
 bench: install
