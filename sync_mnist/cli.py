@@ -172,15 +172,19 @@ def task_parser() -> argparse.ArgumentParser:
     ps_default, worker_default = cluster_lib.default_hosts(cluster_lib.DEFAULT_NUM_PS,
                                                            cluster_lib.DEFAULT_NUM_WORKERS)
     parser.add_argument("--ps-hosts", default=None,
-                        help="comma-separated host:port of every ps task (default: TF_CONFIG "
-                             f"if set, else {','.join(ps_default)})")
+                        help="comma-separated host:port of every ps task; with K of them, "
+                             "every weight matrix and bias is cut into K slices along its "
+                             "first axis, one on each ps, so each holds and serves 1/K of "
+                             "the model's bytes (default: TF_CONFIG if set, else "
+                             f"{','.join(ps_default)})")
     parser.add_argument("--worker-hosts", default=None,
                         help="comma-separated host:port of every worker task (default: "
                              f"TF_CONFIG if set, else {','.join(worker_default)})")
     slurm = parser.add_argument_group(
         "Slurm (an srun step with no --role, --index, host flags or TF_CONFIG)")
     slurm.add_argument("--ps", type=int, default=None,
-                       help=f"the first PS ranks are ps tasks, the rest workers (default: "
+                       help=f"the first PS ranks are ps tasks, the rest workers; the model is "
+                            f"split evenly over the ps tasks, as with --ps-hosts (default: "
                             f"{cluster_lib.DEFAULT_NUM_PS})")
     slurm.add_argument("--base-port", type=int, default=None,
                        help="the port of the first task on each node, the next task's is one "
@@ -369,7 +373,9 @@ def launch_main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="sync-mnist-cluster", description="Start a synchronous "
                      "parameter-server cluster on this machine and train MNIST.")
     parser.add_argument("--ps", type=int, default=cluster_lib.DEFAULT_NUM_PS,
-                        help=f"parameter-server tasks (default: {cluster_lib.DEFAULT_NUM_PS})")
+                        help="parameter-server tasks; every weight matrix and bias is cut into "
+                             "one slice per ps, so each holds and serves an even share of "
+                             f"the model's bytes (default: {cluster_lib.DEFAULT_NUM_PS})")
     parser.add_argument("--workers", type=int, default=cluster_lib.DEFAULT_NUM_WORKERS,
                         help=f"worker tasks (default: {cluster_lib.DEFAULT_NUM_WORKERS})")
     parser.add_argument("--base-port", type=int, default=cluster_lib.DEFAULT_BASE_PORT,
