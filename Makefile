@@ -21,6 +21,7 @@ FAST_TESTS := tests/test_cli_errors.py tests/test_config_cluster.py tests/test_d
               tests/test_tfjob.py tests/test_watch.py \
               tests/test_experiment_tools.py tests/test_verify.py tests/test_fuzz.py
 INPROCESS_TESTS := tests/test_model.py tests/test_membership.py \
+                   tests/test_partition.py \
                    tests/test_sync_cluster.py tests/test_rejoin.py tests/test_ps.py \
                    tests/test_early_stop.py
 
@@ -68,7 +69,7 @@ soak: install
 chaos: install
 	$(BIN)/python -m sync_mnist.experiments.chaos $(ARGS)
 
-# About 10 minutes on a quiet 2-core machine; `make bench ARGS=--quick` about 2. Writes
+# About 12 minutes on a quiet 2-core machine; `make bench ARGS=--quick` about 2. Writes
 # bench-results/. The plot needs the optional `bench` extra (matplotlib); if it cannot be
 # installed, the bench says so and still writes the table and the JSON.
 bench: install

@@ -123,6 +123,12 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
                         "of those evaluations whose test accuracy reaches A (0 < A <= 1; needs "
                         "--eval-every); not reached: training runs the planned length and "
                         "still exits 0 (default: none)")
+    g.add_argument("--wire-dtype", default="float32", choices=config_lib.WIRE_DTYPES,
+                   help="what each gradient crosses to the ps in: bfloat16 halves the bytes "
+                        "of every push (cast on the worker, float32 again on the ps, where the "
+                        "accumulators and the optimizer stay float32; each element rounded to "
+                        "8 significant bits); the weights' pull stays float32 (default: "
+                        "float32)")
     # Benchmark only (sync-mnist-bench prices the proof with it): no counters, no verdict.
     parser.add_argument("--bench-no-proof", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--summary-json", type=Path, default=None,
@@ -153,7 +159,7 @@ def _train_config(args: argparse.Namespace) -> TrainConfig:
                        restart_grace=args.restart_grace,
                        replicas_to_aggregate=args.replicas_to_aggregate, setup=args.setup,
                        proof=not args.bench_no_proof, eval_every=args.eval_every,
-                       target_accuracy=args.target_accuracy)
+                       target_accuracy=args.target_accuracy, wire_dtype=args.wire_dtype)
 
 
 def _export_dir(args: argparse.Namespace) -> Path | None:
@@ -176,15 +182,19 @@ def task_parser() -> argparse.ArgumentParser:
     ps_default, worker_default = cluster_lib.default_hosts(cluster_lib.DEFAULT_NUM_PS,
                                                            cluster_lib.DEFAULT_NUM_WORKERS)
     parser.add_argument("--ps-hosts", default=None,
-                        help="comma-separated host:port of every ps task (default: TF_CONFIG "
-                             f"if set, else {','.join(ps_default)})")
+                        help="comma-separated host:port of every ps task; with K of them, "
+                             "every weight matrix and bias is cut into K slices along its "
+                             "first axis, one on each ps, so each holds and serves 1/K of "
+                             "the model's bytes (default: TF_CONFIG if set, else "
+                             f"{','.join(ps_default)})")
     parser.add_argument("--worker-hosts", default=None,
                         help="comma-separated host:port of every worker task (default: "
                              f"TF_CONFIG if set, else {','.join(worker_default)})")
     slurm = parser.add_argument_group(
         "Slurm (an srun step with no --role, --index, host flags or TF_CONFIG)")
     slurm.add_argument("--ps", type=int, default=None,
-                       help=f"the first PS ranks are ps tasks, the rest workers (default: "
+                       help=f"the first PS ranks are ps tasks, the rest workers; the model is "
+                            f"split evenly over the ps tasks, as with --ps-hosts (default: "
                             f"{cluster_lib.DEFAULT_NUM_PS})")
     slurm.add_argument("--base-port", type=int, default=None,
                        help="the port of the first task on each node, the next task's is one "
@@ -412,7 +422,9 @@ def launch_main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="sync-mnist-cluster", description="Start a synchronous "
                      "parameter-server cluster on this machine and train MNIST.")
     parser.add_argument("--ps", type=int, default=cluster_lib.DEFAULT_NUM_PS,
-                        help=f"parameter-server tasks (default: {cluster_lib.DEFAULT_NUM_PS})")
+                        help="parameter-server tasks; every weight matrix and bias is cut into "
+                             "one slice per ps, so each holds and serves an even share of "
+                             f"the model's bytes (default: {cluster_lib.DEFAULT_NUM_PS})")
     parser.add_argument("--workers", type=int, default=cluster_lib.DEFAULT_NUM_WORKERS,
                         help=f"worker tasks (default: {cluster_lib.DEFAULT_NUM_WORKERS})")
     parser.add_argument("--base-port", type=int, default=cluster_lib.DEFAULT_BASE_PORT,

@@ -18,6 +18,7 @@ MODES = ("sync", "async")
 LR_DECAYS = ("cosine", "none")
 OPTIMIZERS = ("adam", "sgd", "momentum")
 SETUPS = ("fixed", "question")
+WIRE_DTYPES = ("float32", "bfloat16")
 
 # Exit codes, documented in the README. Every process (task or launcher) uses the same table.
 # They follow the TFJob operator's ExitCode restart policy: 1-127 are permanent (a restart
@@ -116,6 +117,10 @@ class TrainConfig:
     # The cluster stops at the first of those evaluations whose accuracy reaches this; None: it
     # trains the planned steps or epochs.
     target_accuracy: float | None = None
+    # What a gradient crosses to the ps in. bfloat16 halves the bytes of every push: cast on
+    # the worker, float32 again on the ps (the accumulators and the optimizer stay float32),
+    # each element rounded to 8 significant bits. The weights' pull stays float32.
+    wire_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if (self.train_steps is None) == (self.epochs is None):
@@ -141,6 +146,7 @@ class TrainConfig:
         _check_choice("--optimizer", self.optimizer, OPTIMIZERS)
         _check_choice("--lr-decay", self.lr_decay, LR_DECAYS)
         _check_choice("--setup", self.setup, SETUPS)
+        _check_choice("--wire-dtype", self.wire_dtype, WIRE_DTYPES)
         if self.setup == "question" and self.mode != "sync":
             raise ConfigError("--setup question replays SyncReplicasOptimizer: use --mode sync")
         self._check_time_to_accuracy()

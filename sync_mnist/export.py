@@ -52,15 +52,17 @@ def read_weights(run: Callable, graph: tf.Graph) -> dict[str, np.ndarray]:
       graph: the training graph, which holds the model's variables among many others.
 
     Returns:
-      {variable name: value} for exactly the variables of the inference graph.
+      {variable name: value} for exactly the variables of the inference graph, each whole: a
+      variable cut into one slice per ps (model.build_logits) is joined again here, so the
+      SavedModel is the same whatever the number of ps.
     """
-    by_name = {v.op.name: v for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)}
+    wholes = model.whole_variables(graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES))
     names = model_variable_names()
-    missing = [n for n in names if n not in by_name]
+    missing = [n for n in names if n not in wholes]
     if missing:
         raise ValueError(f"the training graph has no variable {missing[0]!r} to export")
-    values = run([by_name[n] for n in names])
-    return dict(zip(names, values))
+    values = run([wholes[n].slices for n in names])
+    return {n: np.concatenate(slices, axis=0) for n, slices in zip(names, values)}
 
 
 def write_saved_model(weights: dict[str, np.ndarray], export_dir: Path) -> None:

@@ -88,7 +88,7 @@ def settings(config: TaskConfig, dataset: str | None = None) -> dict:
                       replicas_to_aggregate=train.replicas_to_aggregate,
                       train_steps=train.train_steps, epochs=train.epochs,
                       optimizer=train.optimizer, learning_rate=train.learning_rate,
-                      lr_decay=train.lr_decay,
+                      lr_decay=train.lr_decay, wire_dtype=train.wire_dtype,
                       seed=train.seed, dataset=dataset,
                       # Sync: a worker without the target would never read the stop.
                       eval_every=train.eval_every, target_accuracy=train.target_accuracy)

@@ -31,8 +31,8 @@ Every wait in steps 2-9 is bounded by --timeout (plus a start-up allowance where
 may not exist yet), and its error names what was awaited and who is missing.
 
 `build_shared` makes the variables and queues that more than one task reads or writes. Every
-task, the ps tasks included, builds them first and in the same order, so that the replica
-device setter's round-robin puts each on the same ps in every task's graph.
+task, the ps tasks included, builds them first and in the same order. Each has an explicit
+device (all on ps 0 but the done-queues, one per ps), so every task's graph finds it by name.
 """
 
 from __future__ import annotations
@@ -63,10 +63,7 @@ def build_shared(config: TaskConfig, dataset: str | None = None) -> Shared:
       dataset: the dataset name the settings carry (the chief's is compared by the others).
     """
     n = config.cluster.num_workers
-    # Sync: a fresh setter, first in the graph, so the round-robin starts at ps 0 in every task.
-    with tf1.device(tf1.train.replica_device_setter(cluster=config.cluster.spec())):
-        state = sync.build_shared_state(n)
-    # Explicitly on ps 0 (inside build_membership), outside any setter.
+    state = sync.build_shared_state(n)  # Sync: on ps 0 (inside), as membership and the stop
     members = membership.build_membership(n, membership.settings(config, dataset))
     done_queues = [done_queue(p, n) for p in range(config.cluster.num_ps)]
     # Explicitly on ps 0 too, last: built whatever the flags, so every task's graph is the same.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -83,20 +84,16 @@ def run_ps(config: TaskConfig, *, server=None) -> report.TaskResult:
                     counters = _final_counters(sess, state, poll)
                 continue
             time.sleep(session.READY_POLL_SECS)
-            step = _read_global_step(sess, state)
-            if step is not None and not checked:
+            # One read of ps 0 a poll, whichever ps this is (it costs ps 0 a run per poll).
+            reading = _read_shared(sess, state, members, with_published=not checked)
+            step = reading.global_step if reading else None
+            if reading and reading.published is not None:
                 # Sync: the chief has published its settings with the model: compare ours.
-                try:
-                    published = sess.run(members.published, options=poll)
-                except tf.errors.OpError:
-                    published = None  # not yet initialised; next time
-                if published is not None:
-                    membership.check_agreement(membership.settings(config), published,
-                                               me=config.name, restarted_chief=False)
-                    checked = True
-            reading = _read_membership(sess, members)
+                membership.check_agreement(membership.settings(config), reading.published,
+                                           me=config.name, restarted_chief=False)
+                checked = True
             if reading:
-                lost = [w for w, mark in enumerate(reading[1]) if mark == membership.LOST]
+                lost = [w for w, mark in enumerate(reading.finished) if mark == membership.LOST]
             if step != last_step:
                 last_step, last_progress = step, time.monotonic()
             idle = time.monotonic() - last_progress
@@ -107,8 +104,9 @@ def run_ps(config: TaskConfig, *, server=None) -> report.TaskResult:
             if idle > timeout + (START_SECS if step is None else config.train.restart_grace):
                 seen = "no worker has initialised the model" if step is None else (
                     f"global_step stuck at {step}")
-                if step is not None and reading and len(done | set(lost)) == 0:
-                    seen += "; missing: " + membership.missing(reading[0], step, config.cluster)
+                if reading and len(done | set(lost)) == 0:
+                    seen += "; missing: " + membership.missing(reading.last_push, step,
+                                                               config.cluster)
                 raise TaskTimeout(
                     f"ps {config.index}: no progress for {idle:.0f} s ({seen}; workers done: "
                     f"{sorted(done) or 'none'} of {n}"
@@ -136,15 +134,27 @@ def _final_counters(sess, state: sync.SharedState, options) -> verdict_lib.Count
         return None
 
 
-def _read_membership(sess, members: membership.Membership) -> tuple[list[int], list[int]] | None:
-    """(last_push, finished), or None while they are not initialised or not reachable."""
+class _Reading(NamedTuple):
+    global_step: int
+    last_push: list[int]
+    finished: list[int]
+    published: bytes | None  # asked for only until the settings have been compared
+
+
+def _read_shared(sess, state: sync.SharedState, members: membership.Membership, *,
+                 with_published: bool) -> _Reading | None:
+    """What the ps watches, all on ps 0, in one run; None while the chief has not initialised
+    it (the model and membership are initialised together) or ps 0 does not answer."""
+    fetches = [state.global_step, members.last_push, members.finished] + (
+        [members.published] if with_published else [])
     try:
-        last_push, finished = sess.run([members.last_push, members.finished],
-                                       options=tf1.RunOptions(timeout_in_ms=int(POLL_SECS * 1000)))
+        step, last_push, finished, *published = sess.run(
+            fetches, options=tf1.RunOptions(timeout_in_ms=int(POLL_SECS * 1000)))
     except (tf.errors.FailedPreconditionError, tf.errors.DeadlineExceededError,
             tf.errors.UnavailableError):
         return None
-    return [int(v) for v in last_push], [int(v) for v in finished]
+    return _Reading(int(step), [int(v) for v in last_push], [int(v) for v in finished],
+                    published[0] if published else None)
 
 
 def _entries_waiting(sess, size, options) -> int:
@@ -153,14 +163,3 @@ def _entries_waiting(sess, size, options) -> int:
         return int(sess.run(size, options=options))
     except tf.errors.DeadlineExceededError:
         return 0
-
-
-def _read_global_step(sess, state: sync.SharedState) -> int | None:
-    """global_step, or None while nobody has initialised it yet."""
-    try:
-        return int(sess.run(state.global_step,
-                            options=tf1.RunOptions(timeout_in_ms=int(POLL_SECS * 1000))))
-    except (tf.errors.FailedPreconditionError, tf.errors.DeadlineExceededError,
-            tf.errors.UnavailableError):
-        return None
-

@@ -20,7 +20,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from sync_mnist import cluster as cluster_lib
-from sync_mnist import membership
+from sync_mnist import membership, model
 from sync_mnist.config import ConfigError, TaskTimeout
 
 tf1 = tf.compat.v1
@@ -369,6 +369,9 @@ def check_checkpoint(logdir: Path, variables: Sequence[tf.Variable],
     A `checkpoint` file that TensorFlow cannot use (unparsable, or naming files that are not
     there, as after the directory moved: a TF1 Saver writes absolute paths) is refused too:
     TensorFlow would ignore it and silently train from scratch.
+    A variable cut into slices (one per ps: model.build_logits) is checked whole, under the
+    name and shape the checkpoint holds it by, so a checkpoint of a cluster with another
+    number of ps passes: it restores.
     """
     index = Path(logdir) / "checkpoint"
     if not index.exists():
@@ -390,15 +393,15 @@ def check_checkpoint(logdir: Path, variables: Sequence[tf.Variable],
     except (tf.errors.OpError, ValueError) as e:
         raise ConfigError(f"--logdir {logdir} holds a checkpoint that cannot be read "
                           f"({Path(path).name}): {first_line(e)}") from None
-    for v in variables:  # a shape that differs says more than a name that is missing
-        name, here = v.op.name, v.shape.as_list()
-        if name in shapes and list(shapes[name]) != here:
+    wholes = model.whole_variables(variables)
+    for name, whole in wholes.items():  # a shape that differs says more than a missing name
+        if name in shapes and list(shapes[name]) != whole.shape:
             raise ConfigError(f"--logdir {logdir} holds a checkpoint of a different model: "
-                              f"{name} has shape {list(shapes[name])} there, {here} here")
-    for v in variables:
-        if v.op.name not in shapes:
+                              f"{name} has shape {list(shapes[name])} there, {whole.shape} here")
+    for name, whole in wholes.items():
+        if name not in shapes:
             raise ConfigError(f"--logdir {logdir} holds a checkpoint of a different model: it "
-                              f"has no variable {v.op.name} (shape {v.shape.as_list()} here)")
+                              f"has no variable {name} (shape {whole.shape} here)")
     step = int(tf.train.load_variable(path, GLOBAL_STEP)) if GLOBAL_STEP in shapes else None
     if planned is not None and step is not None and step > planned:
         # Resumed, it would train nothing and then fail the verdict (global_step != planned).

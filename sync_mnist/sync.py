@@ -51,13 +51,17 @@ class SyncTraining(NamedTuple):
 
 
 def build_shared_state(num_workers: int) -> SharedState:
-    """Creates global_step and the counters. Call it first under the replica device setter.
+    """Creates global_step and the counters, on ps 0 whatever device scope is around the call.
 
-    Every task calls this in the same order, so replica_device_setter's round-robin puts each
-    variable on the same ps in every task's graph; that is what lets a ps read the counters.
+    Every task's graph finds them there by name. All on one ps: the counting in each step, the
+    update's bookkeeping and every reading of the counters then touch ps 0 alone, not one ps
+    more for each ps the cluster has (a round-robin would deal them out over all of them).
     """
-    global_step = tf1.train.get_or_create_global_step()
-    with tf1.variable_scope("sync_counters"):
+    # Sync: on ps 0, with the token queue, membership and the stop (SyncReplicasOptimizer puts
+    # its queue and the update's sync op on global_step's device).
+    with tf1.device("/job:ps/task:0"):
+        global_step = tf1.train.get_or_create_global_step()
+    with tf1.device("/job:ps/task:0"), tf1.variable_scope("sync_counters"):
         def counter(name, shape=()):
             return tf1.get_variable(name, shape, tf.int64, tf1.zeros_initializer(),
                                     trainable=False)
@@ -71,7 +75,8 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
                    worker_index: int, num_workers: int, replicas_to_aggregate: int,
                    is_chief: bool, mode: str = "sync", num_tokens: int = 0,
                    last_push: tf.Variable | None = None, proof: bool = True,
-                   after_update: Callable[[tf.Tensor], tf.Operation] | None = None) -> SyncTraining:
+                   after_update: Callable[[tf.Tensor], tf.Operation] | None = None,
+                   wire_dtype: str = "float32") -> SyncTraining:
     """Builds one worker's training step.
 
     Args:
@@ -90,12 +95,17 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
         rest), for the benchmark to price them; such a run cannot be verified.
       after_update: after_update(new_step) builds ops that each update runs after applying
         the gradients and before it hands out its tokens (sync mode; early_stop.latch).
+      wire_dtype: "float32", or "bfloat16": each gradient crosses to its ps in half the bytes
+        and is float32 again there (to_ps).
 
     Returns:
       SyncTraining with the op to run each step and the hooks the session needs.
     """
     grads_and_vars = optimizer.compute_gradients(loss)
     if mode == "async":
+        if wire_dtype != "float32":
+            grads_and_vars = [(None if g is None else restored(to_ps(g, v.device, wire_dtype)),
+                               v) for g, v in grads_and_vars]
         one = tf.ones([1], tf.int64)
         with tf.control_dependencies([tf1.scatter_add(state.pushed, [worker_index], one)]):
             apply = optimizer.apply_gradients(grads_and_vars, state.global_step)
@@ -124,8 +134,7 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
     # which is what lets a restarted worker trust pushed and last_push.
     arrived = []
     for g, v in grads_and_vars:
-        with tf1.device(v.device):
-            arrived.append((None if g is None else tf.identity(g), v))
+        arrived.append((None if g is None else to_ps(g, v.device, wire_dtype), v))
     # Read now, beside the gradients, not under the gate below: a read made there would wait
     # for the gradients to reach the ps and then cost one more ps -> worker -> ps round trip
     # on every step. Nothing else writes local_step during a step (only its last op does,
@@ -145,7 +154,7 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
         grads_and_vars = []
         for g, v in arrived:
             with tf1.device(v.device):
-                grads_and_vars.append((None if g is None else tf.identity(g), v))
+                grads_and_vars.append((None if g is None else restored(g), v))
 
     # Sync: with R = N and no preloaded tokens, every worker has a token queue of its own,
     # filled by each update, so a worker can only ever take its own token (owned_tokens).
@@ -214,6 +223,30 @@ def _pushes_before_the_token(stock_train_op: tf.Tensor) -> list[tf.Operation]:
         raise RuntimeError(f"SyncReplicasOptimizer's train op changed shape: {dequeue.type} "
                            "where its token dequeue was expected (sync.py owns the tokens)")
     return list(dequeue.control_inputs)
+
+
+def to_ps(grad: tf.Tensor, device: str, wire_dtype: str = "float32") -> tf.Tensor:
+    """`grad`, made on this worker, copied to `device` (its variable's ps) in `wire_dtype`.
+
+    With "bfloat16" it is cast on this worker, so half the bytes cross; `restored` makes it
+    float32 again on the ps, so the accumulators average float32 values and the optimizer
+    applies them in float32, each element rounded once (to nearest, 8 significant bits: a
+    relative error of at most 2**-9).
+    """
+    sent = grad if wire_dtype == "float32" else tf.cast(grad, wire_dtype)  # Sync: on the worker
+    with tf1.device(device):
+        return tf.identity(sent)
+
+
+def restored(arrived: tf.Tensor) -> tf.Tensor:
+    """A gradient that arrived (to_ps), as float32, made where it is: a new op either way.
+
+    The cast back comes after the copy, not in it: Grappler's arithmetic optimizer swaps an
+    Identity that follows a widening cast with it, and in doing so moved the counts' wait
+    from the gradient's arrival on the ps to a signal from the worker (the partition graphs
+    showed it; tests/test_partition.py checks the wait).
+    """
+    return tf.identity(arrived) if arrived.dtype == tf.float32 else tf.cast(arrived, tf.float32)
 
 
 def _local_step_by_reference(next_creator, **kwargs):

@@ -75,7 +75,9 @@ def build_graph(config: TaskConfig, num_tokens: int = 0, dataset: str | None = N
     n, i = config.cluster.num_workers, config.index
     shared = protocol.build_shared(config, dataset)  # Sync: first, placed as every task does
     # Sync: between-graph replication. Variables go round-robin onto the ps tasks; every other
-    # op stays on this worker.
+    # op stays on this worker. The model comes first under this fresh setter, cut into one
+    # slice per ps (model.build_logits), so slice k of every variable lands on ps k: the bytes
+    # are split evenly, and identically in every task's graph.
     setter = tf1.train.replica_device_setter(worker_device=f"/job:worker/task:{i}",
                                              cluster=config.cluster.spec())
     train = config.train
@@ -85,7 +87,7 @@ def build_graph(config: TaskConfig, num_tokens: int = 0, dataset: str | None = N
     with tf1.device(setter):
         images = tf1.placeholder(tf.float32, [None, model.IMAGE_PIXELS], name="images")
         labels = tf1.placeholder(tf.int64, [None], name="labels")
-        outputs = model.build_model(images, labels)
+        outputs = model.build_model(images, labels, slices=config.cluster.num_ps)
         optimizer = model.make_optimizer(train.optimizer, train.learning_rate,
                                          decay_steps=decay_steps,
                                          global_step=shared.state.global_step)
@@ -97,7 +99,8 @@ def build_graph(config: TaskConfig, num_tokens: int = 0, dataset: str | None = N
             outputs.loss, shared.state, optimizer,
             worker_index=i, num_workers=n, replicas_to_aggregate=config.train.aggregate(n),
             is_chief=config.is_chief, mode=config.train.mode, num_tokens=num_tokens,
-            last_push=shared.members.last_push, proof=config.train.proof, after_update=latch)
+            last_push=shared.members.last_push, proof=config.train.proof, after_update=latch,
+            wire_dtype=train.wire_dtype)
         stop = early_stop.build_stop_ops(shared.stop, training.train_op, train.mode) \
             if target_accuracy else None
     report_done = tf.group(*[q.enqueue(i) for q in shared.done_queues])

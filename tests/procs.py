@@ -137,8 +137,9 @@ def listening_ports(proc_dir: str = "/proc/self") -> set[int]:
     return ports
 
 
-def local_cluster(num_workers: int):
-    """In-process servers on free ports: 1 ps and num_workers workers; (workers, ClusterSpec).
+def local_cluster(num_workers: int, num_ps: int = 1):
+    """In-process servers on free ports: num_ps ps and num_workers workers; (workers,
+    ClusterSpec).
 
     (tf.compat.v1.test.create_local_cluster needs portpicker, which TensorFlow does not install.)
     """
@@ -146,10 +147,11 @@ def local_cluster(num_workers: int):
 
     from sync_mnist.cluster import free_ports
 
-    ports = free_ports(num_workers + 1)
-    cluster = tf.train.ClusterSpec({"ps": [f"localhost:{ports[0]}"],
-                                    "worker": [f"localhost:{p}" for p in ports[1:]]})
-    tf.distribute.Server(cluster, job_name="ps", task_index=0, start=True)
+    ports = free_ports(num_workers + num_ps)
+    cluster = tf.train.ClusterSpec({"ps": [f"localhost:{p}" for p in ports[:num_ps]],
+                                    "worker": [f"localhost:{p}" for p in ports[num_ps:]]})
+    for p in range(num_ps):
+        tf.distribute.Server(cluster, job_name="ps", task_index=p, start=True)
     workers = [tf.distribute.Server(cluster, job_name="worker", task_index=i, start=True)
                for i in range(num_workers)]
     return workers, cluster

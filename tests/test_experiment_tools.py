@@ -148,7 +148,59 @@ def test_each_ps_beyond_the_first_adds_its_calibrated_overhead():
     three = scaling.predict(costs, 4, [1_000_000 / 3] * 3, cores=2)
     assert three.latency - one.latency == pytest.approx(2 * 0.005 - 0.0018 * 2 / 3)
     assert one.cpu == pytest.approx((4 * 0.01 + 0.0018) / 2)
-    assert three.cpu == pytest.approx((4 * (0.01 + 2 * 0.003) + 0.0018) / 2)
+    # Once per update, not once per worker: 2 extra ps, whatever N.
+    assert three.cpu == pytest.approx((4 * 0.01 + 2 * 0.003 + 0.0018) / 2)
+    eight = scaling.predict(costs, 8, [1_000_000 / 3] * 3, cores=2)
+    assert eight.cpu - three.cpu == pytest.approx(4 * (0.01 + 0.0002) / 2)
+
+
+def test_a_full_duplex_ps_link_overlaps_pushes_with_pulls_as_far_as_calibrated():
+    # 4 workers at 100 Mbit/s, one ps: a pull or a push of 1 MB is 0.08 s.
+    def link(overlap, **kw):
+        return scaling.predict(scaling.dataclasses.replace(COSTS, overlap=overlap), 4,
+                               [1_000_000], rate_bits=100e6, **kw).link
+
+    assert link(0.0) == pytest.approx(0.64)  # 4 pulls out, then 4 pushes in: in turn
+    assert link(1.0) == pytest.approx(0.32 + 0.08)  # side by side, but for the last push
+    assert link(0.25) == pytest.approx(0.64 - 0.25 * (0.32 - 0.08))
+    # bfloat16 pushes: half the bytes in, the pulls as before; the worker's own link too.
+    assert link(0.0, push_share=0.5) == pytest.approx(0.32 + 0.16)
+    assert link(1.0, push_share=0.5) == pytest.approx(0.32 + 0.04)
+    half = scaling.predict(COSTS, 4, [1_000_000], rate_bits=100e6, push_share=0.5)
+    assert half.latency == pytest.approx(0.004 + 0.0012 + 0.0015 + 0.08 + 0.04 + 0.0018)
+    # The sweep's calibration finds the overlap that a measured time implies, where the link
+    # is the bottleneck; elsewhere it keeps what it had.
+    measured = link(0.3)
+    assert scaling.overlap_from(COSTS, 4, [1_000_000], measured, rate_bits=100e6) == \
+        pytest.approx(0.3)
+    assert scaling.overlap_from(COSTS, 4, [1_000_000], 10.0, rate_bits=100e6) == 0.0
+    assert scaling.overlap_from(COSTS, 4, [1_000_000], 0.0, rate_bits=100e6) == 1.0
+    latency_bound = scaling.dataclasses.replace(COSTS, overlap=0.7)
+    assert scaling.overlap_from(latency_bound, 1, [1_000_000], 0.1, rate_bits=100e6) == 0.7
+
+
+def test_the_sweep_calibrates_on_the_points_that_can_tell_each_term():
+    points = [(n, p, cap) for cap in (None, "200mbit", "100mbit") for p in (1, 2)
+              for n in (1, 2, 4, 6)]
+    assert scaling.calibration_points(points) == {
+        "latency": (1, 1, None), "second ps": (1, 2, None),
+        "second ps per worker": (6, 2, None), "overlap": (6, 1, "200mbit")}
+    assert list(scaling.calibration_points([(1, 1, None), (1, 1, "200mbit")])) == [
+        "latency", "second ps"]
+
+
+def test_the_second_ps_cpu_splits_into_per_update_and_per_worker_step_by_two_points():
+    costs = scaling.dataclasses.replace(COSTS, cpu_step=0.01, cpu_ps_extra=0.009)
+    # At 6 workers: 6 x 0.01 steps + ps work 0.001 + 6 x 0.0002, and a second ps's
+    # a + 6 b, where a + b = 0.009 at 1 worker: b = 0.002 gives 0.019.
+    split = scaling.split_ps_cpu(costs, 6, 0.06 + 0.0022 + 0.019)
+    assert (split.cpu_ps_extra, split.cpu_ps_step) == (pytest.approx(0.007),
+                                                       pytest.approx(0.002))
+    six = scaling.predict(split, 6, [500_000] * 2, cores=2)
+    assert six.cpu == pytest.approx((0.06 + 0.0022 + 0.019) / 2)
+    # No more than at 1 worker: all of it per update, as measured there.
+    flat = scaling.split_ps_cpu(costs, 6, 0.06 + 0.0022 + 0.005)
+    assert (flat.cpu_ps_extra, flat.cpu_ps_step) == (0.009, 0.0)
 
 
 def test_the_model_refuses_nonsense():
@@ -160,8 +212,8 @@ def test_the_model_refuses_nonsense():
 def test_the_bytes_each_ps_holds_come_from_the_real_graph():
     one_bytes, one_tensors = scaling.partition(1)
     assert (one_bytes, one_tensors) == ([MODEL_BYTES], [6])
-    two_bytes, two_tensors = scaling.partition(2)
-    assert sum(two_bytes) == MODEL_BYTES and sum(two_tensors) == 6 and min(two_bytes) > 0
+    # --ps 2: one slice of each of the 6 variables on each ps, half the bytes each.
+    assert scaling.partition(2) == ([MODEL_BYTES // 2] * 2, [6, 6])
 
 
 @pytest.mark.cluster  # imports TensorFlow to write and read an events file

@@ -112,7 +112,7 @@ TRAINING_OPTIONS = {
     "--optimizer": choice("adam", "sgd", "momentum"), "--seed": SMALL,
     "--dataset": choice("mnist", "synthetic"), "--data-dir": PATH, "--logdir": PATH,
     "--save-steps": COUNT, "--save-secs": numbers("10", "0.5"), "--export-dir": PATH,
-    "--restart-grace": numbers("5", "120", "0"),
+    "--restart-grace": numbers("5", "120", "0"), "--wire-dtype": choice("float32", "bfloat16"),
     "--timeout": numbers("30", "0.5", "300", "1e3"), "--mode": choice("sync", "async"),
     "--replicas-to-aggregate": SMALL, "--setup": choice("fixed", "question"),
     "--log-every": COUNT, "--eval-every": COUNT,

@@ -11,7 +11,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from sync_mnist import membership, preflight, report, session, sync
+from sync_mnist import membership, model, preflight, report, session, sync
 from sync_mnist import verdict as verdict_lib
 from sync_mnist.cli import _cluster_layout, task_parser, _train_config
 from sync_mnist.cluster import ClusterLayout, free_ports
@@ -116,6 +116,8 @@ def test_settings_leave_hosts_out_and_compare_equal_across_tasks():
     (("--learning-rate", "0.5", "--seed", "3"), False,
      "worker 1 has --learning-rate 0.5 but the chief has 0.001; "
      "worker 1 has --seed 3 but the chief has 0"),
+    (("--wire-dtype", "bfloat16"), False,
+     "worker 1 has --wire-dtype bfloat16 but the chief has float32"),
     (("--replicas-to-aggregate", "2"), True,
      "worker 1 has --replicas-to-aggregate 2 but the running cluster (published by its chief) "
      "has none (the default)"),
@@ -252,6 +254,30 @@ def test_a_chief_refuses_a_checkpoint_already_past_its_planned_updates(tmp_path)
     assert str(raised.value) == (f"--logdir {tmp_path} holds a checkpoint at global_step 10, "
                                  "past the 4 updates planned (--train-steps or --epochs): give "
                                  "a new --logdir, or plan at least 10")
+
+
+def _save_model(path, slices: int, hidden=(256, 256)):
+    with tf.Graph().as_default():
+        model.build_logits(tf1.placeholder(tf.float32, [None, 784]), hidden, slices=slices)
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            tf1.train.Saver().save(sess, str(path / "model.ckpt"))
+
+
+@pytest.mark.parametrize("saved_slices, slices", [(1, 3), (3, 1), (2, 3)])
+def test_check_checkpoint_takes_a_sliced_variable_whole(tmp_path, saved_slices, slices):
+    # A checkpoint holds a partitioned variable whole: written with one number of ps, it
+    # passes with another (test_partition.py restores it).
+    _save_model(tmp_path, saved_slices)
+    with tf.Graph().as_default():
+        model.build_logits(tf1.placeholder(tf.float32, [None, 784]), slices=slices)
+        session.check_checkpoint(tmp_path, tf1.global_variables())
+    with tf.Graph().as_default():  # another model is still named, whole
+        model.build_logits(tf1.placeholder(tf.float32, [None, 784]), (128, 256), slices=slices)
+        with pytest.raises(ConfigError) as raised:
+            session.check_checkpoint(tmp_path, tf1.global_variables())
+    assert str(raised.value) == (f"--logdir {tmp_path} holds a checkpoint of a different model: "
+                                 "layer0/weights has shape [784, 256] there, [784, 128] here")
 
 
 # ---------------------------------------------------------------------------- the table

@@ -153,16 +153,75 @@ def test_cosine_decay_falls_from_the_rate_to_zero_over_the_run():
             assert sess.run(x) == pytest.approx(-2 * sum(rates[:k + 1]), abs=1e-6), k
 
 
-def test_with_two_ps_tasks_each_holds_part_of_the_model():
+MODEL_BYTES = 4 * sum(int(np.prod(shape)) for shape in LAYER_SHAPES)  # 1,077,288
+
+
+def _placement(num_ps: int, index: int) -> dict[str, tuple[str, int]]:
+    """{variable: (device, bytes)} in worker `index`'s graph of a cluster with num_ps ps."""
     from sync_mnist import worker
     from sync_mnist.cluster import ClusterLayout
     from sync_mnist.config import TaskConfig, TrainConfig
 
-    config = TaskConfig(role="worker", index=1,
-                        cluster=ClusterLayout(("p0:1", "p1:1"), ("w0:1", "w1:1", "w2:1")),
+    config = TaskConfig(role="worker", index=index,
+                        cluster=ClusterLayout(tuple(f"p{p}:1" for p in range(num_ps)),
+                                              ("w0:1", "w1:1", "w2:1")),
                         train=TrainConfig(train_steps=1))
     with tf.Graph().as_default():
         worker.build_graph(config, dataset="synthetic")
-        weights = {v.op.name: v.device for v in tf1.trainable_variables()}
-    # replica_device_setter deals the variables round-robin: both ps hold model weights.
-    assert set(weights.values()) == {"/job:ps/task:0", "/job:ps/task:1"}, weights
+        return {v.op.name: (v.device, v.shape.num_elements() * v.dtype.size)
+                for v in tf1.global_variables()}
+
+
+@pytest.mark.parametrize("num_ps", [2, 3, 4, 8])
+def test_the_ps_tasks_share_the_models_bytes_evenly(num_ps):
+    chief = _placement(num_ps, 0)
+    trainable = {name: (device, size) for name, (device, size) in chief.items()
+                 if name.startswith("layer") and "/Adam" not in name}
+    per_ps = [0] * num_ps
+    for device, size in trainable.values():
+        per_ps[tf.DeviceSpec.from_string(device).task] += size
+    # Every byte of the model once, and what each worker pulls from and pushes to each ps
+    # within 2% of an even share (round-robin over whole variables: 1,075,200 + 2,088 at 2 ps).
+    assert sum(per_ps) == MODEL_BYTES
+    even = MODEL_BYTES / num_ps
+    assert max(abs(b - even) for b in per_ps) <= 0.02 * even, per_ps
+    # Adam's slots stay with their slice, so the update is split as evenly.
+    for name, (device, _) in chief.items():
+        if "/Adam" in name:
+            assert device == chief[name.split("/Adam")[0]][0], name
+    # Deterministic: another worker's graph places every variable where the chief's does.
+    assert _placement(num_ps, 2) == chief
+
+
+
+
+def test_the_update_runs_on_the_ps_alone_and_the_sync_state_on_ps_0():
+    from sync_mnist import worker
+    from sync_mnist.cluster import ClusterLayout
+    from sync_mnist.config import TaskConfig, TrainConfig
+
+    config = TaskConfig(role="worker", index=0,
+                        cluster=ClusterLayout(("p0:1", "p1:1"), ("w0:1", "w1:1")),
+                        train=TrainConfig(train_steps=10))
+    with tf.Graph().as_default():
+        g = worker.build_graph(config, dataset="synthetic", target=10)
+        shared = {v.op.name: v.device for v in tf1.global_variables()
+                  if v.op.name == "global_step" or v.op.name.startswith("sync_")}
+        (update,) = g.training.optimizer.get_chief_queue_runner().enqueue_ops
+    # Everything the counting, the progress lines and the finish read is on one ps, so none of
+    # it costs a run on each ps; a round-robin dealt the counters over both.
+    assert len(shared) == 11 and set(shared.values()) == {"/job:ps/task:0"}, shared
+    # The chief's update (with the cosine rate) needs nothing from the chief's own device.
+    on_workers = {op.name for op in _ancestors(update) if "/job:worker" in op.device}
+    assert on_workers == set(), sorted(on_workers)
+
+
+def _ancestors(op: tf.Operation) -> set[tf.Operation]:
+    seen, todo = set(), [op]
+    while todo:
+        current = todo.pop()
+        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
+            if parent not in seen:
+                seen.add(parent)
+                todo.append(parent)
+    return seen

@@ -28,7 +28,7 @@ GRADS = [np.float32(0.1), np.float32(0.3), np.float32(0.5), np.float32(0.7)]
 
 
 class _Worker:
-    def __init__(self, cluster, index, num_workers, replicas, mode="sync"):
+    def __init__(self, cluster, index, num_workers, replicas, mode="sync", wire_dtype="float32"):
         self.index = index
         self.graph = tf.Graph()
         with self.graph.as_default(), tf1.device(tf1.train.replica_device_setter(
@@ -39,7 +39,7 @@ class _Worker:
             self.training = sync.build_train_op(
                 loss, self.state, tf1.train.GradientDescentOptimizer(LEARNING_RATE),
                 worker_index=index, num_workers=num_workers, replicas_to_aggregate=replicas,
-                is_chief=index == 0, mode=mode)
+                is_chief=index == 0, mode=mode, wire_dtype=wire_dtype)
         # SyncReplicasOptimizer's per-worker local step: the step this worker's next push is for.
         self.local_step = next((v for v in self.graph.get_collection(tf1.GraphKeys.LOCAL_VARIABLES)
                                 if "sync_rep_local_step" in v.name), None)
@@ -74,9 +74,11 @@ class _Worker:
             return verdict_lib.Counters.read(sess, self.state), sess.run(self.x)
 
 
-def _train(num_workers, replicas, steps, mode="sync", before_push=None, chief_hooks=()):
+def _train(num_workers, replicas, steps, mode="sync", before_push=None, chief_hooks=(),
+           wire_dtype="float32"):
     servers, cluster = local_cluster(num_workers)
-    workers = [_Worker(cluster, i, num_workers, replicas, mode) for i in range(num_workers)]
+    workers = [_Worker(cluster, i, num_workers, replicas, mode, wire_dtype)
+               for i in range(num_workers)]
     # The production stop rule (worker.run_worker): in sync mode, stop once the token reaches
     # the target; the local count matters only in async mode.
     threads = [threading.Thread(target=w.run, args=(servers[w.index].target, steps),
@@ -96,9 +98,17 @@ def _train(num_workers, replicas, steps, mode="sync", before_push=None, chief_ho
     return workers, counters, x
 
 
-def test_lockstep_update_averages_one_gradient_per_worker():
+def _as_sent(gradient: np.float32, wire_dtype: str) -> np.float32:
+    """A gradient as the ps receives it: rounded to bfloat16 (to nearest) with --wire-dtype."""
+    if wire_dtype == "float32":
+        return gradient
+    return np.float32(gradient.astype(tf.bfloat16.as_numpy_dtype))
+
+
+@pytest.mark.parametrize("wire_dtype", ["float32", "bfloat16"])
+def test_lockstep_update_averages_one_gradient_per_worker(wire_dtype):
     steps = 3
-    workers, counters, x = _train(num_workers=3, replicas=3, steps=steps)
+    workers, counters, x = _train(num_workers=3, replicas=3, steps=steps, wire_dtype=wire_dtype)
 
     # global_step advances once per 3 replica steps: 9 pushes, 3 updates.
     assert counters.global_step == steps
@@ -106,9 +116,18 @@ def test_lockstep_update_averages_one_gradient_per_worker():
     assert counters.accepted == [steps] * 3
     assert counters.repeat_updates == 0 and counters.solo_updates == 0
     assert counters.over_aggregated == 0
-    # Each update is 0 - mean(0.1, 0.3, 0.5) * 2.0, applied `steps` times.
-    per_update = (GRADS[0] + GRADS[1] + GRADS[2]) / 3 * LEARNING_RATE
+    # Each update is 0 - mean(0.1, 0.3, 0.5) * 2.0, applied `steps` times. In bfloat16 each
+    # gradient crosses rounded (0.1 as 0.10009765625), and the ps averages and applies the
+    # rounded values in float32: the mean differs from float32's by 1e-3, far above rtol.
+    sent = [_as_sent(g, wire_dtype) for g in GRADS[:3]]
+    per_update = (sent[0] + sent[1] + sent[2]) / 3 * LEARNING_RATE
     np.testing.assert_allclose(x, [-per_update * steps] * 2, rtol=1e-6)
+    if wire_dtype == "bfloat16":
+        exact = (GRADS[0] + GRADS[1] + GRADS[2]) / 3 * LEARNING_RATE
+        assert abs(per_update - exact) > 1e-4 * exact
+        accumulators = [op for op in workers[0].graph.get_operations()
+                        if op.type.endswith("ConditionalAccumulator")]
+        assert accumulators and all(op.get_attr("dtype") == tf.float32 for op in accumulators)
     # The token a worker gets back is the global step after the update its push joined; each
     # stopped on the token that reached the target, after exactly `steps` local steps.
     for w in workers:

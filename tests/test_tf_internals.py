@@ -2,8 +2,8 @@
 
 TensorFlow has no public handle on some of what the fix needs: SyncReplicasOptimizer's token
 queue, local step and chief queue runner (sync.py), the session creators' hook for their
-SessionManager and the attributes it reads (session.py), and the switch for deprecation
-warnings (tfcompat.py). A TensorFlow that renamed one would fail a cluster run much later, or
+SessionManager and the attributes it reads (session.py), what a slice of a partitioned
+variable says of the whole (model.py), and the switch for deprecation warnings (tfcompat.py). A TensorFlow that renamed one would fail a cluster run much later, or
 worse, quietly bring back the 30 s readiness poll or a traceback at every close. Each check
 here names the attribute, and checks that TensorFlow itself still uses it.
 """
@@ -166,3 +166,18 @@ def test_deprecation_switch_exists():
     # tfcompat.py sets it to hide deprecation warnings; a renamed switch would silently not.
     assert isinstance(getattr(deprecation, "_PRINT_DEPRECATION_WARNINGS", None), bool), (
         "tensorflow.python.util.deprecation._PRINT_DEPRECATION_WARNINGS")
+
+
+def test_a_slice_names_the_variable_it_cuts():
+    from sync_mnist import model
+
+    # model.whole_variables reads Variable._save_slice_info, as tf1.train.Saver does, to save
+    # and check a partitioned variable whole; a renamed attribute would make every slice look
+    # like a variable of its own, and a checkpoint of another number of ps look foreign.
+    with tf.Graph().as_default():
+        whole = tf1.get_variable("w", [10, 3], partitioner=tf1.fixed_size_partitioner(3))
+        slices = list(whole)
+        info = slices[1]._save_slice_info  # pylint: disable=protected-access
+        assert (info.full_name, info.full_shape, info.var_offset) == ("w", [10, 3], [4, 0]), (
+            "Variable._save_slice_info")
+        assert model.whole_variables(slices[::-1]) == {"w": model.Whole([10, 3], slices)}

@@ -8,6 +8,8 @@ Adam and batch 100 per worker:
   single        one process, same model, optimizer, batch and feed_dict input (bench_tasks.py)
   async         the real cluster, --mode async
   sync          the real cluster, the fixed setup (proof counters on, as users run it)
+  sync-bf16     the same with --wire-dtype bfloat16: every push in half the bytes
+  sync-2ps      the same with 2 ps tasks, the model split evenly between them
   sync-noproof  the same without the counters (hidden --bench-no-proof): the price of the proof
   mwms          TF2 MultiWorkerMirroredStrategy, RING all-reduce on CPU (bench_tasks.py)
 
@@ -40,7 +42,8 @@ from typing import Sequence
 
 log = logging.getLogger("sync_mnist.experiments.bench")
 
-SETUPS = ("floor", "single", "async", "sync", "sync-noproof", "mwms")
+SETUPS = ("floor", "single", "async", "sync", "sync-bf16", "sync-2ps", "sync-noproof", "mwms")
+SETUP_PS = {"sync-2ps": 2}  # ps tasks of a setup, where not 1
 BATCH = 100
 RUN_TIMEOUT_SECS = 240.0  # one run, start to finish; then its processes are killed
 WINDOW_END = 0.9  # the window ends at worker 0's progress line at this fraction of the steps
@@ -66,7 +69,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         prog="sync-mnist-bench",
         description="Benchmark the synchronous PS cluster against a single process, async "
                     "training, the transport floor and MultiWorkerMirroredStrategy. Takes "
-                    "about 10 minutes on 2 cores (--quick: about 2).")
+                    "about 12 minutes on 2 cores (--quick: about 2).")
     p.add_argument("--quick", action="store_true",
                    help="only the runs the targets compare (floor, single and sync with 1 "
                         "worker; async, sync, sync-noproof and mwms with 2), 1 repeat, 200 "
@@ -418,7 +421,8 @@ def _task_argvs(setup: str, n: int, ps: list[str], workers: list[str],
         return [(f"worker {i}", own + ["mwms", "--index", str(i), "--worker-hosts",
                                        ",".join(workers), "--steps", steps,
                                        "--log-every", every]) for i in range(n)]
-    extra = {"async": ["--mode", "async"], "sync": [],
+    extra = {"async": ["--mode", "async"], "sync": [], "sync-2ps": [],
+             "sync-bf16": ["--wire-dtype", "bfloat16"],
              "sync-noproof": ["--bench-no-proof"]}[setup]
     common = [*hosts, "--dataset", "synthetic", "--train-steps", steps, "--log-every", every,
               "--timeout", "120", *extra]
@@ -530,7 +534,7 @@ def run_all(config: BenchConfig) -> list[Sample]:
     for repeat in range(config.repeats):
         for setup, n in pairs:  # interleaved, so slow drift in the machine's load spreads out
             t = time.monotonic()
-            sample = run_one(setup, n, config)
+            sample = run_one(setup, n, config, num_ps=SETUP_PS.get(setup, 1))
             samples.append(sample)
             rate = (f"{sample.examples / sample.wall_s:,.0f} examples/s"
                     if sample.error is None else f"FAILED: {sample.error}")

@@ -17,17 +17,22 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import statistics
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Sequence
 
 log = logging.getLogger("sync_mnist.experiments.bench")
 
 WARMUP_STEPS = 20  # untraced steps first: graph registration and first-run costs
 TRACED_STEPS = 5
+# How TensorFlow's gRPC transport labels a tensor it received, in a FULL_TRACE's step stats:
+# "[0.4MB] [2.2Gb/s] edge_17_layer0/... from /job:ps/replica:0/task:1/device:CPU:0 to /job:...".
+_RECEIVED = re.compile(r"\] (\S+) from (\S+) to (\S+)$")
 
 
 def profile(out: Path, *, timed_steps: int = 200, proof: bool = True) -> str:
@@ -82,7 +87,7 @@ def _profile_against(out: Path, ps: str, worker_address: str, timed_steps: int,
                        config=session.session_config(layout.device_filters("worker", 0)))
     sess.run(init)
     sess.run([optimizer.chief_init_op, optimizer.local_step_init_op])
-    full = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE)
+    full = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE, output_partition_graphs=True)
     fetches = [g.training.train_op, g.outputs.loss, g.outputs.accuracy]
 
     def step(k: int, traced: bool):
@@ -106,8 +111,10 @@ def _profile_against(out: Path, ps: str, worker_address: str, timed_steps: int,
              f"in a thread of this process): median {1000 * statistics.median(plain):.2f} ms "
              f"over {timed_steps} steps (min {1000 * min(plain):.2f}, max "
              f"{1000 * max(plain):.2f})"]
+    worker_steps = []
     for k in range(TRACED_STEPS):
         meta, took = step(WARMUP_STEPS + timed_steps + k, traced=True)
+        worker_steps.append(meta["worker"])
         for name, m in meta.items():
             trace = timeline.Timeline(m.step_stats).generate_chrome_trace_format()
             (out / f"{name}-step-{k}.json").write_text(trace)
@@ -116,10 +123,66 @@ def _profile_against(out: Path, ps: str, worker_address: str, timed_steps: int,
                          "(tracing adds its own cost)")
             lines += summarise(meta["worker"].step_stats, "worker step")
             lines += summarise(meta["update"].step_stats, "chief update")
+    moved = wire_bytes(worker_steps)
+    lines.append("bytes between tasks in a worker step: " + ", ".join(
+        f"{src} -> {dst} {n:,}" for (src, dst), n in sorted(moved.items())))
     sess.close()
     text = "\n".join(lines) + "\n"
     (out / "summary.txt").write_text(text)
     return text
+
+
+def wire_bytes(traced: Sequence) -> dict[tuple[str, str], int]:
+    """Bytes one step moves between tasks, from runs of the same step traced with FULL_TRACE
+    and output_partition_graphs (RunMetadata each).
+
+    Which tensors cross comes from the partition graphs, the graphs each task ran: every _Recv
+    of a tensor from another task (a control edge's dummy tensor left out). How many bytes each
+    is comes from the transport: TensorFlow's record of receiving it (RecvTensor), at its size
+    as received. A trace now and then lacks some of a ps's records (a race inside TensorFlow:
+    about one trace in four here, in-process or not), so each tensor's size is taken from any
+    of the runs that recorded it.
+
+    Returns:
+      {(sender, receiver): bytes}, each task named as in the logs ("worker 0", "ps 1").
+
+    Raises:
+      ValueError: a tensor that crosses was recorded in none of the runs; name and all.
+    """
+    import tensorflow as tf
+
+    def task(device: str) -> str:
+        spec = tf.DeviceSpec.from_string(device)
+        return f"{spec.job} {spec.task}"
+
+    crossing, sizes = {}, {}  # (tensor, receiver): sender; (tensor, receiver): bytes
+    for meta in traced:
+        for graph in meta.partition_graphs:
+            nodes = {n.name: n for n in graph.node}
+            for n in graph.node:
+                if n.op == "_Send" and task(n.attr["send_device"].s.decode()) != task(
+                        n.attr["recv_device"].s.decode()):
+                    source = nodes.get(n.input[0].lstrip("^").split(":")[0])
+                    if source is not None and source.op == "Const" and "/ctrl_" in source.name:
+                        continue  # a control edge's dummy: no bytes of the model
+                    crossing[n.attr["tensor_name"].s.decode(),
+                             task(n.attr["recv_device"].s.decode())] = task(n.device)
+        for dev in meta.step_stats.dev_stats:
+            for node in dev.node_stats:
+                match = _RECEIVED.search(node.timeline_label) \
+                    if node.node_name == "RecvTensor" else None
+                if match:
+                    sizes[match.group(1), task(match.group(3))] = sum(
+                        o.tensor_description.allocation_description.requested_bytes
+                        for o in node.output)
+    unrecorded = sorted(key for key in crossing if key not in sizes)
+    if unrecorded:
+        raise ValueError(f"no record of receiving {unrecorded[0][0]} on {unrecorded[0][1]} "
+                         f"in {len(traced)} traced runs ({len(unrecorded)} such tensors)")
+    moved: dict[tuple[str, str], int] = {}
+    for (tensor, receiver), sender in crossing.items():
+        moved[sender, receiver] = moved.get((sender, receiver), 0) + sizes[tensor, receiver]
+    return moved
 
 
 def summarise(step_stats, title: str, top: int = 12) -> list[str]:

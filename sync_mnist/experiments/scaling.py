@@ -16,25 +16,36 @@
 The last three run in a testbed (testbed.py), so root is needed.
 
 The model (`predict`), per update, for N workers, P ps tasks and a link rate r (or none):
-  B, K         the trainable bytes and tensors every worker pulls and pushes each step
-               (6 tensors, 1.08 MB); B_p: those on ps p, as replica_device_setter's
-               round-robin places them (read from the real graph, `partition`)
+  B, K         the trainable bytes and tensors every worker pulls each step (6 tensors,
+               1.08 MB); B_p: those on ps p, as --ps P places them (one slice of every
+               variable per ps, read from the real graph, `partition`)
+  g            bytes a push moves per byte pulled: 1 in float32, 0.5 with --wire-dtype
+               bfloat16 (push_share)
   t_fb         = t_single - t_update: a worker's forward and backward pass
   ps(p)        = (t_update + N t_accum) B_p / B: ps p's work per update
-  latency      = t_fb + 2 K t_rpc + 2 B c_byte + [2 wire(B)] + max_p ps(p) + t_sync:
-               one worker's step, end to end: compute, pull and push (each B through its own
-               link), the ps's work, and a fixed overhead t_sync (the token, the counters,
-               one RunGraph per task), calibrated on the 1-worker 1-ps uncapped wall time;
-               each ps beyond the first adds t_ps_extra (calibrated on 1 worker, 2 ps)
-  link         = [2 wire(N max_p B_p)]: the busiest ps link carries every worker's pull,
-               then every worker's push
+  latency      = t_fb + 2 K t_rpc + (1 + g) B c_byte + [wire(B) + wire(g B)] + max_p ps(p)
+               + t_sync: one worker's step, end to end: compute, pull and push (through its
+               own link, one after the other), the ps's work, and a fixed overhead t_sync
+               (the token, the counters, one RunGraph per task), calibrated on the 1-worker
+               1-ps uncapped wall time; each ps beyond the first adds t_ps_extra (calibrated
+               on 1 worker, 2 ps)
+  link         = [wire(N B_x) + wire(N g B_x) - overlap (wire(N g B_x) - wire(g B_x))], B_x
+               = max_p B_p: the busiest ps's link sends every worker's pull and receives every
+               push, the two directions of a full-duplex link. overlap 0: every pull ends
+               before any push starts (they start together, from the same update's tokens,
+               and share the link), so the directions take turns; overlap 1: only the last
+               worker's push cannot run beside another's pull. Calibrated on the capped 1-ps
+               point with the most workers (0 uncalibrated: the serial bound)
   wire(S)      = 8 (S - burst) / (r eff): S bytes through tbf at rate r, less the bucket
                (testbed.TBF_BURST_BYTES, 0 between real hosts) that refills in between
-  cpu          = (N cpu_step + sum_p ps(p)) / cores: on ONE machine every task shares its
-               cores; across hosts this term is left out (cores=None). cpu_step, a worker
-               step's CPU with the transport and the sync machinery, is calibrated on the
-               1-worker point's CPU (less the ps's work); uncalibrated, t_fb + cpu_floor;
-               each ps beyond the first adds cpu_ps_extra to it (from 1 worker, 2 ps)
+  cpu          = (N cpu_step + (P - 1) cpu_ps_extra + sum_p ps(p)) / cores: on ONE machine
+               every task shares its cores; across hosts this term is left out (cores=None).
+               cpu_step, a worker step's CPU with the transport and the sync machinery, is
+               calibrated on the 1-worker point's CPU (less the ps's work); uncalibrated,
+               t_fb + cpu_floor. What each ps beyond the first costs, from 1 worker and 2
+               ps, is charged once per update (cpu_ps_extra), not once per worker, but for
+               the share the uncapped 2-ps point with the most workers puts on each worker
+               step (cpu_ps_step: the cpu term gains N (P - 1) cpu_ps_step)
   T(N, P, r)   = max(latency, link, cpu); the largest names the bottleneck.
 `sweep` runs the real synchronous cluster (bench.run_one's steady window, synthetic data) in a
 testbed at each (N, P, cap) and prints the model's T next to the measured one.
@@ -81,7 +92,11 @@ class Costs:
     t_sync: float = 0.0  # calibrated: see the module docstring
     cpu_step: float = 0.0  # calibrated: CPU s per worker step in the real cluster (0: unknown)
     t_ps_extra: float = 0.0  # calibrated: latency per update of each ps beyond the first
-    cpu_ps_extra: float = 0.0  # calibrated: CPU per worker step of each ps beyond the first
+    cpu_ps_extra: float = 0.0  # calibrated: CPU per update of each ps beyond the first
+    cpu_ps_step: float = 0.0  # calibrated: and per worker step (0: all of it per update)
+    # calibrated: how far the pushes overlap other workers' pulls on a ps's full-duplex link,
+    # 0 (every pull ends before any push starts) to 1 (each push beside the next pull)
+    overlap: float = 0.0
     cores: int = 2
     bytes_total: int = 0  # B
     tensors_total: int = 0  # K
@@ -105,7 +120,7 @@ class Prediction:
 
 def predict(costs: Costs, num_workers: int, bytes_per_ps: Sequence[int], *,
             rate_bits: float | None = None, cores: int | None = None,
-            burst: int = 0) -> Prediction:
+            burst: int = 0, push_share: float = 1.0) -> Prediction:
     """T(N, P, r): seconds per synchronous update (see the module docstring for each term).
 
     Args:
@@ -116,6 +131,8 @@ def predict(costs: Costs, num_workers: int, bytes_per_ps: Sequence[int], *,
       cores: cores shared by every task (one machine); None: each task on its own host.
       burst: tbf's bucket in bytes (testbed.TBF_BURST_BYTES in a testbed): each phase's first
         `burst` bytes pass at once, as the bucket refills while the other direction works.
+      push_share: bytes a push moves per byte pulled: 1 in float32, 0.5 with --wire-dtype
+        bfloat16 (the pull stays float32).
     """
     n, total = num_workers, sum(bytes_per_ps)
     if n < 1 or not bytes_per_ps or total <= 0:
@@ -126,25 +143,49 @@ def predict(costs: Costs, num_workers: int, bytes_per_ps: Sequence[int], *,
         return 8 * max(0.0, nbytes - burst) / (rate_bits * costs.efficiency) if rate_bits \
             else 0.0
 
-    more_ps = len(bytes_per_ps) - 1
-    latency = (costs.t_fb + 2 * costs.tensors_total * costs.t_rpc + 2 * total * costs.c_byte
-               + 2 * wire(total) + max(ps) + costs.t_sync + more_ps * costs.t_ps_extra)
-    link = 2 * wire(n * max(bytes_per_ps))
-    per_step = (costs.cpu_step or costs.t_fb + costs.cpu_floor) + more_ps * costs.cpu_ps_extra
-    cpu = (n * per_step + sum(ps)) / cores if cores else 0.0
+    more_ps, busiest, g = len(bytes_per_ps) - 1, max(bytes_per_ps), push_share
+    latency = (costs.t_fb + 2 * costs.tensors_total * costs.t_rpc
+               + (1 + g) * total * costs.c_byte + wire(total) + wire(g * total) + max(ps)
+               + costs.t_sync + more_ps * costs.t_ps_extra)
+    # The busiest ps's link sends every worker's pull and receives every push: two directions
+    # of a full-duplex link. overlap 0: the pulls all end before the pushes start (they share
+    # the link from the same token), so one direction waits for the other; overlap 1: only
+    # the last worker's push cannot run beside a pull.
+    serial = wire(n * busiest) + wire(n * g * busiest)
+    link = serial - costs.overlap * (wire(n * g * busiest) - wire(g * busiest))
+    # Each ps beyond the first costs CPU once per update (its part of the update's RunGraph
+    # calls) and once per worker step (its partition of the step), each calibrated apart.
+    per_step = (costs.cpu_step or costs.t_fb + costs.cpu_floor) + more_ps * costs.cpu_ps_step
+    cpu = (n * per_step + more_ps * costs.cpu_ps_extra + sum(ps)) / cores if cores else 0.0
     return Prediction(total=max(latency, link, cpu), latency=latency, link=link, cpu=cpu)
 
 
+def overlap_from(costs: Costs, num_workers: int, bytes_per_ps: Sequence[int], measured: float,
+                 *, rate_bits: float, burst: int = 0, push_share: float = 1.0) -> float:
+    """The overlap (0-1) that makes a point's predicted link time its measured update time.
+
+    Only a point whose link is the bottleneck with no overlap says anything about it; any
+    other returns the overlap the costs already have.
+    """
+    none = dataclasses.replace(costs, overlap=0.0)
+    full = dataclasses.replace(costs, overlap=1.0)
+    kw = dict(rate_bits=rate_bits, burst=burst, push_share=push_share)
+    at_none = predict(none, num_workers, bytes_per_ps, **kw)
+    at_full = predict(full, num_workers, bytes_per_ps, **kw)
+    if at_none.bottleneck != "link" or at_none.link <= at_full.link:
+        return costs.overlap
+    return min(1.0, max(0.0, (at_none.link - measured) / (at_none.link - at_full.link)))
+
+
 def ps_needed(costs: Costs, num_workers: int, rate_bits: float, *, max_ps: int = 64,
-              within: float = 0.1) -> int:
+              within: float = 0.1, push_share: float = 1.0) -> int:
     """The fewest ps tasks whose update time is within `within` of the best up to max_ps.
 
-    Each task on its own host, the model split evenly over the ps tasks (partitioned
-    variables: NOT what replica_device_setter's round-robin does with this model; see
-    `partition`).
+    Each task on its own host, the model split evenly over the ps tasks, as --ps K does
+    (one slice of every variable per ps; see `partition`).
     """
-    times = [predict(costs, num_workers, [costs.bytes_total / p] * p, rate_bits=rate_bits).total
-             for p in range(1, max_ps + 1)]
+    times = [predict(costs, num_workers, [costs.bytes_total / p] * p, rate_bits=rate_bits,
+                     push_share=push_share).total for p in range(1, max_ps + 1)]
     best = min(times)
     return next(p for p, t in enumerate(times, start=1) if t <= (1 + within) * best)
 
@@ -269,8 +310,11 @@ def measure(steps: int = 200, cap: str = DEFAULT_CAP) -> dict:
             "load_average": os.getloadavg()}
 
 
-def measure_point(num_workers: int, num_ps: int, cap: str | None,
-                  steps: int) -> tuple[float, float]:
+PUSH_SHARE = {"float32": 1.0, "bfloat16": 0.5}  # bytes a push moves per byte pulled
+
+
+def measure_point(num_workers: int, num_ps: int, cap: str | None, steps: int,
+                  wire_dtype: str = "float32") -> tuple[float, float]:
     """Seconds, and CPU seconds of every process, per update of the real synchronous cluster
     in a testbed (bench's steady window)."""
     from sync_mnist.experiments import bench
@@ -278,48 +322,91 @@ def measure_point(num_workers: int, num_ps: int, cap: str | None,
     slow = {t: testbed.Slowdown(link_rate=cap) for t in
             [("ps", i) for i in range(num_ps)] + [("worker", i) for i in range(num_workers)]}
     with testbed.Testbed(num_ps, num_workers, slow) as bed:
-        sample = bench.run_one("sync", num_workers, _bench_config(steps), num_ps=num_ps,
-                               network=bed)
+        sample = bench.run_one("sync" if wire_dtype == "float32" else "sync-bf16", num_workers,
+                               _bench_config(steps), num_ps=num_ps, network=bed)
     return _seconds_per_update(sample), sample.cpu_s / sample.updates
 
 
+def calibration_points(points: Sequence[tuple[int, int, str | None]]
+                       ) -> dict[str, tuple[int, int, str | None]]:
+    """{what a point calibrates: the point}, in the order they must run: (1, 1, uncapped),
+    (1, 2, uncapped), the uncapped 2-ps point with the most workers (how the second ps's CPU
+    splits into per update and per worker step), and the capped 1-ps point with the most
+    workers, at the sweep's first cap (the overlap); the last two where the sweep has one
+    with 2 workers or more."""
+    found = {"latency": (1, 1, None), "second ps": (1, 2, None)}
+    uncapped = [pt for pt in points if pt[1] == 2 and pt[2] is None and pt[0] > 1]
+    if uncapped:
+        found["second ps per worker"] = max(uncapped)
+    capped = [pt for pt in points if pt[1] == 1 and pt[2] and pt[0] > 1]
+    if capped:
+        found["overlap"] = max(pt for pt in capped if pt[2] == capped[0][2])
+    return found
+
+
+def split_ps_cpu(costs: Costs, num_workers: int, measured_cpu: float) -> Costs:
+    """cpu_ps_extra (from 1 worker) split into per update and per worker step, by the CPU per
+    update measured with `num_workers` and 2 ps (a line through the two points)."""
+    n = num_workers
+    at_n = measured_cpu - n * costs.cpu_step - (costs.t_update + n * costs.t_accum)
+    per_step = max(0.0, (at_n - costs.cpu_ps_extra) / (n - 1))
+    return dataclasses.replace(costs, cpu_ps_step=min(per_step, costs.cpu_ps_extra),
+                               cpu_ps_extra=max(0.0, costs.cpu_ps_extra - per_step))
+
+
 def sweep(costs: Costs, points: Sequence[tuple[int, int, str | None]],
-          steps: int) -> tuple[list[dict], Costs]:
+          steps: int, wire_dtype: str = "float32") -> tuple[list[dict], Costs]:
     """Measures each (N, P, cap) and sets the prediction beside it; returns the rows and the
     costs as calibrated.
 
     t_sync and cpu_step are calibrated on the (1, 1, uncapped) point when it is among them
     (it runs first): its wall time less the modelled latency, its CPU less the ps's work.
     t_ps_extra and cpu_ps_extra likewise on (1, 2, uncapped), run second: what a second ps
-    adds to that. Every other point is a prediction.
+    adds to that; split_ps_cpu on the uncapped 2-ps point with the most workers (third). The
+    overlap on the capped point with 1 ps and the most workers (fourth): the one that makes its
+    predicted link time the measured one. Every other point is a prediction.
     """
-    calibration = [(1, 1, None), (1, 2, None)]
-    points = sorted(points, key=lambda p: calibration.index(p) if p in calibration else 2)
+    calibration = calibration_points(points)
+    order = list(calibration.values())
+    points = sorted(points, key=lambda p: order.index(p) if p in order else len(order))
     layouts = {p: partition(p, 1)[0] for p in {p for _, p, _ in points}}
+    g = PUSH_SHARE[wire_dtype]
     rows = []
     for n, p, cap in points:
         t = time.monotonic()
-        row = {"workers": n, "ps": p, "cap": cap, "bytes_per_ps": layouts[p]}
+        row = {"workers": n, "ps": p, "cap": cap, "bytes_per_ps": layouts[p],
+               "wire_dtype": wire_dtype}
         try:
-            row["measured_s"], row["measured_cpu_s"] = measure_point(n, p, cap, steps)
+            row["measured_s"], row["measured_cpu_s"] = measure_point(n, p, cap, steps,
+                                                                     wire_dtype)
         except RuntimeError as e:
             row["error"] = str(e)
         if (n, p, cap) == (1, 1, None) and "measured_s" in row:
-            bare = predict(costs, 1, layouts[1]).latency - costs.t_sync
+            bare = predict(costs, 1, layouts[1], push_share=g).latency - costs.t_sync
             costs = dataclasses.replace(
                 costs, t_sync=max(0.0, row["measured_s"] - bare),
                 cpu_step=max(0.0, row["measured_cpu_s"] - costs.t_update - costs.t_accum))
             row["calibrates"] = {"t_sync": costs.t_sync, "cpu_step": costs.cpu_step}
         if (n, p, cap) == (1, 2, None) and "measured_s" in row and costs.cpu_step:
-            bare = predict(costs, 1, layouts[2]).latency - costs.t_ps_extra
+            bare = predict(costs, 1, layouts[2], push_share=g).latency - costs.t_ps_extra
             costs = dataclasses.replace(
                 costs, t_ps_extra=max(0.0, row["measured_s"] - bare),
                 cpu_ps_extra=max(0.0, row["measured_cpu_s"] - costs.cpu_step - costs.t_update
                                  - costs.t_accum))
             row["calibrates"] = {"t_ps_extra": costs.t_ps_extra,
                                  "cpu_ps_extra": costs.cpu_ps_extra}
+        if ((n, p, cap) == calibration.get("second ps per worker") and "measured_s" in row
+                and costs.cpu_ps_extra):
+            costs = split_ps_cpu(costs, n, row["measured_cpu_s"])
+            row["calibrates"] = {"cpu_ps_extra": costs.cpu_ps_extra,
+                                 "cpu_ps_step": costs.cpu_ps_step}
+        if (n, p, cap) == calibration.get("overlap") and "measured_s" in row:
+            costs = dataclasses.replace(costs, overlap=overlap_from(
+                costs, n, layouts[p], row["measured_s"], rate_bits=testbed.rate_bits(cap),
+                burst=testbed.TBF_BURST_BYTES, push_share=g))
+            row["calibrates"] = {"overlap": costs.overlap}
         pred = predict(costs, n, layouts[p], rate_bits=testbed.rate_bits(cap) if cap else None,
-                       cores=costs.cores, burst=testbed.TBF_BURST_BYTES)
+                       cores=costs.cores, burst=testbed.TBF_BURST_BYTES, push_share=g)
         row.update(predicted_s=pred.total, bottleneck=pred.bottleneck,
                    terms=dataclasses.asdict(pred))
         if "measured_s" in row:
@@ -383,29 +470,31 @@ def plot(rows: Sequence[dict], path: Path) -> str | None:
     return None
 
 
-def format_predictions(costs: Costs, workers: Sequence[int], rates: Sequence[str]) -> str:
+def format_predictions(costs: Costs, workers: Sequence[int], rates: Sequence[str],
+                       push_share: float = 1.0) -> str:
     """Hosts of their own: update time at 1 ps, where one ps saturates, the ps a cluster needs."""
+    g = push_share
     lines = [f"{'workers':>7}{'link':>9}{'1 ps: ms/update':>17}{'bottleneck':>12}"
              f"{'ps needed':>11}{'then ms/update':>16}"]
     for rate in rates:
         r = testbed.rate_bits(rate)
         for n in workers:
-            one = predict(costs, n, [costs.bytes_total], rate_bits=r)
-            p = ps_needed(costs, n, r)
-            then = predict(costs, n, [costs.bytes_total / p] * p, rate_bits=r)
+            one = predict(costs, n, [costs.bytes_total], rate_bits=r, push_share=g)
+            p = ps_needed(costs, n, r, push_share=g)
+            then = predict(costs, n, [costs.bytes_total / p] * p, rate_bits=r, push_share=g)
             lines.append(f"{n:>7}{rate:>9}{1000 * one.total:>17.1f}{one.bottleneck:>12}"
                          f"{p:>11}{1000 * then.total:>16.1f}")
         lines.append(f"  one ps saturates (its link the bottleneck) from "
-                     f"{_saturation(costs, r)} workers at {rate}")
+                     f"{_saturation(costs, r, g)} workers at {rate}")
     lines.append("ps needed: the fewest ps tasks within 10% of the best update time, the model "
-                 "split EVENLY over them (partitioned variables); this code's round-robin "
-                 "placement does not split it: see `partition`")
+                 "split evenly over them (as --ps K splits it)")
     return "\n".join(lines)
 
 
-def _saturation(costs: Costs, rate_bits: float) -> int:
+def _saturation(costs: Costs, rate_bits: float, push_share: float = 1.0) -> int:
     for n in range(1, 10_001):
-        if predict(costs, n, [costs.bytes_total], rate_bits=rate_bits).bottleneck != "latency":
+        if predict(costs, n, [costs.bytes_total], rate_bits=rate_bits,
+                   push_share=push_share).bottleneck != "latency":
             return n
     return 10_001
 
@@ -439,6 +528,8 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"link caps, none for uncapped (default: none,{DEFAULT_CAP})")
     s.add_argument("--steps", type=int, default=40,
                    help="updates per point (default: 40: about 20 s a point)")
+    s.add_argument("--wire-dtype", default="float32", choices=tuple(PUSH_SHARE),
+                   help="the cluster's --wire-dtype at every point (default: float32)")
     g = sub.add_parser("plot", help="OUT/scaling.png again, from OUT/scaling.json")
     r = sub.add_parser("predict", help="hosts of their own: 1 ps and the ps needed")
     r.add_argument("--costs", type=Path, required=True,
@@ -446,6 +537,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--workers", default="8,32,100", help="worker counts (default: 8,32,100)")
     r.add_argument("--rates", default="1gbit,10gbit",
                    help="link rates (default: 1gbit,10gbit)")
+    r.add_argument("--wire-dtype", default="float32", choices=tuple(PUSH_SHARE),
+                   help="what the pushes cross in (default: float32)")
     for sp in (m, s, g, r):
         sp.add_argument("--out", type=Path, default=Path("scaling-results"),
                         help="output directory (default: scaling-results)")
@@ -480,7 +573,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _plot(json.loads((args.out / "scaling.json").read_text())["rows"], args.out)
     if args.command == "predict":
         costs = Costs(**json.loads(args.costs.read_text())["costs"])
-        print(format_predictions(costs, workers, args.rates.split(",")))
+        print(format_predictions(costs, workers, args.rates.split(","),
+                                 PUSH_SHARE[args.wire_dtype]))
         return config_lib.EXIT_OK
     try:
         testbed.check(cpu=False)
@@ -502,7 +596,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             measured = json.loads(args.costs.read_text())
         costs = Costs(**measured["costs"])
-        rows, costs = sweep(costs, _points(workers, ps, caps), args.steps)
+        rows, costs = sweep(costs, _points(workers, ps, caps), args.steps, args.wire_dtype)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return config_lib.EXIT_INTERRUPTED
