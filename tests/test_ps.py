@@ -18,6 +18,21 @@ WORKERS = 300
 GUARD = 60.0  # seconds; past this the ps is taken to be stuck
 
 
+def _serve(config, server):
+    """Runs the ps in a thread; its result or TaskTimeout lands in the dict returned."""
+    outcome = {}
+
+    def serve():
+        try:
+            outcome["result"] = ps.run_ps(config, server=server)
+        except TaskTimeout as e:
+            outcome["error"] = e
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
 def test_the_ps_counts_every_done_entry_however_short_its_polls(monkeypatch):
     # A dequeue that RunOptions' timeout cuts short can take an entry and drop it with the
     # cancelled step: with 2 ms polls and entries arriving all the while, a ps that waited
@@ -32,16 +47,7 @@ def test_the_ps_counts_every_done_entry_however_short_its_polls(monkeypatch):
     config = TaskConfig(role="ps", index=0, cluster=layout,
                         train=TrainConfig(train_steps=1, timeout=5.0))
     server = ps.start_server(config)
-    outcome = {}
-
-    def serve():
-        try:
-            outcome["result"] = ps.run_ps(config, server=server)
-        except TaskTimeout as e:
-            outcome["error"] = e
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
+    thread, outcome = _serve(config, server)
     graph = tf.Graph()
     with graph.as_default():
         entry = tf1.placeholder(tf.int32, [])
@@ -65,16 +71,7 @@ def test_a_ps_whose_sibling_never_comes_ends_within_its_bound(monkeypatch):
     config = TaskConfig(role="ps", index=0, cluster=layout,
                         train=TrainConfig(train_steps=1, timeout=2.0))
     server = ps.start_server(config)
-    outcome = {}
-
-    def serve():
-        try:
-            outcome["result"] = ps.run_ps(config, server=server)
-        except TaskTimeout as e:
-            outcome["error"] = e
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
+    thread, outcome = _serve(config, server)
     thread.join(GUARD)
     assert not thread.is_alive(), f"the ps still waits for its sibling after {GUARD:g} s"
     assert str(outcome.get("error")) == (
