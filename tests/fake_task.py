@@ -28,6 +28,8 @@ restarted task). Every task's first process writes its pid to `ROLE-INDEX.pid`. 
   no-end           no task ever ends, and no worker logs progress.
   chatty           as `ok`, but every worker first prints 2 MB of lines.
   ps-dies-at-end   as `ok`, but the ps kills itself (SIGKILL) once the chief has exited.
+  late-backup      as `ok` with worker 2 lost, except that worker 2 exits 200 once the chief
+                   has exited (a frozen backup the chief declared lost, woken up at the end).
 """
 
 from __future__ import annotations
@@ -116,6 +118,13 @@ def main() -> int:
     if behaviour == "timeout":
         return _fail(args, config_lib.EXIT_TIMEOUT,
                      f"worker {args.index}: waited {args.timeout:g} s for an update")
+    if behaviour == "late-backup" and args.index == 2:
+        chief = int(_read_when_written(marks / "worker-0.pid"))
+        while not _ended(chief):
+            time.sleep(0.05)
+        return _fail(args, config_lib.EXIT_TIMEOUT,
+                     "worker 2: waited 1 s for an update after local step 2; missing: ps 0 "
+                     "(nothing listens at localhost:1)")
     if behaviour == "lost-backup" and args.index == 2:
         os.kill(os.getpid(), signal.SIGKILL)
     if behaviour == "frozen-worker" and run == 1:
@@ -162,7 +171,7 @@ def main() -> int:
     # Not synchronous as in the question's replay: the chief gave every gradient.
     contributions = [steps] * workers if synchronous else \
         [steps * workers] + [0] * (workers - 1)
-    lost = [2] if behaviour == "lost-backup" else None
+    lost = [2] if behaviour in ("lost-backup", "late-backup") else None
     result = report.TaskResult(
         role="worker", index=args.index, mode="sync", global_step=steps, target_steps=steps,
         local_steps=steps, replicas_to_aggregate=workers, contributions=contributions,

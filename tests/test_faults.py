@@ -120,7 +120,9 @@ def test_whole_cluster_killed_and_restarted_resumes_from_the_last_checkpoint(pro
 # -------------------------------------------------------------------------- 2. backup worker lost
 
 def test_lost_backup_worker_is_reported_and_the_rest_finish(processes, tmp_path):
-    steps = 60
+    # Long enough that worker 2, a backup the others need not wait for, still trains when it
+    # is killed after its 10th step, even if it started late on a loaded machine.
+    steps = 400
     cluster = Cluster(processes, tmp_path, 3, "--train-steps", str(steps), "--timeout", "30",
                       "--replicas-to-aggregate", "2")
     cluster.start_all(3)

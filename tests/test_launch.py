@@ -81,6 +81,21 @@ def test_a_ps_that_dies_once_the_run_was_verified_leaves_it_verified(processes, 
     assert summary["exit_code"] == EXIT_OK
 
 
+def test_a_lost_backup_that_fails_once_the_run_was_verified_is_not_restarted(processes,
+                                                                            tmp_path):
+    # Found by the chaos soak: a frozen backup, declared lost, woke up after the others had
+    # verified the run, timed out (200), and was restarted into a finished run, where it
+    # waited until the launcher's end bound made the whole run exit 200.
+    code, launcher, summary = _launch_fakes(processes, tmp_path, "late-backup",
+                                            max_restarts=3)
+
+    assert code == EXIT_OK, launcher.output
+    assert "worker 2 exited with code 200 after a worker had verified the run and ended: not " \
+           "restarted" in launcher.output
+    assert summary["restarts"] == {} or not any(summary["restarts"].values()), summary
+    assert summary["exit_code"] == EXIT_OK
+
+
 def test_a_task_still_running_after_the_workers_ended_is_stopped_with_exit_timeout(processes,
                                                                                  tmp_path):
     code, launcher, summary = _launch_fakes(processes, tmp_path, "hanging-ps")

@@ -64,7 +64,7 @@ class _Task:
         self.stopped = False  # still running when the launcher stopped the cluster
         self.restarts = 0  # times --max-restarts restarted it
         self.lost = False  # a worker that died while backups carried on without it
-        self.spent = False  # a ps that died once a worker had verified the run and ended
+        self.spent = False  # a task that died once a worker had verified the run and ended
         self.overdue: str | None = None  # why the launcher stopped it past a bound of its own
         self.pids: list[int] = []  # every process started for it, the current one last
         self.waiting_for_chief = threading.Event()
@@ -355,12 +355,13 @@ class _Policy:
         """Handles `task`'s exit with `code` (`when`: a phrase for the log, such as " before
         the chief started"); False when the cluster must be stopped."""
         exited = f"{task.tag} exited with code {code}{when}"
-        if task.role == "ps" and any(t.role == "worker" and t.poll() == config_lib.EXIT_OK
-                                     for t in self._tasks):
-            # Sync: a worker that ended 0 had read the final counters and verified them, and
-            # the chief ends 0 only once its model is written. A restarted ps would come back
-            # empty and wait for done reports its predecessor already had; the others finish
-            # without it, or fail on their own, and the run's code is theirs.
+        if any(t.role == "worker" and t.poll() == config_lib.EXIT_OK for t in self._tasks):
+            # Sync: a worker that ended 0 had passed the finish barrier and verified the final
+            # counters, and the chief ends 0 only once its model is written. A restarted task
+            # could not rejoin a finished run: a ps would come back empty and wait for done
+            # reports its predecessor already had, a worker (say, a backup the chief declared
+            # lost) would wait for updates that never come. The others finish without it, or
+            # fail on their own, and the run's code is theirs.
             task.spent = True
             log.warning("%s after a worker had verified the run and ended: not restarted; "
                         "the workers' results decide the run", exited)
