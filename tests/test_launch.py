@@ -73,7 +73,7 @@ def test_a_ps_that_dies_once_the_run_was_verified_leaves_it_verified(processes, 
                                             max_restarts=3)
 
     assert code == EXIT_OK, launcher.output
-    assert "ps 0 exited with code -9 after a worker had verified the run and ended: not " \
+    assert "ps 0 exited with code -9 after the chief had verified the run and ended: not " \
            "restarted" in launcher.output
     ps = next(t for t in summary["tasks"] if t["role"] == "ps")
     assert ps["restarts"] == 0 and "not restarted" in ps["error"]
@@ -88,9 +88,8 @@ def test_a_lost_backup_that_fails_once_the_run_was_verified_is_not_restarted(pro
     # waited until the launcher's end bound made the whole run exit 200.
     code, launcher, summary = _launch_fakes(processes, tmp_path, "late-backup",
                                             max_restarts=3)
-
     assert code == EXIT_OK, launcher.output
-    assert "worker 2 exited with code 200 after a worker had verified the run and ended: not " \
+    assert "worker 2 exited with code 200 after the chief had verified the run and ended: not " \
            "restarted" in launcher.output
     assert summary["restarts"] == {} or not any(summary["restarts"].values()), summary
     assert summary["exit_code"] == EXIT_OK

@@ -64,7 +64,7 @@ class _Task:
         self.stopped = False  # still running when the launcher stopped the cluster
         self.restarts = 0  # times --max-restarts restarted it
         self.lost = False  # a worker that died while backups carried on without it
-        self.spent = False  # a task that died once a worker had verified the run and ended
+        self.spent = False  # a task that died once the chief had verified the run and ended
         self.overdue: str | None = None  # why the launcher stopped it past a bound of its own
         self.pids: list[int] = []  # every process started for it, the current one last
         self.waiting_for_chief = threading.Event()
@@ -355,16 +355,21 @@ class _Policy:
         """Handles `task`'s exit with `code` (`when`: a phrase for the log, such as " before
         the chief started"); False when the cluster must be stopped."""
         exited = f"{task.tag} exited with code {code}{when}"
-        if any(t.role == "worker" and t.poll() == config_lib.EXIT_OK for t in self._tasks):
-            # Sync: a worker that ended 0 had passed the finish barrier and verified the final
-            # counters, and the chief ends 0 only once its model is written. A restarted task
+        if any(t.role == "worker" and t.index == 0 and t.poll() == config_lib.EXIT_OK
+               for t in self._tasks):
+            # Sync: a chief that ended 0 had passed the finish barrier, verified the final
+            # counters and written its model. A restarted task
             # could not rejoin a finished run: a ps would come back empty and wait for done
             # reports its predecessor already had, a worker (say, a backup the chief declared
             # lost) would wait for updates that never come. The others finish without it, or
             # fail on their own, and the run's code is theirs.
-            task.spent = True
-            log.warning("%s after a worker had verified the run and ended: not restarted; "
-                        "the workers' results decide the run", exited)
+            if self._spare_left(task):
+                task.lost = True
+                log.warning("%s; the backup workers carry on without it", exited)
+            else:
+                task.spent = True
+                log.warning("%s after the chief had verified the run and ended: not restarted; "
+                            "the workers' results decide the run", exited)
             return True
         if code in _FINAL_EXITS:
             log.error("%s; stopping the cluster", exited)
@@ -376,13 +381,17 @@ class _Policy:
                     break
         if self._restart(task, exited):
             return True
-        if task.role == "worker" and task.index != 0 \
-                and sum(t.lost for t in self._tasks) < self._spare:
+        if self._spare_left(task):
             task.lost = True
             log.warning("%s; the backup workers carry on without it", exited)
             return True
         log.error("%s; stopping the cluster", exited)
         return False
+
+    def _spare_left(self, task: _Task) -> bool:
+        """Whether `task` is a worker other than the chief that the backups can do without."""
+        return task.role == "worker" and task.index != 0 \
+            and sum(t.lost for t in self._tasks) < self._spare
 
     def _culprits(self, task: _Task) -> list[_Task]:
         """The live tasks that `task`'s timeout names as missing.
