@@ -104,6 +104,18 @@ def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
+def kill_groups_mentioning(text: str) -> None:
+    """SIGKILLs the process group of every live process whose argv contains `text`: a test's
+    own marker (its tmp_path), so only what it started. The launcher starts each task in a
+    session of its own, so killing the launcher's group alone does not reach them."""
+    for line in processes_mentioning(text):
+        pid = int(line.split(":", 1)[0])
+        try:
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def processes_mentioning(text: str) -> list[str]:
     """Command lines of live processes whose argv contains `text` (to prove none is left)."""
     found = []

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import fake_task
-from procs import ROOT, processes_mentioning, read_json
+from procs import ROOT, kill_groups_mentioning, processes_mentioning, read_json
 from sync_mnist import report
 from sync_mnist.launcher import launch
 from sync_mnist.config import EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, TrainConfig
@@ -279,12 +279,15 @@ def _launcher_with_stdout(tmp_path, behaviour: str) -> subprocess.Popen:
                                 start_new_session=True)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen, marker: Path) -> None:
+    """Kills the launcher's process group, then the group of every task it started (each in
+    a session of its own, found by the test's marker in its argv)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     proc.wait()
+    kill_groups_mentioning(str(marker))
 
 
 def test_a_launcher_whose_output_is_not_read_still_runs_its_cluster_to_the_end(tmp_path):
@@ -303,7 +306,7 @@ def test_a_launcher_whose_output_is_not_read_still_runs_its_cluster_to_the_end(t
         assert out.decode().splitlines()[-1] == "exit code 0 (done; in sync mode, verified " \
             "synchronous)"
     finally:
-        _kill_group(launcher)
+        _kill_group(launcher, tmp_path)
 
 
 def test_a_launcher_whose_reader_went_away_ends_quietly_with_its_own_code(tmp_path):
@@ -322,7 +325,7 @@ def test_a_launcher_whose_reader_went_away_ends_quietly_with_its_own_code(tmp_pa
         assert "Traceback" not in err and "BrokenPipeError" not in err, err
         assert read_json(tmp_path / "cluster.json")["synchronous"] is True
     finally:
-        _kill_group(launcher)
+        _kill_group(launcher, tmp_path)
 
 
 @pytest.mark.cluster
