@@ -497,12 +497,7 @@ def _stop(tasks: list[_Task]) -> None:
         try:
             t.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            t.signal_group(signal.SIGKILL)
-            try:
-                t.proc.wait(timeout=KILL_GRACE_SECS)
-            except subprocess.TimeoutExpired:  # stuck in the kernel; nothing more to do
-                log.error("%s (pid %d) survived SIGKILL for %g s", t.tag, t.proc.pid,
-                          KILL_GRACE_SECS)
+            t.kill()
         t.poll()
     for t in tasks:
         t.reader.join(timeout=5)
