@@ -74,10 +74,17 @@ class TaskTimeout(RuntimeError):
 
     def __init__(self, message: str):
         super().__init__(message)
+        self._timer = None
         if TaskTimeout.last_resort is not None:
-            timer = threading.Timer(self.UNWIND_GRACE_SECS, TaskTimeout.last_resort, (message,))
-            timer.daemon = True
-            timer.start()
+            self._timer = threading.Timer(self.UNWIND_GRACE_SECS, TaskTimeout.last_resort,
+                                          (message,))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def handled(self) -> None:
+        """For a caller that carries on after the timeout: disarms the last resort."""
+        if self._timer is not None:
+            self._timer.cancel()
 
 
 @dataclasses.dataclass(frozen=True)

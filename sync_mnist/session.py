@@ -114,10 +114,12 @@ def bounded_call(call, timeout: float, what: str):
     background (TaskTimeout then sees that the process ends). Its exceptions are the caller's.
     """
     outcome: dict = {}
+    graph = tf1.get_default_graph()  # thread-local: the call's thread starts with the global one
 
     def run():
         try:
-            outcome["value"] = call()
+            with graph.as_default():
+                outcome["value"] = call()
         except BaseException as e:  # re-raised in the caller's thread
             outcome["error"] = e
 
@@ -174,7 +176,13 @@ class _PromptWorkerSessionCreator(tf1.train.WorkerSessionCreator, _Bounded):
         return self._session_manager
 
     def create_session(self):
-        return self._create_bounded(super().create_session)
+        create = super().create_session
+        # Sync: each of its polls runs an op on the ps, which waits without end for a ps that
+        # accepts connections but does not answer (a stopped process).
+        bound = self._max_wait_secs + self._timeout
+        return self._create_bounded(lambda: bounded_call(
+            create, bound, f"waited {bound:g} s for the ps ({', '.join(self._ps_hosts)}) to "
+                           "answer while waiting for the chief's model"))
 
 
 class _ChiefSessionManager(tf1.train.SessionManager):
@@ -309,13 +317,45 @@ def monitored_session(master: str, *, is_chief: bool, hooks: list, config: tf1.C
             prepare_timeout=bound, ps_hosts=ps_hosts)
         if checkpoint_dir:
             hooks.append(_SharedCheckpointSaverHook(
-                checkpoint_dir, save_secs=save_secs,
+                checkpoint_dir, timeout=bound, ps_hosts=ps_hosts, save_secs=save_secs,
                 save_steps=None if save_secs else save_steps, scaffold=scaffold))
     else:
         scaffold = tf1.train.Scaffold()
         creator = _PromptWorkerSessionCreator(scaffold, master, config, max_wait_secs=timeout)
     creator._setup_bound(bound, ps_hosts, status)  # pylint: disable=protected-access
+    hooks = [_BoundedHook(h, bound, ps_hosts) for h in hooks]
     return tf1.train.MonitoredSession(creator, hooks, stop_grace_period_secs=STOP_GRACE_SECS)
+
+
+class _BoundedHook(tf1.train.SessionRunHook):
+    """`hook`, with its calls at a session's creation and end bounded (bounded_call).
+
+    Sync: MonitoredSession runs every hook's after_create_session (a checkpoint save, a read of
+    global_step) and end (the last save) with no RunOptions, so a stopped ps would hold them
+    without end. The calls of each step are left as they are: they run in the step's own
+    Session.run, which the caller bounds, and a thread per step would cost the step time.
+    """
+
+    def __init__(self, hook: tf1.train.SessionRunHook, timeout: float, ps_hosts: Sequence[str]):
+        self.hook, self._timeout = hook, timeout
+        self._what = (f"waited {timeout:g} s for the ps ({', '.join(ps_hosts)}) in "
+                      f"{type(hook).__name__}")
+
+    def begin(self):
+        self.hook.begin()
+
+    def after_create_session(self, session, coord):
+        bounded_call(lambda: self.hook.after_create_session(session, coord), self._timeout,
+                     f"{self._what}.after_create_session")
+
+    def before_run(self, run_context):
+        return self.hook.before_run(run_context)
+
+    def after_run(self, run_context, run_values):
+        self.hook.after_run(run_context, run_values)
+
+    def end(self, session):
+        bounded_call(lambda: self.hook.end(session), self._timeout, f"{self._what}.end")
 
 
 class _SharedCheckpointSaverHook(tf1.train.CheckpointSaverHook):
@@ -328,9 +368,19 @@ class _SharedCheckpointSaverHook(tf1.train.CheckpointSaverHook):
     never find a checkpoint to restore: a lost ps would be a lost model, a resume a fresh start.
     """
 
-    def __init__(self, checkpoint_dir: str, **kwargs):
+    def __init__(self, checkpoint_dir: str, *, timeout: float, ps_hosts: Sequence[str],
+                 **kwargs):
         super().__init__(checkpoint_dir, **kwargs)
-        self._logdir = checkpoint_dir
+        self._logdir, self._timeout, self._ps_hosts = checkpoint_dir, timeout, tuple(ps_hosts)
+
+    def _save(self, session, step):
+        # Sync: the ps write the shards; a save has no RunOptions, so a stopped ps would hold
+        # the chief's step (this runs in after_run) without end.
+        return bounded_call(lambda: super(_SharedCheckpointSaverHook, self)._save(session, step),
+                            self._timeout,
+                            f"the chief: waited {self._timeout:g} s for the ps "
+                            f"({', '.join(self._ps_hosts)}) to save the checkpoint of "
+                            f"global_step {step} in {self._logdir}")
 
     def after_create_session(self, session, coord):
         try:

@@ -393,7 +393,7 @@ class WorkerRun:
         result.global_step = counters.global_step
         result.contributions, result.pushed = counters.accepted, counters.pushed
         result.dropped = counters.unused
-        result.solo_updates = counters.solo_updates
+        result.solo_updates, result.repeat_updates = counters.solo_updates, counters.repeat_updates
         result.lost = lost
         result.synchronous, result.verdict = self.verdict.synchronous, self.verdict.line
         if config.is_chief:
@@ -426,9 +426,20 @@ class WorkerRun:
                 write_error = e
         # Sync: only now may the ps tasks exit: the chief has read everything it needs from them.
         config = self.config
-        report_done(self.server.target, self.graph, self.g.report_done, self.tf_config,
-                    timeout=self.train_config.timeout, me=config.name,
-                    ps_hosts=config.cluster.ps_hosts)
+        try:
+            report_done(self.server.target, self.graph, self.g.report_done, self.tf_config,
+                        timeout=self.train_config.timeout, me=config.name,
+                        ps_hosts=config.cluster.ps_hosts)
+            self.result.done_reported = True
+        except TaskTimeout as e:
+            e.handled()
+            # Sync: the run is complete and its verdict read from the ps's final counters; a ps
+            # that stopped answering now cannot change either, and it ends by its own bound
+            # (--timeout + --restart-grace). Failing here would report a verified run as failed.
+            log.warning("%s; the run was already complete (verdict: %s), so this does not "
+                        "change my result; the ps will end by its own bound", e,
+                        self.verdict.line)
+            self.result.done_reported = False
         if write_error is not None:
             raise write_error
         log.info("verdict: %s", self.verdict.line)

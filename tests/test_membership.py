@@ -364,8 +364,8 @@ def test_chief_saves_every_save_secs_when_given_else_every_save_steps(tmp_path, 
                                          save_steps=save_steps, save_secs=save_secs,
                                          transient=[transient])
         with sess:
-            (saver_hook,) = [h for h in sess._hooks  # pylint: disable=protected-access
-                             if isinstance(h, tf1.train.CheckpointSaverHook)]
+            (saver_hook,) = [h.hook for h in sess._hooks  # pylint: disable=protected-access
+                             if isinstance(h.hook, tf1.train.CheckpointSaverHook)]
             timer = saver_hook._timer  # pylint: disable=protected-access
             assert (timer._every_secs, timer._every_steps) == every
     # The checkpoint leaves the transient variable out.
