@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from procs import Proc, Processes, processes_mentioning, read_json
+from procs import CLUSTER_LINE, Proc, Processes, processes_mentioning, read_json
 from sync_mnist.cluster import free_ports
 from sync_mnist.config import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT
 
@@ -327,3 +327,148 @@ def test_launcher_kills_and_restarts_a_frozen_worker_and_the_run_ends_verified(p
     assert summary["pids"]["worker 1"][0] == pid and summary["restarts"]["worker 1"] == 1
     assert summary["contributions"] == [steps] * 3 and summary["synchronous"] is True
     assert processes_mentioning(marker) == []
+
+
+# ------------------------------------------------- a worker killed while it waits for its token
+
+class PsReading:
+    """What ps 0 holds, read from outside the cluster (a client of the ps's own gRPC server):
+    global_step, every worker's last_push and the size of every worker's own token queue."""
+
+    def __init__(self, ps_address: str, workers: int):
+        import tensorflow as tf
+
+        from sync_mnist import membership, sync, tfcompat
+
+        tfcompat.graph_mode(verbose=False)
+        tf1 = tf.compat.v1
+        graph = tf.Graph()
+        with graph.as_default():  # the same names as every task's graph: the same variables
+            state = sync.build_shared_state(workers)
+            members = membership.build_membership(workers, {})
+            with tf1.device("/job:ps/task:0"):
+                queues = [tf1.FIFOQueue(-1, tf.int64, shapes=[()], name=f"q{w}",
+                                        shared_name=f"sync_token_q_worker_{w}").size()
+                          for w in range(workers)]
+        self._fetches = (state.global_step, members.last_push, queues)
+        self._options = tf1.RunOptions(timeout_in_ms=10_000)
+        port = ps_address.rsplit(":", 1)[1]
+        self._sess = tf1.Session(f"grpc://127.0.0.1:{port}", graph=graph,
+                                 config=tf1.ConfigProto(device_filters=["/job:ps/task:0"]))
+
+    def close(self) -> None:
+        from sync_mnist.session import close_bounded
+
+        close_bounded(self._sess.close, self._sess)
+
+    def read(self) -> tuple[int, list[int], list[int]]:
+        from sync_mnist.session import bounded_call
+
+        # The first run creates the session, which no RunOptions bound (a ps gone waits forever).
+        step, last_push, waiting = bounded_call(
+            lambda: self._sess.run(self._fetches, options=self._options), 30,
+            "the test's reading of ps 0")
+        return int(step), [int(p) for p in last_push], [int(n) for n in waiting]
+
+
+def _kill_while_it_waits_for_its_token(reading: PsReading, victim: int, victim_pid: int,
+                                       other: int, other_pid: int) -> int:
+    """Stops `other` (SIGSTOP), waits until the ps shows that `victim` has pushed for the next
+    update and has no token (the update needs the stopped worker's gradient), SIGKILLs the
+    victim there, then lets `other` go on. Returns the update the victim's last gradient
+    joined."""
+    os.kill(other_pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + BOUND
+        while True:
+            step, last_push, waiting = reading.read()
+            if last_push[victim] == step > last_push[other] and waiting[victim] == 0:
+                break  # pushed for update step + 1, which cannot happen without `other`
+            assert time.monotonic() < deadline, (step, last_push, waiting)
+            time.sleep(0.05)  # a poll of the ps's state, not a wait for it
+        os.kill(victim_pid, signal.SIGKILL)
+        while _alive(victim_pid):  # dead (its sockets closed) before the update can happen
+            assert time.monotonic() < deadline, f"pid {victim_pid} outlived SIGKILL"
+            time.sleep(0.01)
+    finally:
+        os.kill(other_pid, signal.SIGCONT)
+        reading.close()  # now, while the ps is there: a session's close waits for its peer
+    return step + 1
+
+
+def _alive(pid: int) -> bool:
+    """Whether pid runs (a zombie, or a pid that is gone, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _started(launcher: Proc, task: str) -> int:
+    return int(launcher.wait_for_line(rf"started {task} \(pid (\d+)\)", BOUND)[1])
+
+
+@pytest.mark.parametrize("victim", [1, 0], ids=["worker-1", "chief"])
+def test_a_task_killed_while_it_waits_for_its_token_is_restarted_into_a_verified_run(
+        processes, tmp_path, victim):
+    """With one token queue for the cluster, the survivor took the dead worker's token and
+    pushed twice into every later update (exit 3). Owned tokens keep it for the successor."""
+    steps, other = 400, 1 - victim
+    marker = str(tmp_path / "data")
+    launcher = processes.launcher("--base-port", "0", "--isolate", "off", "--workers", "2",
+                                  *COMMON, "--data-dir", marker, "--train-steps", str(steps),
+                                  "--timeout", "60", "--max-restarts", "1",
+                                  "--summary-json", str(tmp_path / "cluster.json"))
+    reading = PsReading(launcher.wait_for_line(CLUSTER_LINE, BOUND)["ps"], 2)  # before the run
+    pids = {w: _started(launcher, f"worker {w}") for w in (0, 1)}
+    launcher.wait_for_line(rf"\[worker {victim}\] step=20 ", BOUND)
+    update = _kill_while_it_waits_for_its_token(reading, victim, pids[victim], other,
+                                                pids[other])
+
+    assert launcher.wait(BOUND) == EXIT_OK, launcher.output
+    launcher.wait_for_line(rf"worker {victim} exited with code -9; restarting it", 1)
+    summary = read_json(tmp_path / "cluster.json")
+    assert summary["synchronous"] is True, summary["verdict"]
+    assert summary["contributions"] == [steps, steps]
+    assert summary["repeat_updates"] == 0
+    assert not [line for line in launcher.lines if "went back" in line]
+    # The successor starts at the update its predecessor's last gradient joined, or later: it
+    # took the token left in its own queue ("rejoined"), or the ps had handed it to the dead
+    # worker's pending dequeue before cancelling it, and the successor pushes as a new worker.
+    ready = [m for m in (re.search(rf"\[worker {victim}\] ready after .*\(global_step (\d+)",
+                                   line) for line in launcher.lines) if m]
+    assert len(ready) == 2 and int(ready[-1][1]) >= update, [m.string for m in ready]
+    assert processes_mentioning(marker) == []
+
+
+@pytest.mark.parametrize("victim", [1, 0], ids=["worker-1", "chief"])
+def test_a_task_killed_while_it_waits_for_its_token_and_not_restarted_ends_the_others_in_time(
+        processes, tmp_path, victim):
+    timeout, other = 10, 1 - victim
+    cluster = Cluster(processes, tmp_path, 2, "--train-steps", "10000", "--timeout",
+                      str(timeout))
+    reading = PsReading(cluster.hosts[1], 2)
+    cluster.start_all(2)
+    _wait_for_step(cluster.tasks["worker", victim], 20)
+    update = _kill_while_it_waits_for_its_token(
+        reading, victim, cluster.tasks["worker", victim].popen.pid, other,
+        cluster.tasks["worker", other].popen.pid)
+    killed_at = time.monotonic()
+
+    survivor, ps_task = cluster.tasks["worker", other], cluster.tasks["ps", 0]
+    assert survivor.wait(timeout + 60) == EXIT_TIMEOUT, survivor.output
+    assert ps_task.wait(timeout + 60) == EXIT_TIMEOUT, ps_task.output
+    assert time.monotonic() - killed_at < timeout + 30  # plus slack for a loaded machine
+    # The survivor made update `update` with its push and then waited for the next one: it
+    # never took the dead worker's token.
+    error = survivor.wait_for_line(rf"worker {other}: waited {timeout} s for an update", 1).string
+    # With the chief killed, update `update` may still be made: the ps runs the update the
+    # chief's queue runner had already started, once the other gradient arrives.
+    missing = (rf"missing: worker {victim} \(no gradient for update {update + 1};" if victim else
+               rf"missing: worker 0 \(no gradient for update {update + 1};|"
+               rf"missing: none: every worker pushed for update {update} but no update came; "
+               r"the chief \(worker 0\) runs the update loop and is missing")
+    assert re.search(missing, error), error
+    assert cluster.record("worker", other)["exit_code"] == EXIT_TIMEOUT
+    assert not [line for line in survivor.lines if "went back" in line]
+    assert processes_mentioning(cluster.marker) == []
