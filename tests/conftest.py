@@ -1,7 +1,15 @@
 """Shared fixtures. TensorFlow runs in tf.compat.v1 graph mode, as the package does.
 
-TensorFlow is imported only by the tests that need it (and so only when they are collected):
-`make test-fast` runs the tests that never import it, in seconds.
+The tiers are the directories below this one, chosen by what a test starts:
+  fast/       nothing: no TensorFlow session or server, no task or launcher process
+              (`make test-fast`, under 30 s)
+  inprocess/  TensorFlow graphs, sessions and servers in the test's own process
+  cluster/    tasks and launchers as processes, through the real command line
+  soak/       long cluster runs (`make soak`)
+  slurm/      the sbatch script under a real Slurm of its own (`make test-slurm`)
+`make test` (and a bare `pytest`, see setup.cfg's testpaths) runs fast, inprocess and cluster.
+The helpers shared across tiers stay here: procs.py (processes and what they leave behind)
+and fake_task.py (a stand-in task for the launcher's tests).
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ import types
 import pytest
 from hypothesis import HealthCheck, settings
 
-# The fuzzing profiles of tests/test_fuzz.py, chosen with Hypothesis's own pytest option
+# The fuzzing profiles of tests/fast/test_fuzz.py, chosen with Hypothesis's own pytest option
 # --hypothesis-profile. "fast", the default (`make test`): every entry point in a few seconds,
 # the same examples on every run. "soak" (`make soak`): 10,000 fresh examples per entry point.
 # Neither keeps a database: what a run finds goes into test_fuzz.py as an explicit @example.
@@ -50,7 +58,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(group))
     # The tests that start clusters first, the quick ones last: a long test handed out at the
     # end would run on alone while the other test processes sit idle.
-    items.sort(key=lambda item: item.get_closest_marker("cluster") is None)
+    items.sort(key=_tier_rank)
+
+
+def _tier_rank(item) -> int:
+    return {"fast": 2, "inprocess": 1}.get(item.path.parent.name, 0)
 
 
 def _shared_run_group(item) -> str | None:
@@ -106,7 +118,7 @@ def fixed_run(tmp_path_factory):
         run.why_not_isolated = str(e)
     procs = Processes()
     try:
-        # --log-every 10, as test_verification gives the question's setup; --timeout 30, not its
+        # --log-every 10, as test_verdict_runs gives the question's setup; --timeout 30, not its
         # 10, because the workers wait that long for a ps that a loaded machine starts slowly.
         launcher = procs.launcher(
             "--isolate", "on" if run.isolated else "auto", "--base-port", str(run.base),

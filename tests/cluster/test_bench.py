@@ -139,7 +139,6 @@ def test_plot_writes_a_png(tmp_path):
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.cluster
 def test_smallest_real_run_writes_table_and_json(processes, tmp_path):
     """1 ps + 1 worker, sync, once: real processes, a real window, nothing left running."""
     from procs import processes_mentioning

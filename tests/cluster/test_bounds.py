@@ -22,8 +22,6 @@ from sync_mnist.cluster import free_ports
 from sync_mnist.config import TaskTimeout
 
 tf1 = tf.compat.v1
-pytestmark = pytest.mark.cluster
-
 TIMEOUT = 2.0  # the bound under test, in seconds
 GUARD = 30.0  # past this, the wait is taken to be without a bound
 

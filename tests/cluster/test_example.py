@@ -43,7 +43,6 @@ def digits(tmp_path):
     return tmp_path
 
 
-@pytest.mark.cluster
 def test_fixed_example_runs_in_lockstep_and_every_task_ends(digits, processes):
     ports = free_ports(4)
     launcher = processes.start(

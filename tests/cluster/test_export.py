@@ -250,7 +250,6 @@ def trained_in_tf2(trained, tmp_path_factory):
     return _clean_tf2(trained[0], images, tmp_path_factory.mktemp("trained_in_tf2"))
 
 
-@pytest.mark.cluster
 def test_saved_model_scores_what_the_cluster_scored(trained, trained_in_tf2):
     _, summary, _ = trained
     _, labels, _ = inference.test_digits()
@@ -262,7 +261,6 @@ def test_saved_model_scores_what_the_cluster_scored(trained, trained_in_tf2):
     assert correct > 0.8 * len(labels)  # trained: chance is 10%
 
 
-@pytest.mark.cluster
 def test_evaluate_reports_accuracy_loss_and_confusion_matrix(trained):
     model_dir, summary, _ = trained
     run = _sync_mnist("evaluate", "--model", model_dir)
@@ -280,7 +278,6 @@ def test_evaluate_reports_accuracy_loss_and_confusion_matrix(trained):
     assert np.trace(matrix) == round(summary["test_accuracy"] * 10_000)
 
 
-@pytest.mark.cluster
 def test_predict_classifies_real_digit_pngs(trained, trained_in_tf2, tmp_path):
     model_dir, _, _ = trained
     images, labels, _ = inference.test_digits()
@@ -299,7 +296,6 @@ def test_predict_classifies_real_digit_pngs(trained, trained_in_tf2, tmp_path):
     assert sum(int(line.split(": ")[1][0]) == labels[i] for i, line in enumerate(lines)) >= 8
 
 
-@pytest.mark.cluster
 def test_a_short_run_on_the_complete_mnist_is_synchronous_and_learns(trained):
     _, summary, output = trained
     assert summary["synchronous"] is True

@@ -17,15 +17,13 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 import fake_task
 from procs import ROOT, kill_groups_mentioning, processes_mentioning, read_json
 from sync_mnist import report
 from sync_mnist.launcher import launch
 from sync_mnist.config import EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, TrainConfig
 
-FAKE_TASK = str(Path(__file__).with_name("fake_task.py"))
+FAKE_TASK = fake_task.__file__
 BOUND = 60  # seconds a launcher of stand-in tasks may take on a loaded machine
 
 # The launcher in a process of its own (it installs signal handlers and forks), with stand-in
@@ -328,7 +326,6 @@ def test_a_launcher_whose_reader_went_away_ends_quietly_with_its_own_code(tmp_pa
         _kill_group(launcher, tmp_path)
 
 
-@pytest.mark.cluster
 def test_make_run_cluster_names_the_launchers_exit_code(processes, tmp_path):
     """make reports any failure as its own code 2; the launcher's last line keeps the real one."""
     not_a_dir = tmp_path / "a-file"

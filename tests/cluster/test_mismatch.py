@@ -21,7 +21,6 @@ import tensorflow as tf
 from procs import Processes
 from sync_mnist.cluster import free_ports
 
-pytestmark = pytest.mark.cluster
 tf1 = tf.compat.v1
 
 BOUND = 240  # seconds; ten TensorFlow processes start at once on a 2-core machine
@@ -57,7 +56,7 @@ def outcomes(tmp_path_factory):
     try:
         # Cluster A: ps 0 and a chief told 5 workers; workers 1 and 4 each differ in one way
         # (workers 2 and 3 are not started: any other setting takes worker 1's path, and
-        # tests/test_membership.py checks each one's message).
+        # tests/inprocess/test_membership.py checks each one's message).
         ps, workers = _hosts(5)
         cluster = _cluster_args(ps, workers)
         procs.task("ps", 0, *cluster, *COMMON)

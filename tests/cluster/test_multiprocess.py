@@ -8,8 +8,6 @@ from conftest import SHARED_STEPS
 from procs import processes_mentioning, read_json
 from sync_mnist.cluster import free_ports
 
-pytestmark = pytest.mark.cluster
-
 STEPS = 30
 BOUND = 180  # seconds a whole small cluster run may take on a loaded 2-core machine
 COMMON = ("--dataset", "synthetic", "--train-steps", str(STEPS), "--timeout", "60",
@@ -50,7 +48,7 @@ def test_the_shared_runs_are_one_group_under_xdist(request):
 
 def test_tasks_by_hand_with_two_ps_and_a_late_worker_stay_in_lockstep(processes, tmp_path):
     # By hand, as on separate hosts: no launcher. Two ps tasks, so the model is split over
-    # them (tests/test_model.py checks the split) and each must drain its own done-queue.
+    # them (tests/inprocess/test_model.py checks the split) and each must drain its own done-queue.
     marker = str(tmp_path / "data")  # in every task's command line, to find leftovers
     ports = free_ports(5)
     hosts = ("--ps-hosts", ",".join(f"localhost:{p}" for p in ports[:2]),

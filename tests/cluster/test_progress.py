@@ -140,7 +140,6 @@ def test_plain_display_prints_every_line_as_it_comes():
 TMUX_BOUND = 300  # seconds a small cluster may take on a loaded 2-core machine
 
 
-@pytest.mark.cluster
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 def test_in_a_terminal_one_line_updates_in_place_and_the_table_ends_it(tmp_path):
     socket = str(tmp_path / "tmux.sock")

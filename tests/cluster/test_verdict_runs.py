@@ -12,8 +12,6 @@ from conftest import SHARED_STEPS
 from procs import processes_mentioning, read_json
 from sync_mnist import cli
 
-pytestmark = pytest.mark.cluster
-
 BOUND = 240  # seconds a whole small cluster run may take on a loaded 2-core machine
 
 
@@ -62,8 +60,8 @@ def test_fixed_setup_with_the_same_options_is_synchronous(fixed_run):
 
 def test_backup_worker_counts_add_up_and_the_target_stops_every_task(processes, tmp_path):
     # One run for two behaviours, to save a cluster's start-up: a backup worker's accounting,
-    # and --target-accuracy through the launcher (tests/test_early_stop.py checks the stop's
-    # arithmetic in-process, in lockstep and with backups).
+    # and --target-accuracy through the launcher (tests/inprocess/test_early_stop.py checks the
+    # stop's arithmetic in-process, in lockstep and with backups).
     planned = 400
     code, launcher, s = _launch(processes, tmp_path, "--workers", "3",
                                 "--replicas-to-aggregate", "2", "--train-steps", str(planned),

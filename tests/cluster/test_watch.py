@@ -13,8 +13,6 @@ import pytest
 from conftest import SHARED_STEPS as STEPS
 from sync_mnist import cli, plot
 
-pytestmark = pytest.mark.cluster
-
 
 
 @pytest.fixture(scope="module")

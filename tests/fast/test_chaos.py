@@ -2,7 +2,7 @@
 
 The classifier is pure, so every outcome it must tell apart is given here as the launcher
 would leave it (exit code, --summary-json, output lines). The soak itself, a few real runs, is
-in tests/test_soak.py (`make soak`).
+in tests/soak/test_back_to_back.py (`make soak`).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from sync_mnist.launcher import launch
 from sync_mnist.cluster import free_ports
 from sync_mnist.config import EXIT_TIMEOUT, EXIT_USAGE, START_SECS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RAN = 99  # what the recorders return: validation passed and the task/cluster would have run
 
 
@@ -495,7 +495,7 @@ def _run_task_process(args: list[str], timeout: float = 60.0):
         proc.wait()
 
 
-# Not `cluster`: the port is checked before TensorFlow is imported.
+# In tests/fast: the port is checked before TensorFlow is imported.
 def test_real_command_names_a_port_already_in_use():
     ps, w0, w1, w2 = free_ports(4)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
@@ -511,7 +511,7 @@ def test_real_command_names_a_port_already_in_use():
     assert out == ""
 
 
-# Not `cluster`: the record's path is checked before TensorFlow is imported.
+# In tests/fast: the record's path is checked before TensorFlow is imported.
 def test_real_command_checks_its_summary_json_before_training(tmp_path):
     # Before: the task ran (here: until its ps was found unreachable), then failed to write
     # its record: a traceback at the very end, and no os._exit, so the gRPC server's
@@ -526,7 +526,6 @@ def test_real_command_checks_its_summary_json_before_training(tmp_path):
     assert out == ""
 
 
-@pytest.mark.cluster
 def test_real_command_names_an_unreachable_ps_and_ends():
     ps, w0, w1, w2 = free_ports(4)  # nobody listens on the ps port
     code, out, err, seconds = _run_task_process([
@@ -546,7 +545,7 @@ def test_real_command_names_an_unreachable_ps_and_ends():
     assert seconds < START_SECS + 60  # it ends: bounded, even on a loaded machine
 
 
-# Not `cluster`: the port is checked before TensorFlow is imported.
+# In tests/fast: the port is checked before TensorFlow is imported.
 def test_real_command_names_a_port_already_in_use_by_a_ps():
     ps, w0, w1 = free_ports(3)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:

@@ -11,7 +11,7 @@ import pytest
 from sync_mnist import data
 from sync_mnist.data import DataError
 
-SHARED_MNIST = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist"
+SHARED_MNIST = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "mnist"
 TRAIN_IMAGES, TRAIN_LABELS, TEST_IMAGES, TEST_LABELS = data.MNIST_FILES
 
 

@@ -208,7 +208,6 @@ def test_the_model_refuses_nonsense():
         scaling.predict(COSTS, 0, [1])
 
 
-@pytest.mark.cluster  # imports TensorFlow and builds the real worker graph (no session)
 def test_the_bytes_each_ps_holds_come_from_the_real_graph():
     one_bytes, one_tensors = scaling.partition(1)
     assert (one_bytes, one_tensors) == ([MODEL_BYTES], [6])
@@ -216,7 +215,6 @@ def test_the_bytes_each_ps_holds_come_from_the_real_graph():
     assert scaling.partition(2) == ([MODEL_BYTES // 2] * 2, [6, 6])
 
 
-@pytest.mark.cluster  # imports TensorFlow to write and read an events file
 def test_the_accuracy_curve_is_read_against_wall_time_since_the_chief_was_ready(tmp_path):
     import tensorflow as tf
 

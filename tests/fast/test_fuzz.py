@@ -42,8 +42,6 @@ from hypothesis import strategies as st
 from sync_mnist import cli, cluster, config, data, png
 from sync_mnist.launcher import launch
 
-pytestmark = pytest.mark.fuzz
-
 RAN = 99  # what the recorders return: validation passed and the task or cluster would have run
 EXAMPLE_BOUND_SECS = 20.0  # far above any example here (milliseconds), even on a loaded machine
 

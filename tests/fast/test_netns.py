@@ -250,7 +250,6 @@ def test_isolate_rejects_an_unknown_value(recorded_cluster, capsys):
 
 # ------------------------------------------------------------------- whole clusters
 
-@pytest.mark.cluster
 def test_isolated_cluster_is_unreachable_from_outside_and_trains_in_lockstep(fixed_run):
     # The shared run (conftest.py) is the launcher's default, in a private namespace where
     # one can be made, probed from outside while it trained.
@@ -270,7 +269,6 @@ def test_isolated_cluster_is_unreachable_from_outside_and_trains_in_lockstep(fix
     assert fixed_run.leftovers == []
 
 
-@pytest.mark.cluster
 def test_isolate_off_leaves_the_ports_reachable_and_async_mode_shows_its_signature(
         processes, tmp_path):
     # Two behaviours from one run, to save a cluster's start-up: --isolate off, and the async
@@ -295,7 +293,6 @@ def test_isolate_off_leaves_the_ports_reachable_and_async_mode_shows_its_signatu
     assert [t["exit_code"] for t in summary["tasks"]] == [0, 0, 0]
 
 
-@pytest.mark.cluster
 def test_auto_where_impossible_says_so_once_and_goes_on(locked_down, processes, tmp_path):
     launcher = processes.start(
         [*locked_down, str(ROOT / "bin" / "sync-mnist-cluster"), "--base-port", "0", *COMMON,

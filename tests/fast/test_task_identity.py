@@ -282,7 +282,6 @@ def test_the_task_process_exits_with_the_code_its_error_maps_to(error, code, tmp
     assert json.loads(record.read_text())["exit_code"] == code
 
 
-@pytest.mark.cluster  # starts TensorFlow: not for `make test-fast`
 def test_a_task_starts_tensorflow_without_keras():
     # Keras 3 costs every task about 0.9 s of CPU at start-up and is never used (cli.py); if
     # TensorFlow stops honouring TF_USE_LEGACY_KERAS this way, this fails.

@@ -32,13 +32,12 @@ def _operator_tf_config(spec: dict[str, list[str]], task_type: str, index: int) 
 
 # Replica types in the order their pods start here, and how many of each: the shipped
 # manifest's. Where each pod of a layout with a Chief replica lands is checked in-process
-# (tests/test_task_identity.py); a whole cluster costs a TensorFlow start-up per pod.
+# (tests/fast/test_task_identity.py); a whole cluster costs a TensorFlow start-up per pod.
 LAYOUTS = {
     "PS 1 + Worker 3 (deploy/kubernetes)": [("worker", 3), ("ps", 1)],
 }
 
 
-@pytest.mark.cluster
 @pytest.mark.parametrize("replicas", LAYOUTS.values(), ids=LAYOUTS.keys())
 def test_tf_config_only_cluster_trains_in_lockstep(replicas, processes, tmp_path):
     ports = iter(free_ports(sum(count for _, count in replicas)))
@@ -85,7 +84,7 @@ def test_tf_config_only_cluster_trains_in_lockstep(replicas, processes, tmp_path
 
 # ---------------------------------------------------------------------------- the manifest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MANIFEST = REPO / "deploy" / "kubernetes" / "tfjob.yaml"
 CRD = REPO.parent / "shared" / "kubeflow" / "kubeflow.org_tfjobs.yaml"
 # What the operator accepts for the fields the schema types only as strings

@@ -80,7 +80,7 @@ def test_closing_line_says_when_the_target_was_reached_or_that_it_was_not():
 
 
 def test_config_rejects_a_target_without_the_proof_counters():
-    # The other combinations are command-line errors: tests/test_cli_errors.py.
+    # The other combinations are command-line errors: tests/fast/test_cli_errors.py.
     with pytest.raises(ConfigError, match=r"^--target-accuracy needs the proof counters; drop "
                                           r"--bench-no-proof$"):
         TrainConfig(train_steps=10, eval_every=5, target_accuracy=0.9, proof=False)
@@ -195,7 +195,6 @@ def _run_cluster(num_workers: int, **train_kwargs) -> types.SimpleNamespace:
         workers=[outcome["worker", i] for i in range(num_workers)])
 
 
-@pytest.mark.cluster
 def test_lockstep_cluster_stops_on_the_update_after_the_first_evaluation_reaching_the_target(
         tmp_path):
     # At the default learning rate the synthetic data is above 60% after 2 updates and near
@@ -236,7 +235,6 @@ def _scalars(logdir, tag):
             for value in event.summary.value if value.tag == tag]
 
 
-@pytest.mark.cluster
 def test_a_target_never_reached_leaves_the_planned_run_as_it_was():
     # At a learning rate of 1e-4 the synthetic data is near 60% after 10 updates, 90% after 20.
     run = _run_cluster(2, train_steps=20, eval_every=10, target_accuracy=0.99,
@@ -252,7 +250,6 @@ def test_a_target_never_reached_leaves_the_planned_run_as_it_was():
     assert run.ps.contributions == [20, 20]
 
 
-@pytest.mark.cluster
 def test_backup_worker_cluster_stops_every_worker_on_one_update():
     run = _run_cluster(3, train_steps=400, eval_every=10, target_accuracy=0.9,
                        replicas_to_aggregate=2)
@@ -268,7 +265,6 @@ def test_backup_worker_cluster_stops_every_worker_on_one_update():
     assert run.ps.global_step == chief.stop_step
 
 
-@pytest.mark.cluster
 def test_async_cluster_stops_every_worker_soon_after_the_target():
     run = _run_cluster(2, train_steps=400, eval_every=10, target_accuracy=0.9, mode="async")
     chief = run.chief

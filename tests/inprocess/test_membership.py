@@ -224,7 +224,6 @@ def test_check_checkpoint_refuses_a_moved_logdir_whose_checkpoint_file_names_the
         "moved?): fix or remove that file, or give a new --logdir")
 
 
-@pytest.mark.cluster  # in-process servers
 def test_a_chief_refuses_a_checkpoint_already_past_its_planned_updates(tmp_path):
     # Before: the chief resumed at global_step 10, trained nothing, and the verdict said
     # "global_step 10 != 4 planned": exit 3 (not synchronous) for what is bad input.

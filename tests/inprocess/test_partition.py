@@ -21,8 +21,6 @@ from sync_mnist.config import TaskConfig, TrainConfig
 from sync_mnist.experiments.bench_profile import wire_bytes
 
 tf1 = tf.compat.v1
-pytestmark = pytest.mark.cluster
-
 TIMEOUT_MS = 30_000
 MODEL_BYTES = 1_077_288  # 269,322 float32 parameters
 

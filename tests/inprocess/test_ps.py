@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 
-import pytest
 import tensorflow as tf
 
 from sync_mnist import protocol, ps, session
@@ -12,8 +11,6 @@ from sync_mnist.cluster import free_ports
 from sync_mnist.config import ClusterLayout, TaskConfig, TaskTimeout, TrainConfig
 
 tf1 = tf.compat.v1
-pytestmark = pytest.mark.cluster
-
 WORKERS = 300
 GUARD = 60.0  # seconds; past this the ps is taken to be stuck
 

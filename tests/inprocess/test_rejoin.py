@@ -21,8 +21,6 @@ from sync_mnist import membership, session, sync, worker
 from sync_mnist import verdict as verdict_lib
 
 tf1 = tf.compat.v1
-pytestmark = pytest.mark.cluster
-
 TIMEOUT_MS = 15_000
 N = 2
 

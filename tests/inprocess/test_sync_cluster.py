@@ -19,8 +19,6 @@ from sync_mnist import session, sync
 from sync_mnist import verdict as verdict_lib
 
 tf1 = tf.compat.v1
-pytestmark = pytest.mark.cluster
-
 TIMEOUT_MS = 15_000
 LEARNING_RATE = 2.0
 # Worker w's loss is sum(GRADS[w] * x), so its gradient is the constant GRADS[w].

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("slurm-wlm", "munge")
 TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "srun", "nsenter", "unshare")
 INSTALL_SECS = 900  # apt-get update and install, bounded

@@ -25,8 +25,6 @@ import pytest
 import slurm_cluster
 from procs import free_run, processes_mentioning
 
-pytestmark = pytest.mark.slurm
-
 BOUND = 240  # seconds a small job may take, queueing and sbatch's 2 s polls included
 STEPS = 30
 

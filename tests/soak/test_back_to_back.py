@@ -6,7 +6,7 @@ namespace (`--isolate auto`, the default), the ports live in that namespace, so 
 means the namespace itself is gone: no process is in it and no file descriptor holds it. With
 `--isolate off` (SOAK_ISOLATE=off) the ports are on this host and are checked here.
 
-Slow, so it is behind the `soak` marker: `make soak`, or `pytest -m soak -s tests/test_soak.py`.
+Slow, so it is in tests/soak: `make soak`, or `pytest -s tests/soak/test_back_to_back.py`.
 The closing figures are always printed; with SOAK_REPORT set they are also written there as
 JSON. SOAK_RUNS changes the number of runs (default 20).
 """
@@ -23,11 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from procs import listening_ports, processes_mentioning, read_json
-
-pytestmark = [pytest.mark.soak, pytest.mark.cluster]
 
 RUNS = int(os.environ.get("SOAK_RUNS", "20"))
 ISOLATE = ("--isolate", os.environ["SOAK_ISOLATE"]) if os.environ.get("SOAK_ISOLATE") else ()

@@ -34,9 +34,7 @@ import pytest
 from procs import processes_mentioning, read_json
 from sync_mnist.cluster import free_ports
 
-# About a minute each: in `make soak`, to keep `make test` near five minutes.
-pytestmark = [pytest.mark.cluster, pytest.mark.soak]
-
+# About a minute each: in tests/soak (`make soak`), to keep `make test` near five minutes.
 SUBNET = "10.66.0"  # inside the test's own namespaces only, so it can clash with nothing
 TIMEOUT = 15  # --timeout: the bound after the cut
 # Allowed on top of --timeout after the cut: the ps notices on its next poll, a task's

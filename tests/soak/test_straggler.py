@@ -17,9 +17,7 @@ from procs import processes_mentioning, read_json
 from sync_mnist.experiments import testbed
 
 # Three TensorFlow processes and a capped link: about a minute on a loaded 2-core machine, an
-# experiment's tooling rather than a behaviour of training, so in `make soak`.
-pytestmark = [pytest.mark.cluster, pytest.mark.soak]
-
+# experiment's tooling rather than a behaviour of training, so in tests/soak (`make soak`).
 LINK_RATE = "30mbit"  # 3.75 MB/s: a step's 2 x 1.08 MB takes the straggler ~0.6 s, not ~20 ms
 CPU_SHARE = 0.8
 STEPS = 20
