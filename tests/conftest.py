@@ -15,6 +15,8 @@ and fake_task.py (a stand-in task for the launcher's tests).
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 import types
 
@@ -87,6 +89,29 @@ def processes():
         yield procs
     finally:
         procs.kill_all()
+
+
+# Run a command where no network namespace can be made: a user namespace (root inside is
+# mapped to root outside, so files keep working) that may create no further user namespace,
+# and a bounding set without CAP_SYS_ADMIN, so no network namespace either.
+LOCKED_DOWN = ("unshare", "--user", "--map-root-user", "sh", "-c",
+               'echo 0 > /proc/sys/user/max_user_namespaces && exec setpriv '
+               '--bounding-set=-sys_admin --inh-caps=-sys_admin "$@"', "locked-down")
+
+
+@pytest.fixture(scope="session")
+def locked_down():
+    """The LOCKED_DOWN prefix, if this machine can build it; else skip, saying why (for the
+    netns tests of tests/fast and tests/cluster)."""
+    if shutil.which("unshare") is None or shutil.which("setpriv") is None:
+        pytest.skip("needs util-linux's unshare and setpriv to simulate a locked-down host")
+    probe = subprocess.run([*LOCKED_DOWN, "unshare", "--net", "true"], capture_output=True,
+                           text=True, timeout=30)
+    if "unshare failed" not in probe.stderr:  # the prefix itself failed, or did not lock
+        pytest.skip("cannot simulate a host without namespaces (user namespace with "
+                    f"user.max_user_namespaces=0 and no CAP_SYS_ADMIN): rc={probe.returncode} "
+                    f"{probe.stderr.strip()!r}")
+    return LOCKED_DOWN
 
 
 SHARED_STEPS = 60  # long enough that the cluster is still up while it is probed from outside

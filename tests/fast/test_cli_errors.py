@@ -4,30 +4,27 @@ Most cases call `cli.main` / `cli.launch_main` in-process: validation happens be
 is imported. `cli._run_task` and `launch.run_cluster` are replaced by recorders, so a case whose
 validation wrongly passes fails its assertion instead of starting a server or calling os._exit.
 A few cases run the real command line in a subprocess, because the error they test comes from
-the running task (its port, its ps).
+the running task (its port, its record's path), found before TensorFlow starts. The unreachable
+ps, which the task meets only once TensorFlow runs, is in tests/cluster/test_task_process.py.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import signal
 import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from procs import run_task_process
 from sync_mnist import cli
 from sync_mnist.launcher import launch
 from sync_mnist.cluster import free_ports
-from sync_mnist.config import EXIT_TIMEOUT, EXIT_USAGE, START_SECS
+from sync_mnist.config import EXIT_USAGE
 
-REPO = Path(__file__).resolve().parents[2]
 RAN = 99  # what the recorders return: validation passed and the task/cluster would have run
 
 
@@ -476,32 +473,13 @@ def test_task_help_states_the_real_defaults(capsys):
 
 # ---------------------------------------------------------------------------- real command line
 
-def _run_task_process(args: list[str], timeout: float = 60.0):
-    """Runs `python -m sync_mnist ARGS`; returns (exit code, stdout, stderr, seconds)."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    env.pop("TF_CONFIG", None)
-    started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "sync_mnist", *args], cwd=REPO, env=env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-        return proc.returncode, out, err, time.monotonic() - started
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-
-
 # In tests/fast: the port is checked before TensorFlow is imported.
 def test_real_command_names_a_port_already_in_use():
     ps, w0, w1, w2 = free_ports(4)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
         held.bind(("127.0.0.1", w1))
         held.listen()
-        code, out, err, _ = _run_task_process([
+        code, out, err, _ = run_task_process([
             "--role", "worker", "--index", "1", "--ps-hosts", f"127.0.0.1:{ps}",
             "--worker-hosts", f"127.0.0.1:{w0},127.0.0.1:{w1},127.0.0.1:{w2}",
             "--dataset", "synthetic", "--train-steps", "5", "--timeout", "5"])
@@ -517,7 +495,7 @@ def test_real_command_checks_its_summary_json_before_training(tmp_path):
     # its record: a traceback at the very end, and no os._exit, so the gRPC server's
     # destructor could hold the process.
     ps, w0, w1 = free_ports(3)
-    code, out, err, _ = _run_task_process([
+    code, out, err, _ = run_task_process([
         "--role", "worker", "--index", "1", "--ps-hosts", f"127.0.0.1:{ps}",
         "--worker-hosts", f"127.0.0.1:{w0},127.0.0.1:{w1}", "--dataset", "synthetic",
         "--train-steps", "5", "--timeout", "2", "--summary-json", str(tmp_path)])
@@ -526,32 +504,13 @@ def test_real_command_checks_its_summary_json_before_training(tmp_path):
     assert out == ""
 
 
-def test_real_command_names_an_unreachable_ps_and_ends():
-    ps, w0, w1, w2 = free_ports(4)  # nobody listens on the ps port
-    code, out, err, seconds = _run_task_process([
-        "--role", "worker", "--index", "1", "--ps-hosts", f"127.0.0.1:{ps}",
-        "--worker-hosts", f"127.0.0.1:{w0},127.0.0.1:{w1},127.0.0.1:{w2}",
-        "--dataset", "synthetic", "--train-steps", "5", "--timeout", "2"],
-        timeout=START_SECS + 90)
-    # Retried under a TFJob's ExitCode policy: the ps may be a pod that is still starting.
-    assert code == EXIT_TIMEOUT, err
-    assert "Traceback" not in err
-    errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, err
-    assert errors[0].startswith(f"error: ps 0 at 127.0.0.1:{ps} is unreachable: ")
-    # A ps may start after the worker: it gets the start-up allowance, as the chief does.
-    assert errors[0].endswith(f" for {START_SECS + 2:g} s")
-    assert err.splitlines()[-1] == errors[0]  # the last word, after the worker's start-up lines
-    assert seconds < START_SECS + 60  # it ends: bounded, even on a loaded machine
-
-
 # In tests/fast: the port is checked before TensorFlow is imported.
 def test_real_command_names_a_port_already_in_use_by_a_ps():
     ps, w0, w1 = free_ports(3)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
         held.bind(("127.0.0.1", ps))
         held.listen()
-        code, out, err, _ = _run_task_process([
+        code, out, err, _ = run_task_process([
             "--role", "ps", "--index", "0", "--ps-hosts", f"127.0.0.1:{ps}",
             "--worker-hosts", f"127.0.0.1:{w0},127.0.0.1:{w1}",
             "--dataset", "synthetic", "--train-steps", "5", "--timeout", "5"])

@@ -2,21 +2,21 @@
 
 A TensorFlow gRPC server listens on every interface and runs any graph any client sends. The
 localhost launcher therefore runs the whole cluster in one network namespace with loopback
-only. These tests show, from outside that namespace, that its ports cannot be reached while
-the cluster trains, that `--isolate off` leaves them reachable, and that where no namespace
-can be made the launcher says so once (auto) or refuses with exit 2 (on). The `--isolate off`
-run is also the launcher's only async run.
+only. These tests show that the namespace has only loopback and that its ports cannot be
+reached from outside, that its holder dies with the launcher, and that where no namespace can
+be made the reason names each attempt and `--isolate on` refuses with exit 2. Whole clusters
+in it (or not: `--isolate off`, or where none can be made) are in
+tests/cluster/test_isolated_cluster.py.
 
-"Where no namespace can be made" is reproduced for real, not mocked: a user namespace of the
-test's own in which CAP_SYS_ADMIN is dropped and user.max_user_namespaces is 0, as in a
-locked-down container. That sysctl is per user namespace, so the host's value is untouched.
+"Where no namespace can be made" is reproduced for real, not mocked (conftest.py's
+`locked_down`): a user namespace of the test's own in which CAP_SYS_ADMIN is dropped and
+user.max_user_namespaces is 0, as in a locked-down container. That sysctl is per user namespace, so the host's value is untouched.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -27,24 +27,12 @@ from pathlib import Path
 
 import pytest
 
-from procs import (ENV, ROOT, cluster_ports, interfaces, listening_ports, ns_inode,
-                   reachable_from_here,
-                   read_json, refused_from_here, task_pids)
+from procs import ENV, ROOT, interfaces, listening_ports, ns_inode, refused_from_here
 from sync_mnist.cluster import free_ports
 from sync_mnist import cli
 from sync_mnist.launcher import launch, netns
 
-STEPS = 60  # long enough that the cluster is still up while the test probes it
-BOUND = 90  # seconds a whole small cluster run may take on a loaded 2-core machine
-COMMON = ("--dataset", "synthetic", "--train-steps", str(STEPS), "--timeout", "60",
-          "--log-every", "10")
-CHIEF_READY = r"\[worker 0\] ready after"
-# Run a command where no network namespace can be made: a user namespace (root inside is
-# mapped to root outside, so files keep working) that may create no further user namespace,
-# and a bounding set without CAP_SYS_ADMIN, so no network namespace either.
-LOCKED_DOWN = ("unshare", "--user", "--map-root-user", "sh", "-c",
-               'echo 0 > /proc/sys/user/max_user_namespaces && exec setpriv '
-               '--bounding-set=-sys_admin --inh-caps=-sys_admin "$@"', "locked-down")
+COMMON = ("--dataset", "synthetic", "--train-steps", "60", "--timeout", "60", "--log-every", "10")
 
 
 def _namespace_or_skip() -> netns.PrivateNamespace:
@@ -61,27 +49,6 @@ def namespace():
         yield ns
     finally:
         ns.close()
-
-
-@pytest.fixture(scope="module")
-def locked_down():
-    """The LOCKED_DOWN prefix, if this machine can build it; else skip, saying why."""
-    if shutil.which("unshare") is None or shutil.which("setpriv") is None:
-        pytest.skip("needs util-linux's unshare and setpriv to simulate a locked-down host")
-    probe = subprocess.run([*LOCKED_DOWN, "unshare", "--net", "true"], capture_output=True,
-                           text=True, timeout=30)
-    if "unshare failed" not in probe.stderr:  # the prefix itself failed, or did not lock
-        pytest.skip("cannot simulate a host without namespaces (user namespace with "
-                    f"user.max_user_namespaces=0 and no CAP_SYS_ADMIN): rc={probe.returncode} "
-                    f"{probe.stderr.strip()!r}")
-    return LOCKED_DOWN
-
-
-def _assert_lockstep(summary: dict, workers: int) -> None:
-    assert summary["global_step"] == STEPS
-    assert summary["contributions"] == [STEPS] * workers
-    assert summary["synchronous"] is True
-    assert [t["exit_code"] for t in summary["tasks"]] == [0] * (workers + 1)
 
 
 # ---------------------------------------------------------------- the namespace on its own
@@ -246,65 +213,3 @@ def test_isolate_rejects_an_unknown_value(recorded_cluster, capsys):
     assert exit_info.value.code == 2
     assert "argument --isolate: invalid choice: 'maybe'" in capsys.readouterr().err
     assert recorded_cluster == []
-
-
-# ------------------------------------------------------------------- whole clusters
-
-def test_isolated_cluster_is_unreachable_from_outside_and_trains_in_lockstep(fixed_run):
-    # The shared run (conftest.py) is the launcher's default, in a private namespace where
-    # one can be made, probed from outside while it trained.
-    if not fixed_run.isolated:
-        pytest.skip(f"no network namespace can be made here: {fixed_run.why_not_isolated}")
-    assert fixed_run.ports == list(range(fixed_run.base, fixed_run.base + 4))  # as asked
-    assert sorted(fixed_run.task_inodes) == ["ps 0", "worker 0", "worker 1", "worker 2"]
-    inodes = set(fixed_run.task_inodes.values())
-    assert len(inodes) == 1 and fixed_run.own_inode not in inodes  # one namespace, not ours
-    assert fixed_run.interfaces == ["lo"]  # no way in from any other host
-    assert set(fixed_run.ports) <= fixed_run.listening  # the servers really were up, inside
-    assert all(r.keys() == {"127.0.0.1", "::1"} for r in fixed_run.refused.values()), \
-        fixed_run.refused
-    assert fixed_run.code == 0, fixed_run.output
-    assert fixed_run.summary["synchronous"] is True
-    assert "private network namespace with loopback only" in fixed_run.output
-    assert fixed_run.leftovers == []
-
-
-def test_isolate_off_leaves_the_ports_reachable_and_async_mode_shows_its_signature(
-        processes, tmp_path):
-    # Two behaviours from one run, to save a cluster's start-up: --isolate off, and the async
-    # mode's counters (which no other launcher test runs).
-    launcher = processes.launcher("--isolate", "off", "--base-port", "0", *COMMON,
-                                  "--mode", "async", "--workers", "2",
-                                  "--summary-json", str(tmp_path / "cluster.json"))
-    ports = cluster_ports(launcher)
-    launcher.wait_for_line(CHIEF_READY, BOUND)
-    tasks = task_pids(launcher.popen.pid)
-    assert {ns_inode(pid) for pid in tasks.values()} == {ns_inode("self")}
-    assert [p for p in ports if not reachable_from_here(p)] == []
-
-    assert launcher.wait(BOUND) == 0, launcher.output
-    assert "network namespace" not in launcher.output
-    summary = read_json(tmp_path / "cluster.json")
-    # Every push is an update of its own: global_step is the total of the local steps.
-    assert summary["local_steps"] == [STEPS] * 2
-    assert summary["global_step"] == 2 * STEPS == sum(summary["pushed"])
-    assert summary["synchronous"] is False
-    assert "asynchronous (--mode async)" in summary["verdict"]
-    assert [t["exit_code"] for t in summary["tasks"]] == [0, 0, 0]
-
-
-def test_auto_where_impossible_says_so_once_and_goes_on(locked_down, processes, tmp_path):
-    launcher = processes.start(
-        [*locked_down, str(ROOT / "bin" / "sync-mnist-cluster"), "--base-port", "0", *COMMON,
-         "--workers", "2", "--summary-json", str(tmp_path / "cluster.json")], "launcher")
-    ports = cluster_ports(launcher)
-    launcher.wait_for_line(CHIEF_READY, BOUND)
-    assert [p for p in ports if not reachable_from_here(p)] == []  # exposed, as it says
-
-    assert launcher.wait(BOUND) == 0, launcher.output
-    _assert_lockstep(read_json(tmp_path / "cluster.json"), workers=2)
-    said = [line for line in launcher.output.splitlines() if "namespace" in line]
-    assert len(said) == 1, said
-    assert re.search(r"\[cluster\] warning: no private network namespace \(unshare\(CLONE_NEWNET\): "
-                     r"Operation not permitted .*\): the cluster's ports are open on every "
-                     r"interface of this host; use it only on a trusted network$", said[0])
