@@ -1,6 +1,8 @@
-"""The verdict is pure arithmetic on the counters: no cluster, no session.
+"""The verdict is pure arithmetic on the counters (verdict.py): no cluster, no session.
 
-Each case is a reading the ps could give at the end of a run, and the verdict it must produce.
+Each case is a reading the ps could give at the end of a run, and the verdict it must produce;
+then the exit code it maps to, and the table of the run (report.py). The verdicts of whole
+runs are in tests/cluster/test_verdict_runs.py.
 """
 
 from __future__ import annotations
@@ -105,6 +107,21 @@ def test_backup_run_whose_accepted_total_is_not_r_times_global_step_is_not_synch
     assert verdict.line == "NOT synchronous: 32 gradients averaged, not 3 x 10"
 
 
+def test_verdict_names_a_lost_backup_with_its_pushes():
+    verdict = verify(_counters(30, [30, 30, 0], pushed=[31, 30, 17]), mode="sync",
+                     target_steps=30, replicas_to_aggregate=2, lost=[2])
+    assert verdict.synchronous
+    assert verdict.line.startswith("synchronous with 1 backup worker: each of 30 updates")
+    assert verdict.line.endswith("; worker 2 lost after 17 pushes")
+
+
+def test_verdict_with_r_equal_n_stands_on_the_counters_when_a_worker_was_lost_at_the_end():
+    verdict = verify(_counters(30, [30, 30]), mode="sync", target_steps=30,
+                     replicas_to_aggregate=2, lost=[1])
+    assert verdict.synchronous
+    assert verdict.line.endswith("contributions [30, 30]; worker 1 lost after 30 pushes")
+
+
 def test_async_run_that_kept_its_promise():
     # Async: every push is an update of its own, so global_step is the sum of local steps.
     counters = _counters(30, [10, 12, 8])
@@ -173,3 +190,15 @@ def test_format_table_without_a_counter_reading_shows_dashes():
     results = [TaskResult(role="worker", index=0, mode="sync", exit_code=EXIT_TIMEOUT)]
     assert report.format_table(results).splitlines()[1].split() == \
         ["worker", "0", str(EXIT_TIMEOUT), "-", "-", "-", "-", "-", "-", "-"]
+
+
+def test_table_gains_a_restarts_column_only_when_a_task_was_restarted():
+    results = [TaskResult(role="worker", index=0, mode="sync", local_steps=30),
+               TaskResult(role="worker", index=1, mode="sync", local_steps=12, restarts=1),
+               TaskResult(role="ps", index=0, mode="sync")]
+    lines = report.format_table(results).splitlines()
+    assert lines[0].split()[:4] == ["task", "exit", "restarts", "ready"]
+    assert [line.split()[:4] for line in lines[1:]] == [
+        ["worker", "0", "0", "0"], ["worker", "1", "0", "1"], ["ps", "0", "0", "0"]]
+    results[1].restarts = 0
+    assert "restarts" not in report.format_table(results)
