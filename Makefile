@@ -12,7 +12,7 @@ JOBS   ?= 4
 # TensorFlow servers and timeouts more than they compute.
 #   test-fast:      tests/fast, nothing started: parsing, data, the verdict, reports, deploy
 #                   files, and the fuzz tests' fast profile (< 30 s)
-#   test-inprocess: tests/inprocess, graphs, sessions and in-process clusters (exact sync
+#   test-inprocess: tests/inprocess, sessions and in-process clusters (exact sync
 #                   arithmetic, counters)
 #   test-cluster:   tests/cluster, whole clusters through the real command line
 # Not in `make test`: `make soak` (tests/soak), and `make test-slurm` (tests/slurm), the sbatch

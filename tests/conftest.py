@@ -1,15 +1,17 @@
 """Shared fixtures. TensorFlow runs in tf.compat.v1 graph mode, as the package does.
 
 The tiers are the directories below this one, chosen by what a test starts:
-  fast/       nothing: no TensorFlow session or server, no task or launcher process
-              (`make test-fast`, under 30 s)
-  inprocess/  TensorFlow graphs, sessions and servers in the test's own process
+  fast/       nothing: no TensorFlow session or server, no task or launcher process (a test
+              may build a graph, or run a command that stops before TensorFlow starts);
+              `make test-fast`, under 30 s
+  inprocess/  TensorFlow sessions and servers in the test's own process
   cluster/    tasks and launchers as processes, through the real command line
   soak/       long cluster runs (`make soak`)
   slurm/      the sbatch script under a real Slurm of its own (`make test-slurm`)
 `make test` (and a bare `pytest`, see setup.cfg's testpaths) runs fast, inprocess and cluster.
-The helpers shared across tiers stay here: procs.py (processes and what they leave behind)
-and fake_task.py (a stand-in task for the launcher's tests).
+The helpers shared across tiers stay here: procs.py (processes and what they leave behind),
+hand_cluster.py (a cluster started task by task) and fake_task.py (a stand-in task for the
+launcher's tests).
 """
 
 from __future__ import annotations
