@@ -75,8 +75,13 @@ def test_tasks_by_hand_with_two_ps_and_a_late_worker_stay_in_lockstep(processes,
         assert w["dropped"] == [0, 0, 0] and w["solo_updates"] == 0
         assert w["local_steps"] == STEPS
         assert w["synchronous"] is True
-    # The chief was ready before the late worker started, so the others really waited.
-    assert workers[2]["ready_at"] > workers[0]["ready_at"]
+    # The others really waited: the chief was ready to train (and pushed its first gradient)
+    # before worker 2 was even started, yet worker 2 found the cluster at global_step 0, and
+    # the chief's last step came after worker 2 was ready. Had the others trained without it,
+    # worker 2 would have joined at a later step (or after the end).
+    assert workers[0]["ready_at"] < workers[2]["ready_at"]  # the premise, as started above
+    assert workers[2]["start_step"] == 0 and not workers[2]["rejoined"]
+    assert workers[0]["finished_at"] > workers[2]["ready_at"]
     # Both ps tasks drained their done-queues and exited by themselves, having read the same
     # final counters.
     for index in (0, 1):
