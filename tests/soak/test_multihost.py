@@ -1,9 +1,10 @@
 """Several hosts (issue 4, scenario 7): a real cluster across network namespaces, then a cut link.
 
-Each task gets a namespace of its own, the test's stand-in for a host, with one address on a
+On the experiments' testbed (sync_mnist/experiments/testbed.py, with no link or CPU caps):
+each task gets a namespace of its own, the test's stand-in for a host, with one address on a
 private subnet. A fifth namespace holds a bridge, the switch: each task's veth pair runs from
 its eth0 to a port on that bridge. Nothing is created in the host's own namespace, and all
-traffic stays inside the test's namespaces. Tasks start through the real command line,
+traffic stays inside the testbed's namespaces. Tasks start through the real command line,
 `ip netns exec <ns> python -m sync_mnist --role ... --ps-hosts 10.66.0.1:<port> ...`.
 
 Mid-run, chosen from the chief's progress line, the switch port of worker 2 goes down
@@ -19,12 +20,8 @@ _check_the_cut_off_worker).
 
 from __future__ import annotations
 
-import os
 import re
-import secrets
-import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,9 +30,10 @@ import pytest
 
 from procs import processes_mentioning, read_json
 from sync_mnist.cluster import free_ports
+from sync_mnist.experiments import testbed
 
 # About a minute each: in tests/soak (`make soak`), to keep `make test` near five minutes.
-SUBNET = "10.66.0"  # inside the test's own namespaces only, so it can clash with nothing
+
 TIMEOUT = 15  # --timeout: the bound after the cut
 # Allowed on top of --timeout after the cut: the ps notices on its next poll, a task's
 # timeout message reads the counters (up to 5 s), and the machine may be loaded.
@@ -46,112 +44,28 @@ LOST = 2  # the worker whose link is cut (not the chief)
 TASKS = (("ps", 0), ("worker", 0), ("worker", 1), ("worker", 2))
 
 
-def _ip(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
-
-
-def _must(*args: str) -> None:
-    out = _ip(*args)
-    if out.returncode:
-        raise RuntimeError(f"ip {' '.join(args)}: {out.stderr.strip()}")
-
-
-NAME = re.compile(r"sync-mnist-(\d+)-[0-9a-f]{6}-\w+$")  # this file's namespaces: pid, token
-
-
-class Lan:
-    """Namespaces for the tasks and the switch; `close` removes them all, and what ran there."""
-
-    def __init__(self):
-        # Unique per run, and per test within a run: a crashed or parallel run cannot collide.
-        prefix = f"sync-mnist-{os.getpid()}-{secrets.token_hex(3)}"
-        assert NAME.match(f"{prefix}-switch")
-        self.switch = f"{prefix}-switch"
-        self.host = {task: f"{prefix}-{task[0]}{task[1]}" for task in TASKS}
-        self.address = {task: f"{SUBNET}.{n + 1}" for n, task in enumerate(TASKS)}
-        self.port = {task: f"p{n}" for n, task in enumerate(TASKS)}  # its switch port
-        self.created: list[str] = []
-
-    def build(self) -> None:
-        for ns in (self.switch, *self.host.values()):
-            _must("netns", "add", ns)
-            self.created.append(ns)
-        _must("-n", self.switch, "link", "add", "br0", "type", "bridge")
-        _must("-n", self.switch, "link", "set", "br0", "up")
-        for task, ns in self.host.items():
-            port = self.port[task]
-            # Created inside the switch's namespace, with its peer born in the task's: no
-            # interface ever appears in the host's namespace.
-            _must("-n", self.switch, "link", "add", port, "type", "veth", "peer", "name", "eth0",
-                  "netns", ns)
-            _must("-n", self.switch, "link", "set", port, "master", "br0")
-            _must("-n", self.switch, "link", "set", port, "up")
-            _must("-n", ns, "addr", "add", f"{self.address[task]}/24", "dev", "eth0")
-            _must("-n", ns, "link", "set", "eth0", "up")
-            _must("-n", ns, "link", "set", "lo", "up")
-
-    def cut(self, task: tuple[str, int]) -> None:
-        """Unplugs task's cable at the switch: its host keeps running, unreachable."""
-        _must("-n", self.switch, "link", "set", self.port[task], "down")
-
-    def pids(self) -> dict[str, list[int]]:
-        """{namespace: pids of processes in it}, for the namespaces that have any."""
-        found = {}
-        for ns in self.created:
-            pids = [int(p) for p in _ip("netns", "pids", ns).stdout.split()]
-            if pids:
-                found[ns] = pids
-        return found
-
-    def close(self) -> None:
-        errors = _remove(reversed(self.created))
-        assert not errors, f"namespaces left behind: {errors}"
-
-
-def _remove(namespaces) -> list[str]:
-    """Kills what runs in these namespaces (only this file starts anything there), deletes them."""
-    namespaces = list(namespaces)
-    for ns in namespaces:
-        for pid in _ip("netns", "pids", ns).stdout.split():
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    errors = []
-    for ns in namespaces:
-        out = _ip("netns", "delete", ns)
-        if out.returncode:
-            errors.append(f"{ns}: {out.stderr.strip()}")
-    return errors
-
-
-def _remove_stale() -> None:
-    """Namespaces of an earlier run of this file that died before its cleanup (pid gone)."""
-    listed = _ip("netns", "list").stdout.split("\n")
-    stale = [m.group(0) for m in (NAME.match(line.split(" ")[0]) for line in listed)
-             if m and not Path(f"/proc/{m.group(1)}").exists()]
-    _remove(stale)
-
-
 @pytest.fixture
 def lan():
-    if not sys.platform.startswith("linux") or shutil.which("ip") is None:
-        pytest.skip("needs Linux and iproute2's ip to build network namespaces")
-    if os.geteuid() != 0:
-        pytest.skip("needs root: `ip netns add` and `ip netns exec` are root-only")
-    _remove_stale()
-    network = Lan()
+    """The testbed (sync_mnist/experiments/testbed.py): a namespace per task and a switch,
+    all removed when the test ends."""
+    try:
+        testbed.check(cpu=False)
+    except testbed.Unavailable as e:
+        pytest.skip(f"cannot build a testbed here: {e}")
+    bed = testbed.Testbed(num_ps=1, num_workers=3)
     try:
         try:
-            network.build()
-        except RuntimeError as e:
+            bed.build()
+        except testbed.Unavailable as e:
             pytest.skip(f"cannot build namespaces, veth pairs and a bridge here: {e}")
-        yield network
+        yield bed
     finally:
-        network.close()
+        bed.close()
+    left = [name for name in testbed.leftovers() if name.startswith(bed.prefix)]
+    assert not left, f"namespaces left behind: {left}"
 
 
-def _start_cluster(lan: Lan, processes, tmp_path: Path, *extra: str) -> dict:
+def _start_cluster(lan: testbed.Testbed, processes, tmp_path: Path, *extra: str) -> dict:
     ports = free_ports(len(TASKS))  # any port is free in a new namespace; still, none fixed
     hosts = {task: f"{lan.address[task]}:{port}" for task, port in zip(TASKS, ports)}
     cluster = ("--ps-hosts", hosts["ps", 0],
@@ -160,8 +74,8 @@ def _start_cluster(lan: Lan, processes, tmp_path: Path, *extra: str) -> dict:
     for role, index in TASKS:
         procs[role, index] = processes.start(
             # -X faulthandler: SIGABRT prints the Python stack, should a task need looking into.
-            ["ip", "netns", "exec", lan.host[role, index], sys.executable, "-X", "faulthandler",
-             "-m", "sync_mnist",
+            ["ip", "netns", "exec", lan.namespace[role, index], sys.executable, "-X",
+             "faulthandler", "-m", "sync_mnist",
              "--role", role, "--index", str(index), *cluster, "--dataset", "synthetic",
              "--timeout", str(TIMEOUT), "--log-every", "10",
              "--data-dir", str(tmp_path / "data"),  # a marker in every task's command line
@@ -170,10 +84,10 @@ def _start_cluster(lan: Lan, processes, tmp_path: Path, *extra: str) -> dict:
     return procs
 
 
-def _cut_mid_run(lan: Lan, procs: dict) -> float:
+def _cut_mid_run(lan: testbed.Testbed, procs: dict) -> float:
     """Waits for the chief's progress line at step CUT_AT, cuts the lost worker's link."""
     procs["worker", 0].wait_for_line(rf"\[worker 0\] step={CUT_AT} ", START_BOUND)
-    lan.cut(("worker", LOST))
+    lan.cut("worker", LOST)
     return time.monotonic()
 
 
@@ -200,7 +114,8 @@ def _assert_others_ended(procs: dict, ended: dict) -> None:
     assert not running, f"still running {TIMEOUT + SLACK} s after the cut: {running}"
 
 
-def _check_the_cut_off_worker(lan: Lan, procs: dict, ended: dict, tmp_path: Path) -> None:
+def _check_the_cut_off_worker(lan: testbed.Testbed, procs: dict, ended: dict,
+                              tmp_path: Path) -> None:
     """Last: the worker on the far side of the cut must end too, non-zero, saying why."""
     lost = ("worker", LOST)
     if lost not in ended:
