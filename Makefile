@@ -7,23 +7,18 @@ STAMP  := $(VENV)/.installed
 ARGS   ?=
 JOBS   ?= 4
 
-# The test tiers. `make test` runs all of them (not the soak), JOBS test processes at a time:
-# most cluster tests wait on TensorFlow servers and timeouts more than they compute.
-#   test-fast:      no TensorFlow server: parsing, data, reports, deploy files, and
-#                   the fuzz tests' fast profile (< 30 s)
-#   test-inprocess: graphs and in-process clusters (exact sync arithmetic, counters)
-#   test-cluster:   whole clusters through the real command line
-# Not in `make test`: `make test-slurm`, the sbatch script under a real Slurm of its own (root;
-# installs slurm-wlm and munge where missing, else skips saying why; a few minutes), which
-# .ci/run runs after `make test`.
-FAST_TESTS := tests/test_cli_errors.py tests/test_config_cluster.py tests/test_data.py \
-              tests/test_real_data.py tests/test_netns.py tests/test_task_identity.py \
-              tests/test_tfjob.py tests/test_watch.py \
-              tests/test_experiment_tools.py tests/test_verify.py tests/test_fuzz.py
-INPROCESS_TESTS := tests/test_model.py tests/test_membership.py \
-                   tests/test_partition.py \
-                   tests/test_sync_cluster.py tests/test_rejoin.py tests/test_ps.py \
-                   tests/test_early_stop.py
+# The test tiers are the directories of tests/ (tests/conftest.py says what each may start).
+# `make test` runs the first three, JOBS test processes at a time: most cluster tests wait on
+# TensorFlow servers and timeouts more than they compute.
+#   test-fast:      tests/fast, nothing started: parsing, data, the verdict, reports, deploy
+#                   files, and the fuzz tests' fast profile (< 30 s)
+#   test-inprocess: tests/inprocess, sessions and in-process clusters (exact sync
+#                   arithmetic, counters)
+#   test-cluster:   tests/cluster, whole clusters through the real command line
+# Not in `make test`: `make soak` (tests/soak), and `make test-slurm` (tests/slurm), the sbatch
+# script under a real Slurm of its own (root; installs slurm-wlm and munge where missing, else
+# skips saying why; a few minutes), which .ci/run runs after `make test`.
+TIERS := tests/fast tests/inprocess tests/cluster
 
 .PHONY: install run-cluster test test-fast test-inprocess test-cluster test-slurm soak chaos bench clean
 
@@ -39,28 +34,28 @@ run-cluster: install
 	$(BIN)/sync-mnist-cluster $(ARGS)
 
 test: install
-	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup $(TIERS)
 
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not cluster" $(FAST_TESTS)
+	$(BIN)/python -m pytest -q tests/fast
 
 test-inprocess: install
-	$(BIN)/python -m pytest -q $(INPROCESS_TESTS)
+	$(BIN)/python -m pytest -q tests/inprocess
 
 test-cluster: install
-	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup -m cluster $(addprefix --ignore=,$(INPROCESS_TESTS))
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup tests/cluster
 
 test-slurm: install
-	@start=$$(date +%s); $(BIN)/python -m pytest -q -rs -m slurm tests/test_slurm_real.py; \
+	@start=$$(date +%s); $(BIN)/python -m pytest -q -rs tests/slurm; \
 	    code=$$?; echo "test-slurm: the real-Slurm tier took $$(($$(date +%s) - start)) s"; \
 	    exit $$code
 
-# The long cluster runs, then the fuzz tests with Hypothesis's "soak" profile (conftest.py):
-# 10,000 examples per entry point, with their counts per test at the end.
+# The long cluster runs (tests/soak), then the fuzz tests with Hypothesis's "soak" profile
+# (conftest.py): 10,000 examples per entry point, with their counts per test at the end.
 soak: install
-	$(BIN)/python -m pytest -q -m soak
-	$(BIN)/python -m pytest -q -m fuzz --hypothesis-profile=soak --hypothesis-show-statistics \
-	    tests/test_fuzz.py
+	$(BIN)/python -m pytest -q tests/soak
+	$(BIN)/python -m pytest -q --hypothesis-profile=soak --hypothesis-show-statistics \
+	    tests/fast/test_fuzz.py
 
 # The chaos soak: the localhost cluster again and again, each run with one random fault
 # (SIGKILL, or SIGSTOP then SIGCONT, of a random task at a random moment), every outcome

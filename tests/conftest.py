@@ -1,19 +1,31 @@
 """Shared fixtures. TensorFlow runs in tf.compat.v1 graph mode, as the package does.
 
-TensorFlow is imported only by the tests that need it (and so only when they are collected):
-`make test-fast` runs the tests that never import it, in seconds.
+The tiers are the directories below this one, chosen by what a test starts:
+  fast/       nothing: no TensorFlow session or server, no task or launcher process (a test
+              may build a graph, or run a command that stops before TensorFlow starts);
+              `make test-fast`, under 30 s
+  inprocess/  TensorFlow sessions and servers in the test's own process
+  cluster/    tasks and launchers as processes, through the real command line
+  soak/       long cluster runs (`make soak`)
+  slurm/      the sbatch script under a real Slurm of its own (`make test-slurm`)
+`make test` (and a bare `pytest`, see setup.cfg's testpaths) runs fast, inprocess and cluster.
+The helpers shared across tiers stay here: procs.py (processes and what they leave behind),
+hand_cluster.py (a cluster started task by task) and fake_task.py (a stand-in task for the
+launcher's tests).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 import types
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-# The fuzzing profiles of tests/test_fuzz.py, chosen with Hypothesis's own pytest option
+# The fuzzing profiles of tests/fast/test_fuzz.py, chosen with Hypothesis's own pytest option
 # --hypothesis-profile. "fast", the default (`make test`): every entry point in a few seconds,
 # the same examples on every run. "soak" (`make soak`): 10,000 fresh examples per entry point.
 # Neither keeps a database: what a run finds goes into test_fuzz.py as an explicit @example.
@@ -50,7 +62,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(group))
     # The tests that start clusters first, the quick ones last: a long test handed out at the
     # end would run on alone while the other test processes sit idle.
-    items.sort(key=lambda item: item.get_closest_marker("cluster") is None)
+    items.sort(key=_tier_rank)
+
+
+def _tier_rank(item) -> int:
+    return {"fast": 2, "inprocess": 1}.get(item.path.parent.name, 0)
 
 
 def _shared_run_group(item) -> str | None:
@@ -75,6 +91,29 @@ def processes():
         yield procs
     finally:
         procs.kill_all()
+
+
+# Run a command where no network namespace can be made: a user namespace (root inside is
+# mapped to root outside, so files keep working) that may create no further user namespace,
+# and a bounding set without CAP_SYS_ADMIN, so no network namespace either.
+LOCKED_DOWN = ("unshare", "--user", "--map-root-user", "sh", "-c",
+               'echo 0 > /proc/sys/user/max_user_namespaces && exec setpriv '
+               '--bounding-set=-sys_admin --inh-caps=-sys_admin "$@"', "locked-down")
+
+
+@pytest.fixture(scope="session")
+def locked_down():
+    """The LOCKED_DOWN prefix, if this machine can build it; else skip, saying why (for the
+    netns tests of tests/fast and tests/cluster)."""
+    if shutil.which("unshare") is None or shutil.which("setpriv") is None:
+        pytest.skip("needs util-linux's unshare and setpriv to simulate a locked-down host")
+    probe = subprocess.run([*LOCKED_DOWN, "unshare", "--net", "true"], capture_output=True,
+                           text=True, timeout=30)
+    if "unshare failed" not in probe.stderr:  # the prefix itself failed, or did not lock
+        pytest.skip("cannot simulate a host without namespaces (user namespace with "
+                    f"user.max_user_namespaces=0 and no CAP_SYS_ADMIN): rc={probe.returncode} "
+                    f"{probe.stderr.strip()!r}")
+    return LOCKED_DOWN
 
 
 SHARED_STEPS = 60  # long enough that the cluster is still up while it is probed from outside
@@ -106,7 +145,7 @@ def fixed_run(tmp_path_factory):
         run.why_not_isolated = str(e)
     procs = Processes()
     try:
-        # --log-every 10, as test_verification gives the question's setup; --timeout 30, not its
+        # --log-every 10, as test_verdict_runs gives the question's setup; --timeout 30, not its
         # 10, because the workers wait that long for a ps that a loaded machine starts slowly.
         launcher = procs.launcher(
             "--isolate", "on" if run.isolated else "auto", "--base-port", str(run.base),

@@ -100,6 +100,32 @@ class Processes:
             proc.kill()
 
 
+def run_task_process(args: list[str], timeout: float = 60.0):
+    """Runs `python -m sync_mnist ARGS` (no TF_CONFIG) to its end; returns (exit code, stdout,
+    stderr, seconds). Its process group is killed however it ends."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    env.pop("TF_CONFIG", None)
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "sync_mnist", *args], cwd=ROOT, env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return proc.returncode, out, err, time.monotonic() - started
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def operator_tf_config(spec: dict[str, list[str]], task_type: str, index: int) -> str:
+    """TF_CONFIG as the operator writes it (pkg/controller.v1/tensorflow/tensorflow.go)."""
+    return json.dumps({"cluster": spec, "task": {"type": task_type, "index": index},
+                       "environment": "cloud"}, separators=(",", ":"))
+
+
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 

@@ -3,12 +3,13 @@
 Bench and test tooling (straggler.py, scaling.py), never part of a user's training run. Root
 only: it creates network namespaces, veth pairs, qdiscs and cgroups, and removes them all again.
 
-Layout (as tests/test_multihost.py builds it): a namespace `<prefix>-sw` holds a bridge, the
-switch; each task has a namespace of its own (`<prefix>-ps0`, `<prefix>-w1`, ...) whose `eth0`
-(10.77.0.K/24) is one end of a veth pair, the other end a port of the bridge. Nothing appears in
-the host's namespace, and all traffic stays inside these namespaces. A task's process joins its
-namespace with setns(2) between fork and exec (launch.py's `network` seam), so every TensorFlow
-process is the plain `python -m sync_mnist` a user runs.
+Layout: a namespace `<prefix>-sw` holds a bridge, the switch; each task has a namespace of its
+own (`<prefix>-ps0`, `<prefix>-w1`, ...) whose `eth0` (10.77.0.K/24) is one end of a veth pair,
+the other end a port of the bridge. Nothing appears in the host's namespace, and all traffic
+stays inside these namespaces. A task's process joins its namespace with setns(2) between fork
+and exec (launch.py's `network` seam), so every TensorFlow process is the plain
+`python -m sync_mnist` a user runs. tests/soak/test_multihost.py starts a cluster on it through
+`ip netns exec` and cuts a task's link (`cut`).
 
 Slowing a task:
   link  tbf on both ends of its veth: tbf shapes only what leaves an interface, so `eth0`'s
@@ -231,6 +232,18 @@ class Testbed:
     def entry(self, role: str, index: int) -> _Entry:
         """What task (role, index)'s child enters between fork and exec (`enter()`)."""
         return self._entries[role, index]
+
+    def cut(self, role: str, index: int) -> None:
+        """Unplugs task (role, index)'s cable at the switch: its host keeps running, unreachable.
+
+        Raises:
+          Unavailable: the command failed (the message quotes it and its error).
+        """
+        _ip("-n", self.switch, "link", "set", self.port[role, index], "down")
+
+    def pids(self) -> dict[str, list[int]]:
+        """{namespace: pids of the processes in it}, for the testbed's namespaces that have any."""
+        return {ns: pids for ns in self._namespaces if (pids := _pids_in(ns))}
 
     def link_stats(self) -> dict[str, dict]:
         """Per task ("worker 1"): bytes it sent and received, and each direction's tbf, if any.

@@ -1,0 +1,234 @@
+"""Waits that TensorFlow itself does not bound, bounded: against a ps that never answers.
+
+A "silent ps" is a socket that accepts TCP connections and never says a word: every probe of
+the port succeeds, but gRPC never gets an answer, so TensorFlow's session creation and first
+run wait without end. Each case runs in a thread the test can abandon, so a wait without a
+bound fails the test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import pytest
+import tensorflow as tf
+
+from sync_mnist import protocol
+from sync_mnist import session, worker
+from sync_mnist.cluster import free_ports
+from sync_mnist.config import TaskTimeout
+
+tf1 = tf.compat.v1
+TIMEOUT = 2.0  # the bound under test, in seconds
+GUARD = 30.0  # past this, the wait is taken to be without a bound
+
+
+@pytest.fixture
+def silent_ps():
+    """A listening socket that never answers, and a worker server whose cluster has it as ps 0."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(64)
+        ps = f"127.0.0.1:{s.getsockname()[1]}"
+        cluster = tf.train.ClusterSpec({"ps": [ps],
+                                        "worker": [f"127.0.0.1:{free_ports(1)[0]}"]})
+        server = tf.distribute.Server(cluster, job_name="worker", task_index=0, start=True)
+        yield ps, server
+
+
+def _within_guard(call):
+    """Runs call() in a thread; returns (its exception, seconds), or fails after GUARD s."""
+    outcome = {}
+
+    def run():
+        started = time.monotonic()
+        try:
+            call()
+        except BaseException as e:  # reported below
+            outcome["error"] = e
+        outcome["seconds"] = time.monotonic() - started
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(GUARD)
+    assert not thread.is_alive(), f"still waiting after {GUARD:g} s: the wait has no bound"
+    return outcome.get("error"), outcome["seconds"]
+
+
+def test_reporting_done_to_a_silent_ps_ends_within_the_timeout(silent_ps):
+    ps, server = silent_ps
+    graph = tf.Graph()
+    with graph.as_default():
+        op = protocol.done_queue(0, 1).enqueue(0)
+    error, seconds = _within_guard(lambda: worker.report_done(
+        server.target, graph, op, session.session_config(["/job:ps", "/job:worker/task:0"]),
+        timeout=TIMEOUT, me="worker 0", ps_hosts=(ps,)))
+
+    assert isinstance(error, TaskTimeout), repr(error)
+    assert str(error) == (f"worker 0: waited {TIMEOUT:g} s to report done to the ps ({ps}); "
+                          "it did not answer")
+    assert seconds < TIMEOUT + 5
+
+
+def test_the_chiefs_session_against_a_silent_ps_ends_within_the_timeout(silent_ps):
+    ps, server = silent_ps
+    graph = tf.Graph()
+
+    def create():
+        with graph.as_default():
+            with tf1.device("/job:ps/task:0"):
+                tf1.get_variable("v", initializer=tf.zeros([2]))
+            session.monitored_session(
+                server.target, is_chief=True, hooks=[],
+                config=session.session_config(["/job:ps", "/job:worker/task:0"]),
+                timeout=TIMEOUT, ps_hosts=(ps,))
+
+    error, seconds = _within_guard(create)
+
+    assert isinstance(error, TaskTimeout), repr(error)
+    assert str(error) == (f"the chief: waited {TIMEOUT:g} s for the ps ({ps}) to keep, restore "
+                          "or initialise the model; it did not answer")
+    assert seconds < TIMEOUT + 5
+
+
+def test_a_workers_session_against_a_silent_ps_ends_within_its_bound(silent_ps):
+    # Each poll for the chief's model runs an op on the ps; against a ps that does not answer
+    # (a stopped process) the first one waited without end.
+    ps, server = silent_ps
+    graph = tf.Graph()
+
+    def create():
+        with graph.as_default():
+            with tf1.device("/job:ps/task:0"):
+                tf1.get_variable("v", initializer=tf.zeros([2]))
+            session.monitored_session(
+                server.target, is_chief=False, hooks=[],
+                config=session.session_config(["/job:ps", "/job:worker/task:0"]),
+                timeout=TIMEOUT, ps_hosts=(ps,))
+
+    error, seconds = _within_guard(create)
+
+    assert isinstance(error, TaskTimeout), repr(error)
+    assert str(error) == (f"waited {2 * TIMEOUT:g} s for the ps ({ps}) to answer while waiting "
+                          "for the chief's model; it did not answer")
+    assert seconds < 2 * TIMEOUT + 5
+
+
+class _WaitsOnThePs(tf1.train.SessionRunHook):
+    """A hook whose after_create_session runs an op that the ps never completes (a dequeue from
+    an empty queue), as a checkpoint save does against a stopped ps."""
+
+    def begin(self):
+        with tf1.device("/job:ps/task:0"):
+            self.take = tf1.FIFOQueue(1, tf.int64, shapes=[()], name="never_filled").dequeue()
+
+    def after_create_session(self, session, coord):
+        session.run(self.take)
+
+
+def test_a_hook_that_waits_on_the_ps_at_session_creation_ends_within_the_timeout():
+    from procs import local_cluster
+
+    workers, cluster = local_cluster(1)
+    graph = tf.Graph()
+    ps = cluster.job_tasks("ps")[0]
+
+    def create():
+        with graph.as_default():
+            with tf1.device("/job:ps/task:0"):
+                tf1.get_variable("v", initializer=tf.zeros([2]))
+            with session.monitored_session(
+                    workers[0].target, is_chief=True, hooks=[_WaitsOnThePs()],
+                    config=session.session_config(["/job:ps", "/job:worker/task:0"]),
+                    timeout=TIMEOUT, ps_hosts=(ps,)):
+                pass
+
+    error, seconds = _within_guard(create)
+
+    assert isinstance(error, TaskTimeout), repr(error)
+    assert str(error) == (f"waited {TIMEOUT:g} s for the ps ({ps}) in "
+                          "_WaitsOnThePs.after_create_session; it did not answer")
+    assert seconds < TIMEOUT + 5
+
+
+PS_SERVER = """
+import sys, tensorflow as tf
+cluster = tf.train.ClusterSpec({"ps": [sys.argv[1]], "worker": [sys.argv[2]]})
+tf.distribute.Server(cluster, job_name="ps", task_index=0, start=True)
+print("serving", flush=True)
+__import__("threading").Event().wait()
+"""
+
+
+def test_a_checkpoint_save_against_a_stopped_ps_ends_within_the_timeout(processes, tmp_path):
+    import signal
+    import sys
+
+    # The session is made against a live ps within the same bound: longer than TIMEOUT, so a
+    # loaded machine makes it in time.
+    timeout = 10.0
+    ps, me = (f"127.0.0.1:{p}" for p in free_ports(2))
+    ps_proc = processes.start([sys.executable, "-c", PS_SERVER, ps, me], "ps")
+    ps_proc.wait_for_line("^serving$", GUARD)
+    cluster = tf.train.ClusterSpec({"ps": [ps], "worker": [me]})
+    server = tf.distribute.Server(cluster, job_name="worker", task_index=0, start=True)
+    graph = tf.Graph()
+    with graph.as_default():
+        with tf1.device("/job:ps/task:0"):
+            tf1.get_variable("v", initializer=tf.zeros([2]))
+        with tf1.device("/job:worker/task:0"):  # the step itself never touches the ps
+            step = tf1.train.get_or_create_global_step()
+            tick = tf1.assign_add(step, 1)
+        sess = session.monitored_session(
+            server.target, is_chief=True, hooks=[],
+            config=session.session_config(["/job:ps", "/job:worker/task:0"]),
+            timeout=timeout, checkpoint_dir=str(tmp_path), save_steps=1, ps_hosts=(ps,))
+    try:
+        os.kill(ps_proc.popen.pid, signal.SIGSTOP)  # its port still accepts connections
+        error, seconds = _within_guard(lambda: sess.run(tick))  # the hook saves after it
+    finally:
+        ps_proc.kill()
+
+    assert isinstance(error, TaskTimeout), repr(error)
+    assert str(error) == (f"the chief: waited {timeout:g} s for the ps ({ps}) to save the "
+                          f"checkpoint of global_step 1 in {tmp_path}; it did not answer")
+    assert seconds < timeout + 5
+
+
+def test_a_done_report_the_ps_never_takes_after_a_verified_run_leaves_the_result_as_it_is(
+        silent_ps, monkeypatch):
+    # Seen in the chaos soak: the ps stopped (SIGSTOP) through the end of a run whose counters
+    # the chief had already read and verified; its done report timed out and a verified run
+    # ended 200. The ps ends by its own bound; the worker's result stays the run's.
+    from types import SimpleNamespace
+
+    from sync_mnist import config as config_lib, report
+    from sync_mnist.verdict import Verdict
+
+    ps, server = silent_ps
+    last_resorts = []
+    monkeypatch.setattr(config_lib.TaskTimeout, "UNWIND_GRACE_SECS", 0.05)
+    monkeypatch.setattr(config_lib.TaskTimeout, "last_resort", last_resorts.append)
+    graph = tf.Graph()
+    with graph.as_default():
+        op = protocol.done_queue(0, 1).enqueue(0)
+    result = report.TaskResult(role="worker", index=0, mode="sync", synchronous=True)
+    run = SimpleNamespace(
+        export_dir=None, server=server, graph=graph, g=SimpleNamespace(report_done=op),
+        tf_config=session.session_config(["/job:ps", "/job:worker/task:0"]),
+        train_config=SimpleNamespace(timeout=TIMEOUT), result=result,
+        config=SimpleNamespace(name="worker 0", cluster=SimpleNamespace(ps_hosts=(ps,))),
+        verdict=Verdict(True, True, "synchronous: 10 updates"))
+
+    error, seconds = _within_guard(lambda: worker.WorkerRun.report_done(run))
+    for timer in [t for t in threading.enumerate() if isinstance(t, threading.Timer)]:
+        timer.join(GUARD)  # an armed last resort would have fired by now
+
+    assert error is None, repr(error)
+    assert result.done_reported is False
+    assert report.exit_code_for(result) == config_lib.EXIT_OK
+    assert last_resorts == []  # disarmed: it would have ended the process with 200
+    assert seconds < TIMEOUT + 5

@@ -1,0 +1,83 @@
+"""The task's real entry point in a process of its own: the exit code each ending maps to, the
+one line that names an unreachable ps, and a TensorFlow start-up without Keras.
+
+The exit-code policy itself, and the errors found before TensorFlow starts, are checked in
+tests/fast (test_task_identity.py, test_cli_errors.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from procs import run_task_process
+from sync_mnist import config
+from sync_mnist.cluster import free_ports
+from sync_mnist.config import EXIT_TIMEOUT, START_SECS
+
+
+@pytest.mark.parametrize("error, code", [
+    ("UnavailableError(None, None, 'Socket closed')", config.EXIT_PEER_LOST),
+    ("InvalidArgumentError(None, None, 'shape mismatch')", config.EXIT_FAILED),
+    # A bounded call outside a training step (the finish barrier, an evaluation, a reading).
+    ("DeadlineExceededError(None, None, 'Timed out waiting for notification')",
+     config.EXIT_TIMEOUT),
+])
+def test_the_task_process_exits_with_the_code_its_error_maps_to(error, code, tmp_path):
+    # The real entry point, in a process of its own (it ends with os._exit), with the worker's
+    # life replaced by the error it would meet.
+    script = (
+        "import sys, tensorflow as tf\n"
+        "from sync_mnist import cli, worker\n"
+        "def run_worker(config, **kwargs):\n"
+        f"    raise tf.errors.{error}\n"
+        "worker.run_worker = run_worker\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n")
+    record = tmp_path / "worker1.json"
+    out = subprocess.run(
+        [sys.executable, "-c", script, "--role", "worker", "--index", "1", "--ps-hosts",
+         "127.0.0.1:1", "--worker-hosts", "127.0.0.1:2,127.0.0.1:3", "--dataset", "synthetic",
+         "--train-steps", "5", "--summary-json", str(record)],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert out.returncode == code, out.stderr
+    name = error.split("(")[0]
+    assert out.stderr.splitlines()[-1].endswith(f"[worker 1] error: failed: {name}: "
+                                                f"{error.split(', ')[-1][1:-2]}")
+    assert json.loads(record.read_text())["exit_code"] == code
+
+
+def test_a_task_starts_tensorflow_without_keras():
+    # Keras 3 costs every task about 0.9 s of CPU at start-up and is never used (cli.py); if
+    # TensorFlow stops honouring TF_USE_LEGACY_KERAS this way, this fails.
+    probe = ("import sys; from sync_mnist import cli; cli._before_tensorflow(False); "
+             "import tensorflow as tf; tf.compat.v1.train.AdamOptimizer; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('keras', 'tf_keras')))")
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "[]"
+
+
+def test_real_command_names_an_unreachable_ps_and_ends():
+    ps, w0, w1, w2 = free_ports(4)  # nobody listens on the ps port
+    code, out, err, seconds = run_task_process([
+        "--role", "worker", "--index", "1", "--ps-hosts", f"127.0.0.1:{ps}",
+        "--worker-hosts", f"127.0.0.1:{w0},127.0.0.1:{w1},127.0.0.1:{w2}",
+        "--dataset", "synthetic", "--train-steps", "5", "--timeout", "2"],
+        timeout=START_SECS + 90)
+    # Retried under a TFJob's ExitCode policy: the ps may be a pod that is still starting.
+    assert code == EXIT_TIMEOUT, err
+    assert "Traceback" not in err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, err
+    assert errors[0].startswith(f"error: ps 0 at 127.0.0.1:{ps} is unreachable: ")
+    # A ps may start after the worker: it gets the start-up allowance, as the chief does.
+    assert errors[0].endswith(f" for {START_SECS + 2:g} s")
+    assert err.splitlines()[-1] == errors[0]  # the last word, after the worker's start-up lines
+    assert seconds < START_SECS + 60  # it ends: bounded, even on a loaded machine

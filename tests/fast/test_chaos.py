@@ -1,0 +1,144 @@
+"""The chaos soak (sync_mnist/experiments/chaos.py): its plans and how it judges a run.
+
+The classifier is pure, so every outcome it must tell apart is given here as the launcher
+would leave it (exit code, --summary-json, output lines). The soak itself, a few real runs, is
+in tests/soak/test_back_to_back.py (`make soak`).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from sync_mnist.experiments import chaos
+
+
+def _plan(**changes) -> chaos.Plan:
+    fields = dict(run=1, ps=1, replicas=3, max_restarts=0, victim="worker 1", fault="kill",
+                  phase="training", pause=0.0, at_step=50, delay=0.1, timeout=15.0,
+                  train_steps=100, log_every=10)
+    return chaos.Plan(**{**fields, **changes})
+
+
+def _verified(steps=100, **changes) -> dict:
+    summary = dict(synchronous=True, global_step=steps, target_steps=steps,
+                   contributions=[steps] * 3, restarts={}, tasks=[], stop_step=None,
+                   verdict=f"synchronous: each of {steps} updates averaged exactly one gradient "
+                           f"from each of 3 workers; contributions {[steps] * 3}")
+    return {**summary, **changes}
+
+
+def _seen(code=0, summary=None, lines=(), **changes) -> dict:
+    seen = dict(code=code, summary=_verified() if summary is None else summary,
+                lines=list(lines), hang=False, leftovers=[], fault_landed=True)
+    return {**seen, **changes}
+
+
+def test_a_verified_run_and_one_verified_after_a_restart():
+    assert chaos.classify(_plan(), _seen()) == ("verified", [])
+    restarted = _verified(restarts={"worker 1": 1})
+    assert chaos.classify(_plan(max_restarts=3), _seen(summary=restarted)) == ("restarted", [])
+
+
+def test_a_documented_failure_must_name_the_victim():
+    named = ["21:00:01 [cluster] error: worker 1 exited with code -9; stopping the cluster"]
+    failed = dict(synchronous=False, verdict=None, global_step=None, contributions=None)
+    assert chaos.classify(_plan(), _seen(1, failed, named)) == ("failed-named", [])
+    other = ["21:00:01 [cluster] error: worker 2 exited with code 200; stopping the cluster"]
+    assert chaos.classify(_plan(), _seen(200, failed, other)) == ("defect", ["unnamed"])
+    # One ps: "the ps" names it.
+    ps_lines = ["[worker 0] error: worker 0: waited 15 s for an update after local step 40; "
+                "the ps is reachable but its counters cannot be read"]
+    assert chaos.classify(_plan(victim="ps 0"), _seen(200, failed, ps_lines))[0] == "failed-named"
+    assert chaos.classify(_plan(victim="ps 0", ps=2), _seen(200, failed, ps_lines)) == \
+        ("defect", ["unnamed"])
+
+
+def test_a_verified_run_reported_as_a_failure_contradicts_its_counters():
+    lines = ["[cluster] error: ps 0 exited with code -9; stopping the cluster"]
+    assert chaos.classify(_plan(victim="ps 0"), _seen(200, _verified(), lines)) == \
+        ("defect", ["contradiction"])
+
+
+def test_a_run_a_worker_verified_that_then_failed_is_a_defect():
+    # The ps killed at the end: two workers verified the final counters and exited 0, then the
+    # launcher stopped the chief.
+    tasks = [{"role": "worker", "index": 1, "exit_code": 0, "synchronous": True},
+             {"role": "worker", "index": 0, "exit_code": 130, "synchronous": None,
+              "blocked": True, "error": "still running at the end; stopped by the launcher"}]
+    summary = _verified(synchronous=False, tasks=tasks)
+    lines = ["[cluster] error: ps 0 exited with code -9; stopping the cluster"]
+    assert chaos.classify(_plan(victim="ps 0"), _seen(1, summary, lines)) == \
+        ("defect", ["verified-but-failed"])
+
+
+def test_exit_0_without_the_counters_to_show_it_is_a_contradiction():
+    short = _verified(contributions=[100, 100, 99])
+    assert chaos.classify(_plan(), _seen(0, short)) == ("defect", ["contradiction"])
+    assert chaos.classify(_plan(), _seen(0, {})) == ("defect", ["contradiction"])  # no record
+
+
+def test_two_gradients_of_one_worker_in_lockstep_is_a_defect_not_so_with_backups():
+    verdict = ("NOT synchronous: contributions [759, 756, 585] are not 700 for every worker; "
+               "115 of 700 updates averaged more than one gradient of the same worker")
+    summary = dict(synchronous=False, verdict=verdict, global_step=700, target_steps=700,
+                   contributions=[759, 756, 585])
+    assert chaos.classify(_plan(max_restarts=1), _seen(3, summary)) == ("defect", ["repeat"])
+    # With backups, shared tokens may give a fast worker two of an update's gradients.
+    backups = _verified(contributions=[80, 70, 60], verdict="synchronous with 1 backup worker: "
+                        "...; 3 updates took two or more gradients from one worker")
+    assert chaos.classify(_plan(replicas=2), _seen(0, backups)) == ("verified", [])
+
+
+def test_hangs_leftovers_tracebacks_and_launcher_bounds_are_defects():
+    assert "hang" in chaos.classify(_plan(), _seen(-9, hang=True))[1]
+    assert chaos.classify(_plan(), _seen(leftovers=["123: python -m sync_mnist"])) == \
+        ("defect", ["leftover"])
+    traceback = ["[worker 1] Traceback (most recent call last):"]
+    assert chaos.classify(_plan(), _seen(lines=traceback)) == ("defect", ["traceback"])
+    overdue = _verified(tasks=[{"blocked": True, "error": "still running 60 s after worker 0 "
+                                "ended; stopped by the launcher"}], synchronous=False)
+    lines = ["[cluster] error: worker 1 still running 60 s after worker 0 ended; stopping"]
+    assert chaos.classify(_plan(), _seen(200, overdue, lines)) == ("defect", ["overdue"])
+    # The tasks a launcher stops once it has given up are no defect of their own.
+    stopped = dict(overdue, tasks=[{"blocked": True, "error": "still running at the end; "
+                                    "stopped by the launcher"}])
+    assert chaos.classify(_plan(), _seen(200, stopped, lines)) == ("failed-named", [])
+
+
+def test_a_failure_after_a_short_stop_or_a_missed_fault_is_a_defect():
+    failed = dict(synchronous=False, verdict=None, global_step=None, contributions=None)
+    named = ["[worker 0] error: worker 0: ...; missing: worker 1 (no gradient for update 41)"]
+    assert chaos.classify(_plan(fault="stop-short", pause=4.0), _seen(200, failed, named)) == \
+        ("defect", ["short-stop-failed"])
+    assert chaos.classify(_plan(), _seen(200, failed, named, fault_landed=False)) == \
+        ("defect", ["no-fault-failed"])
+    assert chaos.classify(_plan(), _seen(201, failed, named)) == ("defect", ["unexpected-code"])
+
+
+def test_plans_cover_every_configuration_victim_fault_and_phase():
+    plans = chaos.plan_runs(random.Random(0), 300, timeout=10.0, train_steps=100, log_every=10,
+                            max_restarts=3)
+    assert {(p.ps, p.replicas, p.max_restarts) for p in plans} == {
+        (ps, r, k) for ps in (1, 2) for r in (2, 3) for k in (0, 3)}
+    assert {(p.victim_kind, p.fault, p.phase) for p in plans} == {
+        (v, f, ph) for v in ("ps", "chief", "worker") for f in chaos.FAULTS
+        for ph in chaos.PHASES}
+    for p in plans:
+        assert int(p.victim.split()[1]) < (p.ps if p.victim_kind == "ps" else chaos.WORKERS)
+        assert 10 <= p.at_step < 90 and p.at_step % 10 == 0
+        low, high = {"kill": (0, 0), "stop-short": (2, 6), "stop-long": (12, 16)}[p.fault]
+        assert low <= p.pause <= high, p
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_a_plan_becomes_the_launchers_command_line(quick, tmp_path):
+    plan = _plan(ps=2, replicas=2, max_restarts=3) if not quick else \
+        chaos.quick_plans(timeout=15.0, train_steps=100, log_every=10, max_restarts=3)[0]
+    args = chaos.launcher_args(plan, tmp_path / "marker", tmp_path / "run.json")
+    assert args[args.index("--ps") + 1] == str(plan.ps)
+    assert args[args.index("--data-dir") + 1] == str(tmp_path / "marker")
+    assert ("--replicas-to-aggregate" in args) == (plan.replicas < chaos.WORKERS)
+    assert args[args.index("--max-restarts") + 1] == "3"
+    assert args[args.index("--timeout") + 1] == "15"

@@ -1,0 +1,246 @@
+"""The experiment tooling of issue 12 without a cluster: arguments, refusals, arithmetic.
+
+straggler.py and scaling.py need root and start clusters; here only what decides what they
+run and what they report: rates, the setups' options, refusals with exit 2, the table, and the
+update-time model's arithmetic (by hand). test_straggler.py runs the real thing.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sync_mnist.experiments import scaling, straggler, testbed
+
+MODEL_BYTES = 4 * (784 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10)
+
+
+@pytest.mark.parametrize("text, bits", [("20mbit", 20e6), ("500kbit", 5e5), ("1gbit", 1e9),
+                                        ("1.5Mbit", 1.5e6)])
+def test_rates_read_as_tc_reads_them(text, bits):
+    assert testbed.rate_bits(text) == bits
+
+
+@pytest.mark.parametrize("text", ["20", "20mb", "fast", "0mbit", "-1mbit"])
+def test_a_bad_rate_is_refused_naming_it(text):
+    with pytest.raises(ValueError, match=f"link rate {text!r}"):
+        testbed.rate_bits(text)
+
+
+def test_without_root_the_testbed_says_so(monkeypatch):
+    monkeypatch.setattr(testbed.os, "geteuid", lambda: 1000)
+    with pytest.raises(testbed.Unavailable, match=r"needs root \(euid is 1000\)"):
+        testbed.check(cpu=False)
+
+
+def test_without_root_the_straggler_command_exits_2(monkeypatch, capsys):
+    monkeypatch.setattr(testbed.os, "geteuid", lambda: 1000)
+    code = straggler.main(["--slow-link", "20mbit", "--dataset", "synthetic"])
+    assert code == 2
+    assert "needs root (euid is 1000)" in capsys.readouterr().err
+
+
+def test_without_a_cpu_controller_a_cpu_cap_is_refused(monkeypatch, tmp_path):
+    monkeypatch.setattr(testbed.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(testbed, "CPU_CGROUP", tmp_path / "nothing")
+    with pytest.raises(testbed.Unavailable, match="no cgroup v1 cpu controller"):
+        testbed.check(cpu=True)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--workers", "4", "--straggler", "4", "--slow-link", "1mbit"],
+     "--straggler 4 is not a worker (0-3)"),
+    (["--slow-link", "fast"], "link rate 'fast'"),
+    (["--slow-cpu", "0"], "CPU share 0.0 is outside"),
+    (["--setups", "sync,lockstep", "--slow-link", "1mbit"], "unknown lockstep"),
+    (["--no-baseline"], "nothing to run"),
+    (["--workers", "1", "--setups", "backup", "--slow-link", "1mbit"],
+     "backup setup needs at least 2 workers"),
+])
+def test_bad_arguments_exit_2_naming_the_value(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        straggler.parse_args(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_each_setup_gets_its_own_options_after_the_users():
+    exp, trains = straggler.parse_args(["--workers", "4", "--slow-cpu", "0.25", "--epochs", "2",
+                                        "--mode", "async", "--replicas-to-aggregate", "2"])
+    assert exp.straggler == 3 and exp.task_args == ("--epochs", "2", "--mode", "async",
+                                                    "--replicas-to-aggregate", "2")
+    assert (trains["sync"].mode, trains["sync"].aggregate(4)) == ("sync", 4)
+    assert (trains["backup"].mode, trains["backup"].aggregate(4)) == ("sync", 3)
+    assert trains["async"].mode == "async"
+    assert straggler.setup_args("backup", 4)[-2:] == ["--replicas-to-aggregate", "3"]
+
+
+def test_only_the_straggler_is_slowed_and_every_link_takes_cap_links():
+    exp, _ = straggler.parse_args(["--workers", "3", "--straggler", "1", "--slow-cpu", "0.5",
+                                   "--cap-links", "1gbit"])
+    slowed = straggler.slowdowns(exp, straggled=True)
+    assert slowed["worker", 1] == testbed.Slowdown(link_rate="1gbit", cpu_share=0.5)
+    assert {t: s for t, s in slowed.items() if t != ("worker", 1)} == {
+        t: testbed.Slowdown(link_rate="1gbit") for t in
+        [("ps", 0), ("worker", 0), ("worker", 2)]}
+    assert straggler.slowdowns(exp, straggled=False)["worker", 1].cpu_share is None
+
+
+def test_the_table_takes_medians_of_the_runs_that_exited_0():
+    def record(exit_code, step, train_s, dropped, eps):
+        tasks = [{"role": "worker", "index": i, "examples_per_sec": e} for i, e in enumerate(eps)]
+        return {"setup": "backup", "straggled": True, "straggler": 2, "exit_code": exit_code,
+                "cluster": {"global_step": step, "train_s": train_s, "test_accuracy": 0.9,
+                            "dropped": dropped, "tasks": tasks}}
+
+    records = [record(0, 100, 10.0, [0, 0, 90], [1000, 1000, 100]),
+               record(0, 100, 20.0, [0, 2, 80], [1000, 1000, 300]),
+               record(1, 1, 1000.0, [9, 9, 9], [1, 1, 1])]  # failed: left out of the figures
+    assert straggler.figures(records[0])["updates_per_s"] == 10.0
+    row = straggler.format_table(records).splitlines()[1].split()
+    # setup, straggler, runs, ok, updates/s (median of 10 and 5), (min-max), train s
+    assert row[:7] == ["backup", "yes", "3", "2", "7.5", "(5.0-10.0)", "15.0"]
+    assert "[0, 1, 85]" in " ".join(row) and row[-1] == "0.20"  # (0.1 + 0.3) / 2
+
+
+COSTS = scaling.Costs(t_single=0.005, t_update=0.001, t_accum=0.0002, t_rpc=0.0001,
+                      c_byte=1e-9, cpu_floor=0.002, efficiency=1.0, t_sync=0.0, cores=2,
+                      bytes_total=1_000_000, tensors_total=6)
+
+
+def test_the_model_on_one_machine_uncapped_is_cpu_bound_by_hand():
+    p = scaling.predict(COSTS, 4, [1_000_000], cores=2)
+    # t_fb 0.004 + 12 RPCs 0.0012 + 2 MB 0.002 + ps (0.001 + 4 x 0.0002)
+    assert p.latency == pytest.approx(0.009)
+    assert p.link == 0.0
+    assert p.cpu == pytest.approx((4 * (0.004 + 0.002) + 0.0018) / 2)
+    assert (p.total, p.bottleneck) == (pytest.approx(0.0129), "cpu")
+
+
+def test_the_model_at_a_cap_is_bound_by_the_ps_link_until_enough_ps_share_it():
+    one = scaling.predict(COSTS, 4, [1_000_000], rate_bits=100e6)
+    assert one.link == pytest.approx(8 * 2 * 4 * 1e6 / 100e6)  # 4 pulls, then 4 pushes: 0.64
+    assert one.latency == pytest.approx(0.009 + 8 * 2e6 / 100e6)  # the worker's own link
+    assert one.bottleneck == "link"
+    two = scaling.predict(COSTS, 4, [500_000, 500_000], rate_bits=100e6)
+    assert (two.link, two.bottleneck) == (pytest.approx(0.32), "link")
+    four = scaling.predict(COSTS, 4, [250_000] * 4, rate_bits=100e6)
+    assert four.link == pytest.approx(0.16)
+    assert four.latency == pytest.approx(0.004 + 0.0012 + 0.002 + 0.16 + 0.0018 / 4)
+    assert four.bottleneck == "latency"
+    # A ps link carries N x B / P, a worker's B: past P = N more ps only shave the ps's work.
+    assert scaling.ps_needed(COSTS, 4, 100e6) == 4
+    # Half the goodput of the rate doubles every wire term.
+    slow = scaling.predict(scaling.dataclasses.replace(COSTS, efficiency=0.5), 4, [1_000_000],
+                           rate_bits=100e6)
+    assert slow.link == pytest.approx(2 * one.link)
+    # tbf's bucket lets each phase's first `burst` bytes through at once.
+    bucket = scaling.predict(COSTS, 4, [1_000_000], rate_bits=100e6, burst=100_000)
+    assert bucket.link == pytest.approx(2 * 8 * (4e6 - 1e5) / 100e6)
+    assert bucket.latency == pytest.approx(0.009 + 2 * 8 * (1e6 - 1e5) / 100e6)
+
+
+def test_each_ps_beyond_the_first_adds_its_calibrated_overhead():
+    costs = scaling.dataclasses.replace(COSTS, t_ps_extra=0.005, cpu_ps_extra=0.003,
+                                        cpu_step=0.01)
+    one = scaling.predict(costs, 4, [1_000_000], cores=2)
+    three = scaling.predict(costs, 4, [1_000_000 / 3] * 3, cores=2)
+    assert three.latency - one.latency == pytest.approx(2 * 0.005 - 0.0018 * 2 / 3)
+    assert one.cpu == pytest.approx((4 * 0.01 + 0.0018) / 2)
+    # Once per update, not once per worker: 2 extra ps, whatever N.
+    assert three.cpu == pytest.approx((4 * 0.01 + 2 * 0.003 + 0.0018) / 2)
+    eight = scaling.predict(costs, 8, [1_000_000 / 3] * 3, cores=2)
+    assert eight.cpu - three.cpu == pytest.approx(4 * (0.01 + 0.0002) / 2)
+
+
+def test_a_full_duplex_ps_link_overlaps_pushes_with_pulls_as_far_as_calibrated():
+    # 4 workers at 100 Mbit/s, one ps: a pull or a push of 1 MB is 0.08 s.
+    def link(overlap, **kw):
+        return scaling.predict(scaling.dataclasses.replace(COSTS, overlap=overlap), 4,
+                               [1_000_000], rate_bits=100e6, **kw).link
+
+    assert link(0.0) == pytest.approx(0.64)  # 4 pulls out, then 4 pushes in: in turn
+    assert link(1.0) == pytest.approx(0.32 + 0.08)  # side by side, but for the last push
+    assert link(0.25) == pytest.approx(0.64 - 0.25 * (0.32 - 0.08))
+    # bfloat16 pushes: half the bytes in, the pulls as before; the worker's own link too.
+    assert link(0.0, push_share=0.5) == pytest.approx(0.32 + 0.16)
+    assert link(1.0, push_share=0.5) == pytest.approx(0.32 + 0.04)
+    half = scaling.predict(COSTS, 4, [1_000_000], rate_bits=100e6, push_share=0.5)
+    assert half.latency == pytest.approx(0.004 + 0.0012 + 0.0015 + 0.08 + 0.04 + 0.0018)
+    # The sweep's calibration finds the overlap that a measured time implies, where the link
+    # is the bottleneck; elsewhere it keeps what it had.
+    measured = link(0.3)
+    assert scaling.overlap_from(COSTS, 4, [1_000_000], measured, rate_bits=100e6) == \
+        pytest.approx(0.3)
+    assert scaling.overlap_from(COSTS, 4, [1_000_000], 10.0, rate_bits=100e6) == 0.0
+    assert scaling.overlap_from(COSTS, 4, [1_000_000], 0.0, rate_bits=100e6) == 1.0
+    latency_bound = scaling.dataclasses.replace(COSTS, overlap=0.7)
+    assert scaling.overlap_from(latency_bound, 1, [1_000_000], 0.1, rate_bits=100e6) == 0.7
+
+
+def test_the_sweep_calibrates_on_the_points_that_can_tell_each_term():
+    points = [(n, p, cap) for cap in (None, "200mbit", "100mbit") for p in (1, 2)
+              for n in (1, 2, 4, 6)]
+    assert scaling.calibration_points(points) == {
+        "latency": (1, 1, None), "second ps": (1, 2, None),
+        "second ps per worker": (6, 2, None), "overlap": (6, 1, "200mbit")}
+    assert list(scaling.calibration_points([(1, 1, None), (1, 1, "200mbit")])) == [
+        "latency", "second ps"]
+
+
+def test_the_second_ps_cpu_splits_into_per_update_and_per_worker_step_by_two_points():
+    costs = scaling.dataclasses.replace(COSTS, cpu_step=0.01, cpu_ps_extra=0.009)
+    # At 6 workers: 6 x 0.01 steps + ps work 0.001 + 6 x 0.0002, and a second ps's
+    # a + 6 b, where a + b = 0.009 at 1 worker: b = 0.002 gives 0.019.
+    split = scaling.split_ps_cpu(costs, 6, 0.06 + 0.0022 + 0.019)
+    assert (split.cpu_ps_extra, split.cpu_ps_step) == (pytest.approx(0.007),
+                                                       pytest.approx(0.002))
+    six = scaling.predict(split, 6, [500_000] * 2, cores=2)
+    assert six.cpu == pytest.approx((0.06 + 0.0022 + 0.019) / 2)
+    # No more than at 1 worker: all of it per update, as measured there.
+    flat = scaling.split_ps_cpu(costs, 6, 0.06 + 0.0022 + 0.005)
+    assert (flat.cpu_ps_extra, flat.cpu_ps_step) == (0.009, 0.0)
+
+
+def test_the_model_refuses_nonsense():
+    with pytest.raises(ValueError, match="N=0"):
+        scaling.predict(COSTS, 0, [1])
+
+
+def test_the_bytes_each_ps_holds_come_from_the_real_graph():
+    one_bytes, one_tensors = scaling.partition(1)
+    assert (one_bytes, one_tensors) == ([MODEL_BYTES], [6])
+    # --ps 2: one slice of each of the 6 variables on each ps, half the bytes each.
+    assert scaling.partition(2) == ([MODEL_BYTES // 2] * 2, [6, 6])
+
+
+def test_the_accuracy_curve_is_read_against_wall_time_since_the_chief_was_ready(tmp_path):
+    import tensorflow as tf
+
+    tf1 = tf.compat.v1
+    writer = tf1.summary.FileWriter(str(tmp_path))
+    for wall, step, accuracy in ((1000.5, 100, 0.91), (1002.0, 200, 0.95)):
+        summary = tf1.Summary(value=[tf1.Summary.Value(tag=straggler.ACCURACY_TAG,
+                                                       simple_value=accuracy),
+                                     tf1.Summary.Value(tag="loss", simple_value=0.3)])
+        writer.add_event(tf1.Event(wall_time=wall, step=step, summary=summary))
+    writer.close()
+    curve = straggler.accuracy_curve(tmp_path, since=1000.0)
+    assert curve == [(0.5, pytest.approx(0.91)), (2.0, pytest.approx(0.95))]
+    record = {"setup": "sync", "straggled": True, "logdir": str(tmp_path),
+              "cluster": {"tasks": [{"role": "worker", "index": 0, "ready_at": 1000.0}]}}
+    assert straggler.plot([record], tmp_path / "a.png") is None
+    assert (tmp_path / "a.png").stat().st_size > 0
+    assert "no 'nothing' summaries" in straggler.plot([record], tmp_path / "b.png", "nothing")
+
+
+def test_the_sweep_plot_is_drawn_from_scaling_json_and_its_absence_is_named(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    rows = [{"workers": n, "ps": 1, "cap": cap, "predicted_s": 0.01 * n, "measured_s": 0.011 * n}
+            for n in (1, 2) for cap in (None, "200mbit")]
+    assert scaling.main(["plot", "--out", str(tmp_path)]) == 2
+    assert f"error: no {tmp_path / 'scaling.json'}: run the sweep first" in capsys.readouterr().err
+    (tmp_path / "scaling.json").write_text(json.dumps({"rows": rows}))
+    assert scaling.main(["plot", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

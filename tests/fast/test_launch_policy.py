@@ -1,0 +1,65 @@
+"""The launcher's supervision policy, with stand-in tasks and no process: which dead task it
+restarts within --max-restarts, which endings are final, and which workers it goes on without.
+
+The launcher with real processes is in tests/cluster/test_launch.py.
+"""
+
+from __future__ import annotations
+
+import time
+
+from sync_mnist.config import EXIT_FAILED, EXIT_TIMEOUT, EXIT_USAGE
+from sync_mnist.report import TaskResult
+
+
+class _FakeTask:
+    """Stands in for launch._Task: each start exits with the next code of `codes`."""
+
+    def __init__(self, role, index, *codes):
+        self.role, self.index, self.tag = role, index, f"{role} {index}"
+        self.codes, self.starts, self.lost, self.spent = list(codes), 1, False, False
+        self.spawned, self.progressed = time.monotonic(), None
+
+    def poll(self):
+        return self.codes[self.starts - 1]
+
+    def restart(self):
+        self.starts += 1
+
+    def result(self):
+        return TaskResult(role=self.role, index=self.index, mode="sync")
+
+    def last_sign_of_life(self):
+        return time.monotonic()
+
+
+def _wait(tasks, max_restarts=0, spare_workers=0):
+    from sync_mnist.launcher import launch
+
+    policy = launch._Policy(tasks, max_restarts=max_restarts, spare_workers=spare_workers,
+                            timeout=10.0)
+    return launch._wait(tasks, policy, ps_serve_forever=False)
+
+
+def test_launcher_restarts_dead_tasks_within_its_budget_and_never_bad_input():
+    # The chief still runs: a ps that dies once a worker has ended 0 is not restarted.
+    ps, chief, worker = (_FakeTask("ps", 0, -9, 0), _FakeTask("worker", 0, None),
+                         _FakeTask("worker", 1, EXIT_TIMEOUT, EXIT_FAILED, 0))
+    # Three deaths, two restarts allowed: the third stops the cluster.
+    assert _wait([ps, chief, worker], max_restarts=2) is worker
+    assert (ps.starts, worker.starts) == (2, 2)
+    # Exit 2 (bad input) and 3 (not synchronous) are final: a restart would not mend them.
+    bad = _FakeTask("worker", 1, EXIT_USAGE, 0)
+    assert _wait([bad], max_restarts=5) is bad
+    assert bad.starts == 1
+
+
+def test_launcher_goes_on_without_a_dead_backup_worker_but_not_without_the_chief():
+    chief, backup = _FakeTask("worker", 0, 0), _FakeTask("worker", 2, -9)
+    assert _wait([chief, backup], spare_workers=1) is None
+    assert backup.lost
+    dead_chief = _FakeTask("worker", 0, -9)
+    assert _wait([dead_chief], spare_workers=1) is dead_chief
+    # With R = N there is no spare: a dead worker stops the cluster.
+    again = _FakeTask("worker", 2, -9)
+    assert _wait([again], spare_workers=0) is again

@@ -1,0 +1,110 @@
+"""membership.py, what faults rely on: the settings the chief publishes and every task compares,
+the timeout message that names the missing workers, and the finish barrier."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+
+import pytest
+
+from sync_mnist import membership
+from sync_mnist.cli import _cluster_layout, task_parser, _train_config
+from sync_mnist.cluster import ClusterLayout, free_ports
+from sync_mnist.config import ConfigError, TaskConfig
+
+
+# ---------------------------------------------------------------------------- settings
+
+def _config(*argv: str) -> TaskConfig:
+    args = task_parser().parse_args(["--train-steps", "50", *argv])
+    return TaskConfig(role=args.role, index=args.index, cluster=_cluster_layout(args),
+                      train=_train_config(args))
+
+
+HOSTS3 = ("--ps-hosts", "h:1", "--worker-hosts", "a:1,b:1,c:1")
+
+
+def test_settings_leave_hosts_out_and_compare_equal_across_tasks():
+    chief = membership.settings(_config("--role", "worker", "--index", "0", *HOSTS3), "synthetic")
+    # Worker 1 calls its own host localhost: the same cluster.
+    worker = membership.settings(_config("--role", "worker", "--index", "1", "--ps-hosts", "h:1",
+                                         "--worker-hosts", "a:1,localhost:1,c:1"), "synthetic")
+    assert worker == chief
+    membership.check_agreement(worker, json.dumps(chief), me="worker 1", restarted_chief=False)
+    ps = membership.settings(_config("--role", "ps", "--index", "0", *HOSTS3))
+    # A ps compares what shapes its variables and decides its life: the cluster and the setup.
+    assert ps == {"workers": 3, "ps": 1, "setup": "fixed"}
+    membership.check_agreement(ps, json.dumps(chief), me="ps 0", restarted_chief=False)
+    question_ps = membership.settings(_config("--role", "ps", "--index", "0", *HOSTS3,
+                                              "--setup", "question"))
+    with pytest.raises(ConfigError, match=r"^ps 0 has --setup question but the chief has "
+                                          r"fixed$"):
+        membership.check_agreement(question_ps, json.dumps(chief), me="ps 0",
+                                   restarted_chief=False)
+
+
+@pytest.mark.parametrize("argv, restarted, expected", [
+    (("--batch-size", "50"), False, "worker 1 has --batch-size 50 but the chief has 100"),
+    (("--learning-rate", "0.5", "--seed", "3"), False,
+     "worker 1 has --learning-rate 0.5 but the chief has 0.001; "
+     "worker 1 has --seed 3 but the chief has 0"),
+    (("--wire-dtype", "bfloat16"), False,
+     "worker 1 has --wire-dtype bfloat16 but the chief has float32"),
+    (("--replicas-to-aggregate", "2"), True,
+     "worker 1 has --replicas-to-aggregate 2 but the running cluster (published by its chief) "
+     "has none (the default)"),
+])
+def test_a_difference_is_one_line_naming_both_values(argv, restarted, expected):
+    chief = membership.settings(_config("--role", "worker", "--index", "0", *HOSTS3), "synthetic")
+    mine = membership.settings(_config("--role", "worker", "--index", "1", *HOSTS3, *argv),
+                               "synthetic")
+    with pytest.raises(ConfigError) as raised:
+        membership.check_agreement(mine, json.dumps(chief), me="worker 1",
+                                   restarted_chief=restarted)
+    assert str(raised.value) == expected
+
+
+# ---------------------------------------------------------------------------- timeout messages
+
+def test_missing_names_the_workers_the_next_update_waits_for_and_why():
+    ports = free_ports(3)
+    layout = ClusterLayout(("127.0.0.1:1",), tuple(f"127.0.0.1:{p}" for p in ports))
+    with socket.socket() as alive:  # worker 1's server is up; worker 2's port is closed
+        alive.bind(("127.0.0.1", ports[1]))
+        alive.listen()
+        text = membership.missing([23, 22, 22], 23, layout)
+    assert text == (f"worker 1 (no gradient for update 24), worker 2 (no gradient for update "
+                    f"24; nothing listens at 127.0.0.1:{ports[2]})")
+    assert membership.missing([23, 23, 23], 23, layout, probe_servers=False) == (
+        "none: every worker pushed for update 24 but no update came; the chief (worker 0) "
+        "runs the update loop and is missing")
+
+
+# ---------------------------------------------------------------------------- finish barrier
+
+def test_the_chief_finishes_without_a_backup_silent_for_the_timeout(monkeypatch):
+    """A frozen backup worker (SIGSTOP: its server still accepts connections) is declared lost
+    when it has not pushed for --timeout, which is also the chief's own bound at the barrier:
+    the barrier must open on the mark, not time out."""
+    n = 3
+    m = membership.Membership(*(object() for _ in range(7)))
+    finished = [membership.RUNNING, membership.FINISHED, membership.RUNNING]
+    last_push = [40, 40, 38]
+
+    def run(fetches, feed=None):
+        if fetches is m.mark:
+            w, value = feed[m.mark_worker][0], feed[m.mark_value][0]
+            finished[w] = max(finished[w], value)
+            return None
+        assert fetches == [m.finished, m.last_push]
+        return [list(finished), list(last_push)]
+
+    monkeypatch.setattr(membership, "probe", lambda address: None)  # stopped, yet listening
+    monkeypatch.setattr(membership, "POLL_SECS", 0.05)
+    layout = ClusterLayout(("127.0.0.1:1",), tuple(f"127.0.0.1:{p}" for p in (2, 3, 4)))
+    lost = membership.finish_barrier(run, m, index=0, cluster=layout, timeout=0.5,
+                                     log=logging.getLogger("test"))
+    assert lost == [2]
+    assert finished == [membership.FINISHED, membership.FINISHED, membership.LOST]

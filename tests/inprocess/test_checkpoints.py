@@ -1,0 +1,170 @@
+"""The chief's --logdir and its checkpoints: what is checked before training (a writable
+directory, a checkpoint of the same model, one TensorFlow can read, one not past the plan), and
+when the chief saves (--save-secs or --save-steps, without the transient variables).
+"""
+
+from __future__ import annotations
+
+import pytest
+import tensorflow as tf
+
+from sync_mnist import model, preflight, session
+from sync_mnist.cluster import ClusterLayout
+from sync_mnist.config import ConfigError, TaskConfig
+
+tf1 = tf.compat.v1
+
+
+# ---------------------------------------------------------------------------- logdir
+
+def test_check_logdir_names_an_unwritable_directory(tmp_path):
+    preflight.check_logdir(tmp_path / "new" / "logdir")  # created
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match=rf"^--logdir {blocker}/x is not writable: "
+                                          "Not a directory$"):
+        preflight.check_logdir(blocker / "x")
+
+
+def test_check_checkpoint_names_the_variable_that_differs(tmp_path):
+    with tf.Graph().as_default():
+        tf1.get_variable("global_step", initializer=tf.constant(5, tf.int64))
+        tf1.get_variable("counts", initializer=tf.zeros([2], tf.int64))
+        saver = tf1.train.Saver()
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            saver.save(sess, str(tmp_path / "model.ckpt"), global_step=5)
+    with tf.Graph().as_default():
+        same = [tf1.get_variable("global_step", [], tf.int64),
+                tf1.get_variable("counts", [2], tf.int64)]
+        session.check_checkpoint(tmp_path, same)
+        session.check_checkpoint(tmp_path / "empty", same)  # no checkpoint: nothing to check
+    with tf.Graph().as_default():
+        other = [tf1.get_variable("global_step", [], tf.int64),
+                 tf1.get_variable("extra", [4], tf.float32),
+                 tf1.get_variable("counts", [3], tf.int64)]
+        with pytest.raises(ConfigError) as raised:
+            session.check_checkpoint(tmp_path, other)
+        assert str(raised.value) == (f"--logdir {tmp_path} holds a checkpoint of a different "
+                                     "model: counts has shape [2] there, [3] here")
+        with pytest.raises(ConfigError, match="it has no variable extra \\(shape \\[4\\] here\\)"):
+            session.check_checkpoint(tmp_path, other[:2])
+
+
+def _save_step_5(logdir):
+    with tf.Graph().as_default():
+        tf1.get_variable("global_step", initializer=tf.constant(5, tf.int64))
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            tf1.train.Saver().save(sess, str(logdir / "model.ckpt"), global_step=5)
+
+
+@pytest.mark.parametrize("content", ["model_checkpoint_path: {{{", "", "\xff\xfe"],
+                         ids=["unparsable", "empty", "not text"])
+def test_check_checkpoint_refuses_a_checkpoint_file_tensorflow_would_ignore(tmp_path, content):
+    # Before: TensorFlow logged "Checkpoint ignored" (hidden) and the chief silently started
+    # over (unparsable), or a ValueError "Invalid checkpoint state" came through (empty).
+    _save_step_5(tmp_path)
+    (tmp_path / "checkpoint").write_bytes(content.encode("latin-1"))
+    with tf.Graph().as_default():
+        step = [tf1.get_variable("global_step", [], tf.int64)]
+        with pytest.raises(ConfigError) as raised:
+            session.check_checkpoint(tmp_path, step)
+    assert str(raised.value) == (f"--logdir {tmp_path} has a checkpoint file that cannot be "
+                                 f"read as one ({tmp_path / 'checkpoint'}): fix or remove it, "
+                                 "or give a new --logdir")
+
+
+def test_check_checkpoint_refuses_a_moved_logdir_whose_checkpoint_file_names_the_old_one(
+        tmp_path):
+    # A TF1 Saver writes absolute paths into the checkpoint file; after a move they point
+    # nowhere, and before, TensorFlow then ignored the checkpoint: a silent fresh start.
+    _save_step_5(tmp_path / "before")
+    (tmp_path / "before").rename(tmp_path / "after")
+    with tf.Graph().as_default():
+        step = [tf1.get_variable("global_step", [], tf.int64)]
+        with pytest.raises(ConfigError) as raised:
+            session.check_checkpoint(tmp_path / "after", step)
+    assert str(raised.value) == (
+        f"--logdir {tmp_path / 'after'}: its checkpoint file ({tmp_path / 'after/checkpoint'}) "
+        f"names {tmp_path / 'before/model.ckpt-5'}, which does not exist (was the directory "
+        "moved?): fix or remove that file, or give a new --logdir")
+
+
+def test_a_chief_refuses_a_checkpoint_already_past_its_planned_updates(tmp_path):
+    # Before: the chief resumed at global_step 10, trained nothing, and the verdict said
+    # "global_step 10 != 4 planned": exit 3 (not synchronous) for what is bad input.
+    from procs import local_cluster
+    from sync_mnist import data, worker
+    from sync_mnist.config import TrainConfig
+
+    servers, spec = local_cluster(1)
+    layout = ClusterLayout(tuple(spec.as_dict()["ps"]), tuple(spec.as_dict()["worker"]))
+
+    def chief(train_steps: int) -> worker.WorkerRun:
+        run = worker.WorkerRun(TaskConfig(role="worker", index=0, cluster=layout, train=TrainConfig(
+            train_steps=train_steps, dataset="synthetic", logdir=tmp_path, timeout=30.0)))
+        run.load_shard(data.make_synthetic(0))
+        return run
+
+    # The chief's own model, at global_step 10, saved as a checkpoint in its --logdir.
+    run = chief(10)
+    run.build_graph()
+    with run.graph.as_default(), tf1.Session(servers[0].target) as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(tf1.assign(tf1.train.get_global_step(), 10))
+        tf1.train.Saver().save(sess, str(tmp_path / "model.ckpt"), global_step=10)
+    chief(10).build_graph()  # 10 planned: nothing past the plan
+    with pytest.raises(ConfigError) as raised:
+        chief(4).build_graph()
+    assert str(raised.value) == (f"--logdir {tmp_path} holds a checkpoint at global_step 10, "
+                                 "past the 4 updates planned (--train-steps or --epochs): give "
+                                 "a new --logdir, or plan at least 10")
+
+
+def _save_model(path, slices: int, hidden=(256, 256)):
+    with tf.Graph().as_default():
+        model.build_logits(tf1.placeholder(tf.float32, [None, 784]), hidden, slices=slices)
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            tf1.train.Saver().save(sess, str(path / "model.ckpt"))
+
+
+@pytest.mark.parametrize("saved_slices, slices", [(1, 3), (3, 1), (2, 3)])
+def test_check_checkpoint_takes_a_sliced_variable_whole(tmp_path, saved_slices, slices):
+    # A checkpoint holds a partitioned variable whole: written with one number of ps, it
+    # passes with another (test_partition.py restores it).
+    _save_model(tmp_path, saved_slices)
+    with tf.Graph().as_default():
+        model.build_logits(tf1.placeholder(tf.float32, [None, 784]), slices=slices)
+        session.check_checkpoint(tmp_path, tf1.global_variables())
+    with tf.Graph().as_default():  # another model is still named, whole
+        model.build_logits(tf1.placeholder(tf.float32, [None, 784]), (128, 256), slices=slices)
+        with pytest.raises(ConfigError) as raised:
+            session.check_checkpoint(tmp_path, tf1.global_variables())
+    assert str(raised.value) == (f"--logdir {tmp_path} holds a checkpoint of a different model: "
+                                 "layer0/weights has shape [784, 256] there, [784, 128] here")
+
+
+# ---------------------------------------------------------------------------- checkpoints
+
+@pytest.mark.parametrize("save_steps, save_secs, every", [(10, None, (None, 10)),
+                                                         (10, 2.5, (2.5, None))])
+def test_chief_saves_every_save_secs_when_given_else_every_save_steps(tmp_path, save_steps,
+                                                                      save_secs, every):
+    server = tf.distribute.Server.create_local_server()
+    with tf.Graph().as_default():
+        tf1.train.get_or_create_global_step()
+        transient = tf1.get_variable("transient", initializer=tf.constant(-1))
+        sess = session.monitored_session(server.target, is_chief=True, hooks=[], config=None,
+                                         timeout=10, checkpoint_dir=str(tmp_path),
+                                         save_steps=save_steps, save_secs=save_secs,
+                                         transient=[transient])
+        with sess:
+            (saver_hook,) = [h.hook for h in sess._hooks  # pylint: disable=protected-access
+                             if isinstance(h.hook, tf1.train.CheckpointSaverHook)]
+            timer = saver_hook._timer  # pylint: disable=protected-access
+            assert (timer._every_secs, timer._every_steps) == every
+    # The checkpoint leaves the transient variable out.
+    names = [name for name, _ in tf.train.list_variables(tf.train.latest_checkpoint(tmp_path))]
+    assert names == ["global_step"]

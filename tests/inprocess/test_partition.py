@@ -1,0 +1,250 @@
+"""K ps share the model: a checkpoint restores with another number of ps, the export is the same
+whatever the number, and --wire-dtype bfloat16 halves the bytes of every push.
+
+In-process clusters (procs.local_cluster), one chief worker each, its graph built by
+worker.build_graph and its session by session.monitored_session, as a task builds them; the
+placement itself is checked without a cluster in test_model.py.
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from procs import local_cluster
+from sync_mnist import data, export, model, session, worker
+from sync_mnist.cluster import ClusterLayout
+from sync_mnist.config import TaskConfig, TrainConfig
+from sync_mnist.experiments.bench_profile import wire_bytes
+
+tf1 = tf.compat.v1
+TIMEOUT_MS = 30_000
+MODEL_BYTES = 1_077_288  # 269,322 float32 parameters
+
+
+class _Chief:
+    """Worker 0 of a 1-worker cluster with `num_ps` ps, whose chief keeps `logdir`."""
+
+    def __init__(self, num_ps: int, logdir=None, wire_dtype: str = "float32"):
+        servers, spec = local_cluster(1, num_ps)
+        hosts = spec.as_dict()
+        layout = ClusterLayout(tuple(hosts["ps"]), tuple(hosts["worker"]))
+        self.config = TaskConfig(role="worker", index=0, cluster=layout, train=TrainConfig(
+            train_steps=100, dataset="synthetic", logdir=logdir, wire_dtype=wire_dtype))
+        dataset = data.make_synthetic(0)
+        self.shard = data.Shard(dataset.train_images, dataset.train_labels, index=0,
+                                num_workers=1, batch_size=100, seed=0)
+        self.graph = tf.Graph()
+        self.status = session.SessionStatus()
+        with self.graph.as_default():
+            tf1.set_random_seed(num_ps)  # another start for each K: only a restore equals them
+            self.g = worker.build_graph(self.config, dataset="synthetic", target=100)
+            self.kept = [v for v in tf1.global_variables()
+                         if all(v is not t for t in self.g.transient)]
+            if logdir:  # as worker.WorkerRun.build_graph checks it
+                session.check_checkpoint(logdir, self.kept)
+            self.sess = session.monitored_session(
+                servers[0].target, is_chief=True, hooks=self.g.training.hooks,
+                config=session.session_config(layout.device_filters("worker", 0)), timeout=30,
+                checkpoint_dir=str(logdir) if logdir else None, save_steps=10**6,
+                transient=self.g.transient, status=self.status)
+        self.options = tf1.RunOptions(timeout_in_ms=TIMEOUT_MS)
+
+    def step(self, options=None, run_metadata=None) -> int:
+        token = int(self.sess.run(self.g.training.train_op, self._feed(),
+                                  options=options or self.options, run_metadata=run_metadata))
+        self.token = token
+        return token
+
+    def _feed(self):
+        x, y = self.shard.batch(getattr(self, "token", 0))
+        return {self.g.images: x, self.g.labels: y}
+
+    def values(self) -> dict[str, np.ndarray]:
+        """Every checkpointed variable, whole: the model, Adam's slots, global_step."""
+        wholes = model.whole_variables(self.kept)
+        read = self.sess.run({name: w.slices for name, w in wholes.items()},
+                             options=self.options)
+        return {name: parts[0] if len(parts) == 1 else np.concatenate(parts)
+                for name, parts in read.items()}
+
+    def export(self, export_dir) -> None:
+        export.write_saved_model(export.read_weights(
+            lambda fetches: self.sess.run(fetches, options=self.options), self.graph),
+            export_dir)
+
+    def close(self) -> None:
+        self.sess.close()  # the chief's CheckpointSaverHook saves at the end
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    """One logdir, three clusters in turn: 1 ps trains 3 updates; 2 ps resume and train 2 more;
+    1 ps resumes again. What each saw, and the SavedModel of the first two at update 3."""
+    tmp = tmp_path_factory.mktemp("resumed")
+    logdir, run = tmp / "logdir", types.SimpleNamespace(exports=tmp)
+    one = _Chief(1, logdir)
+    try:
+        run.first_model = one.status.model
+        run.first_tokens = [one.step() for _ in range(3)]
+        run.one_at_3 = one.values()
+        one.export(tmp / "one_ps")
+    finally:
+        one.close()
+    two = _Chief(2, logdir)
+    try:
+        run.two_model = two.status.model
+        run.two_at_3 = two.values()
+        two.export(tmp / "two_ps")
+        run.two_tokens = [two.step() for _ in range(2)]
+        run.two_at_5 = two.values()
+    finally:
+        two.close()
+    again = _Chief(1, logdir)
+    try:
+        run.again_model = again.status.model
+        run.again_at_5 = again.values()
+        run.again_tokens = [again.step()]
+    finally:
+        again.close()
+    return run
+
+
+def _assert_same(restored: dict, saved: dict) -> None:
+    assert sorted(restored) == sorted(saved)
+    for name, value in saved.items():
+        np.testing.assert_array_equal(restored[name], value, err_msg=name)
+
+
+def test_a_checkpoint_of_one_ps_restores_into_two(resumed):
+    assert (resumed.first_model, resumed.first_tokens) == ("initialised", [1, 2, 3])
+    assert resumed.two_model == "restored"
+    # Each sliced variable restored whole from the unsliced one, slots and all, and trains on.
+    assert {"layer0/weights", "layer0/weights/Adam", "beta1_power", "global_step"} <= set(
+        resumed.one_at_3)
+    _assert_same(resumed.two_at_3, resumed.one_at_3)
+    assert resumed.two_tokens == [4, 5]
+
+
+def test_a_checkpoint_of_two_ps_restores_into_one(resumed):
+    assert resumed.again_model == "restored"
+    _assert_same(resumed.again_at_5, resumed.two_at_5)
+    assert not np.array_equal(resumed.two_at_5["layer0/weights"],
+                              resumed.one_at_3["layer0/weights"])  # it did train in between
+    assert resumed.again_tokens == [6]
+
+
+def test_the_export_is_the_same_whatever_the_number_of_ps(resumed):
+    one, two = resumed.exports / "one_ps", resumed.exports / "two_ps"
+    assert (one / "saved_model.pb").read_bytes() == (two / "saved_model.pb").read_bytes()
+    names = sorted(name for name, _ in tf.train.list_variables(str(one / "variables" /
+                                                                   "variables")))
+    assert names == sorted(export.model_variable_names())  # whole: no part_0, part_1
+    for name in names:
+        values = [tf.train.load_variable(str(d / "variables" / "variables"), name)
+                  for d in (one, two)]
+        np.testing.assert_array_equal(values[0], values[1], err_msg=name)
+        np.testing.assert_array_equal(values[0], resumed.one_at_3[name], err_msg=name)
+
+
+TRACED_STEPS = 6  # wire_bytes takes each tensor's size from any run that recorded it
+
+
+WIRE_DTYPES = ("float32", "bfloat16")
+
+
+@pytest.fixture(scope="module")
+def traced():
+    """{wire dtype: RunMetadata of TRACED_STEPS steps of worker 0 of a 2-ps cluster, each with
+    FULL_TRACE and its partition graphs}, after one untraced step (it registers the graphs)."""
+    runs = {}
+    for wire_dtype in WIRE_DTYPES:
+        chief = _Chief(2, wire_dtype=wire_dtype)
+        try:
+            chief.step()
+            runs[wire_dtype] = []
+            for _ in range(TRACED_STEPS):
+                runs[wire_dtype].append(tf1.RunMetadata())
+                chief.step(tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE,
+                                          output_partition_graphs=True,
+                                          timeout_in_ms=TIMEOUT_MS), runs[wire_dtype][-1])
+        finally:
+            chief.close()
+    return runs
+
+
+def test_bfloat16_halves_the_bytes_of_every_push_and_nothing_else(traced):
+    pushed, pulled = {}, {}
+    for wire_dtype, runs in traced.items():
+        moved = wire_bytes(runs)
+        pushed[wire_dtype] = [moved[("worker 0", f"ps {p}")] for p in range(2)]
+        pulled[wire_dtype] = [moved[(f"ps {p}", "worker 0")] for p in range(2)]
+    # float32: the whole gradient, and a few int64 scalars (the local step the accumulators
+    # judge staleness by, the push's step for the counts); the pull: every weight and the token.
+    assert MODEL_BYTES <= sum(pushed["float32"]) <= MODEL_BYTES + 64, pushed
+    assert MODEL_BYTES <= sum(pulled["float32"]) <= MODEL_BYTES + 64, pulled
+    # bfloat16: exactly half the gradient's bytes fewer; the scalars and the pull as they were.
+    assert sum(pushed["float32"]) - sum(pushed["bfloat16"]) == MODEL_BYTES // 2, pushed
+    assert pulled["bfloat16"] == pulled["float32"], pulled
+    for traffic in (*pushed.values(), *pulled.values()):  # half of it to or from each ps
+        assert abs(traffic[0] - traffic[1]) <= 0.02 * sum(traffic) / 2, (pushed, pulled)
+
+
+def _counts_wait_for_every_gradient(partition_graphs) -> tuple[int, dict]:
+    """(gradient transfers worker -> ps, {count op: those it does not wait for}), followed
+    across the partitions: a _Recv waits for its _Send on the other task."""
+    def task(device):
+        spec = tf.DeviceSpec.from_string(device)
+        return spec.job, spec.task
+
+    nodes, sends = {}, {}
+    for graph in partition_graphs:
+        for n in graph.node:
+            nodes[task(n.device), n.name] = n
+            if n.op == "_Send":
+                sends[n.attr["tensor_name"].s.decode(), task(n.attr["recv_device"].s.decode())] = (
+                    task(n.device), n.name)
+
+    def inputs(key):
+        found = [(key[0], i.lstrip("^").split(":")[0]) for i in nodes[key].input]
+        if nodes[key].op == "_Recv":  # a fed tensor (images, labels) has no _Send
+            found.append(sends.get((nodes[key].attr["tensor_name"].s.decode(), key[0])))
+        return [k for k in found if k in nodes]
+
+    def waits_for(key):
+        seen, todo = set(), [key]
+        while todo:
+            for k in inputs(todo.pop()):
+                if k not in seen:
+                    seen.add(k)
+                    todo.append(k)
+        return seen
+
+    def carries_data(recv):
+        send = nodes[sends[recv[1].attr["tensor_name"].s.decode(), recv[0][0]]]  # from a worker
+        source = nodes.get((task(send.device), send.input[0].lstrip("^").split(":")[0]))
+        return not (source is not None and source.op == "Const" and "/ctrl_" in source.name)
+
+    gradients = [k for k, n in nodes.items() if n.op == "_Recv" and k[0][0] == "ps"
+                 and task(n.attr["send_device"].s.decode())[0] == "worker"
+                 and n.attr["tensor_type"].type in (tf.float32.as_datatype_enum,
+                                                    tf.bfloat16.as_datatype_enum)
+                 and carries_data((k, n))]
+    # The counts: pushed, the who-accumulator's push, last_push (sync.build_train_op).
+    counts = [k for k, n in nodes.items() if n.op in ("ResourceScatterAdd", "ResourceScatterUpdate")
+              or (n.op == "ResourceAccumulatorApplyGradient" and "sync_replicas" not in n.name)]
+    assert len(counts) == 3, counts
+    return len(gradients), {c: [g for g in gradients if g not in waits_for(c)] for c in counts}
+
+
+@pytest.mark.parametrize("wire_dtype", WIRE_DTYPES)
+def test_the_counts_wait_for_the_whole_gradient_to_reach_the_ps(traced, wire_dtype):
+    """What lets a restarted worker trust pushed and last_push: in the partitions TensorFlow
+    ran (after Grappler's rewrites), every count on ps 0 waits for every slice of the
+    gradient to have arrived at its ps. A cast back fused into the copy broke it once."""
+    transfers, missed = _counts_wait_for_every_gradient(traced[wire_dtype][0].partition_graphs)
+    assert transfers == 12  # 6 variables x 2 slices, each crossing once
+    assert missed == {c: [] for c in missed}
