@@ -88,7 +88,7 @@ class TaskResult:
     accuracy_at_target: float | None = None  # its test accuracy
     stop_step: int | None = None  # the update the cluster stopped on (async: the stop's step)
     # False: the ps did not take this worker's done report within --timeout, after the run was
-    # complete and its verdict read (the ps then ends by its own bound); see WorkerRun.report_done.
+    # complete and its verdict read (the ps then ends by its own bound); see WorkerRun.say_done.
     done_reported: bool | None = None
     exit_code: int = config_lib.EXIT_OK
     error: str | None = None
