@@ -13,7 +13,8 @@ import tensorflow as tf
 
 from sync_mnist import membership, model, preflight, report, session, sync
 from sync_mnist import verdict as verdict_lib
-from sync_mnist.cli import _cluster_layout, task_parser, _train_config
+from sync_mnist.cli import cluster_layout, task_parser
+from sync_mnist.options import train_config
 from sync_mnist.cluster import ClusterLayout, free_ports
 from sync_mnist.config import EXIT_FAILED, EXIT_TIMEOUT, EXIT_USAGE, ConfigError, TaskConfig
 from sync_mnist.report import TaskResult
@@ -85,8 +86,8 @@ def test_verdict_with_r_equal_n_stands_on_the_counters_when_a_worker_was_lost_at
 
 def _config(*argv: str) -> TaskConfig:
     args = task_parser().parse_args(["--train-steps", "50", *argv])
-    return TaskConfig(role=args.role, index=args.index, cluster=_cluster_layout(args),
-                      train=_train_config(args))
+    return TaskConfig(role=args.role, index=args.index, cluster=cluster_layout(args),
+                      train=train_config(args))
 
 
 HOSTS3 = ("--ps-hosts", "h:1", "--worker-hosts", "a:1,b:1,c:1")

@@ -31,7 +31,7 @@ from procs import (ENV, ROOT, cluster_ports, interfaces, listening_ports, ns_ino
                    reachable_from_here,
                    read_json, refused_from_here, task_pids)
 from sync_mnist.cluster import free_ports
-from sync_mnist import cli
+from sync_mnist.launcher import cli as launcher_cli
 from sync_mnist.launcher import launch, netns
 
 STEPS = 60  # long enough that the cluster is still up while the test probes it
@@ -234,7 +234,7 @@ def recorded_cluster(monkeypatch):
 @pytest.mark.parametrize("argv, isolate", [([], "auto"), (["--isolate", "off"], "off"),
                                            (["--isolate=on"], "on")])
 def test_isolate_is_the_launchers_own_option(recorded_cluster, argv, isolate):
-    assert cli.launch_main([*argv, "--train-steps", "5"]) == 0
+    assert launcher_cli.main([*argv, "--train-steps", "5"]) == 0
     (kwargs,) = recorded_cluster
     assert kwargs["isolate"] == isolate
     assert kwargs["task_args"] == ["--train-steps", "5"]  # never passed on to the tasks
@@ -242,7 +242,7 @@ def test_isolate_is_the_launchers_own_option(recorded_cluster, argv, isolate):
 
 def test_isolate_rejects_an_unknown_value(recorded_cluster, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        cli.launch_main(["--isolate", "maybe"])
+        launcher_cli.main(["--isolate", "maybe"])
     assert exit_info.value.code == 2
     assert "argument --isolate: invalid choice: 'maybe'" in capsys.readouterr().err
     assert recorded_cluster == []

@@ -1,6 +1,6 @@
 """Where a task learns its place: TF_CONFIG alone (a TFJob pod), or an srun step (Slurm).
 
-Fast tests: `cli.main` runs in-process with `cli._run_task` replaced by a recorder, so each
+Fast tests: `cli.main` runs in-process with `cli.run_task` replaced by a recorder, so each
 case asserts the typed config a task would have run with. The Slurm environment is set as
 TensorFlow's own SlurmClusterResolver test sets it, plus what srun gives every task
 (SLURMD_NODENAME, SLURM_LOCALID), and each rank must resolve to its own task.
@@ -35,7 +35,7 @@ def ran(monkeypatch):
         configs.append(task_config)
         return RAN
 
-    monkeypatch.setattr(cli, "_run_task", run_task)
+    monkeypatch.setattr(cli, "run_task", run_task)
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     sigterm = signal.getsignal(signal.SIGTERM)
@@ -245,6 +245,7 @@ def test_exit_codes_follow_the_tfjob_exitcode_policy():
 def test_a_lost_peer_is_retryable_and_other_tensorflow_errors_are_not():
     import tensorflow as tf
 
+    # cli's own classifier, tested alone: the whole path is the process test below.
     assert cli._peer_lost(tf.errors.UnavailableError(None, None, "Socket closed"))
     assert cli._peer_lost(tf.errors.AbortedError(None, None, "Session handle not found"))
     assert not cli._peer_lost(tf.errors.InvalidArgumentError(None, None, "shape"))
@@ -286,7 +287,7 @@ def test_the_task_process_exits_with_the_code_its_error_maps_to(error, code, tmp
 def test_a_task_starts_tensorflow_without_keras():
     # Keras 3 costs every task about 0.9 s of CPU at start-up and is never used (cli.py); if
     # TensorFlow stops honouring TF_USE_LEGACY_KERAS this way, this fails.
-    probe = ("import sys; from sync_mnist import cli; cli._before_tensorflow(False); "
+    probe = ("import sys; from sync_mnist import options; options.before_tensorflow(False); "
              "import tensorflow as tf; tf.compat.v1.train.AdamOptimizer; "
              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('keras', 'tf_keras')))")
     env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
