@@ -336,13 +336,13 @@ class _Proc:
         self.exit_code: int | None = None
         self.maxrss_kb = 0
         self.final_ticks: int | None = None
-        from sync_mnist.launcher.launch import _child_setup  # no orphans even if we are killed
+        from sync_mnist.launcher.launch import child_setup  # no orphans even if we are killed
 
         me = os.getpid()
         self.popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, text=True, env=env,
                                       start_new_session=True,
-                                      preexec_fn=lambda: _child_setup(entry, me))
+                                      preexec_fn=lambda: child_setup(entry, me))
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
