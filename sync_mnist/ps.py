@@ -59,9 +59,7 @@ def run_ps(config: TaskConfig, *, server=None) -> report.TaskResult:
     result.train_s = time.monotonic() - started
     result.lost = lost or None
     if counters:
-        result.global_step = counters.global_step
-        result.contributions, result.pushed = counters.accepted, counters.pushed
-        result.dropped = counters.unused
+        result.record_counters(counters)
     log.info("all %d workers done%s; global_step=%s contributions=%s; exiting", n,
              f" or lost ({', '.join(f'worker {w}' for w in lost)})" if lost else "",
              counters.global_step if counters else "unread", counters.accepted if counters

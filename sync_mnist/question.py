@@ -108,10 +108,7 @@ def run_question_worker(config: TaskConfig, *, dataset: data.Dataset | None = No
     counters = verdict_lib.Counters.read(side, q.g.state, options=bounded)
     verdict = verdict_lib.verify(counters, mode="sync", target_steps=local_steps,
                                  replicas_to_aggregate=train.aggregate(n))
-    result.global_step = counters.global_step
-    result.contributions, result.pushed = counters.accepted, counters.pushed
-    result.dropped = counters.unused
-    result.solo_updates = counters.solo_updates
+    result.record_counters(counters)
     result.synchronous, result.verdict = verdict.synchronous, verdict.line
     if config.is_chief:
         result.test_accuracy, result.test_loss = evaluate(side, q.g, dataset, bounded)

@@ -93,6 +93,14 @@ class TaskResult:
     exit_code: int = config_lib.EXIT_OK
     error: str | None = None
 
+    def record_counters(self, counters) -> None:
+        """Takes the counters this task read from the ps (a verdict.Counters) into the record:
+        the one place they are copied, for workers, the ps and the question's workers alike."""
+        self.global_step = counters.global_step
+        self.contributions, self.pushed = counters.accepted, counters.pushed
+        self.dropped = counters.unused
+        self.solo_updates, self.repeat_updates = counters.solo_updates, counters.repeat_updates
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

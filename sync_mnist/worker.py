@@ -397,10 +397,7 @@ class WorkerRun:
             counters, mode=train.mode, target_steps=end,
             replicas_to_aggregate=self._aggregate, lost=lost) if train.proof else verdict_lib.Verdict(
             None, None, "not verified: --bench-no-proof left the counters out")
-        result.global_step = counters.global_step
-        result.contributions, result.pushed = counters.accepted, counters.pushed
-        result.dropped = counters.unused
-        result.solo_updates, result.repeat_updates = counters.solo_updates, counters.repeat_updates
+        result.record_counters(counters)
         result.lost = lost
         result.synchronous, result.verdict = self.verdict.synchronous, self.verdict.line
         if config.is_chief:
