@@ -428,12 +428,21 @@ def train_loop(run_step: Callable[[int], int], *, start_step: int, planned: int,
     # worker, and a worker takes only one. The batch follows the token too, so a worker trains
     # on the same batch for the same update however often it was restarted.
     local, token = 0, start_step
-    while (token < target) if stop_on_token else (local < planned):
+    while not ran_the_plan(local=local, token=token, planned=planned, target=target,
+                           stop_on_token=stop_on_token):
         token = run_step(token if stop_on_token else start_step + local)
         local += 1
         if stopped is not None and stopped(token):
             break
     return local
+
+
+def ran_the_plan(*, local: int, token: int, planned: int, target: int,
+                 stop_on_token: bool) -> bool:
+    """Whether a worker has run its planned length (train_loop's arguments): its token reached
+    `target` (sync mode), or it ran `planned` local steps (async mode). An earlier stop is the
+    target accuracy's (early_stop.should_stop)."""
+    return token >= target if stop_on_token else local >= planned
 
 
 def rejoin_needed(*, last_push: int, global_step: int, tokens_waiting: int) -> bool:

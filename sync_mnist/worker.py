@@ -351,8 +351,9 @@ class WorkerRun:
                          stopped_early: bool) -> None:
         """Says whether the target accuracy stopped training early, and records the steps."""
         train = self.train_config
-        if stopped_early and (
-                local < self.planned if train.mode == "async" else last_token < self.target):
+        if stopped_early and not sync.ran_the_plan(local=local, token=last_token,
+                                                   planned=self.planned, target=self.target,
+                                                   stop_on_token=train.mode == "sync"):
             log.info("stopped after %d local steps, at global_step %d: the chief's evaluation "
                      "reached the target accuracy (planned: %s)", local, last_token,
                      f"{self.planned} local steps" if train.mode == "async"
