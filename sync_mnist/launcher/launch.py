@@ -80,14 +80,9 @@ class _Task:
         # A record left by the process before must not pass for this one's.
         self.summary.unlink(missing_ok=True)
         self.spawned = time.monotonic()
-        self.proc = subprocess.Popen(
-            self._argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, env={**TASK_ENV, **os.environ},
-            start_new_session=True,  # its own process group, so stopping it stops its children
-            preexec_fn=lambda: child_setup(namespace, launcher), text=True, bufsize=1)
+        self.proc, self.reader = spawn(self._argv, {**TASK_ENV, **os.environ}, namespace,
+                                       launcher, self._forward)
         self.pids.append(self.proc.pid)
-        self.reader = threading.Thread(target=self._forward, daemon=True)
-        self.reader.start()
         log.info("started %s (pid %d)", self.tag, self.proc.pid)
 
     def restart(self) -> None:
@@ -106,15 +101,13 @@ class _Task:
                       KILL_GRACE_SECS)
         self.poll()
 
-    def _forward(self) -> None:
-        for line in self.proc.stdout:
-            line = line.rstrip("\n")
-            if report.WAITING_FOR_CHIEF in line:
-                self.waiting_for_chief.set()
-            line = line if f"[{self.tag}]" in line else f"[{self.tag}] {line}"
-            if progress.parse(line):
-                self.progressed = time.monotonic()
-            self._output(line)
+    def _forward(self, line: str) -> None:
+        if report.WAITING_FOR_CHIEF in line:
+            self.waiting_for_chief.set()
+        line = line if f"[{self.tag}]" in line else f"[{self.tag}] {line}"
+        if progress.parse(line):
+            self.progressed = time.monotonic()
+        self._output(line)
 
     def poll(self) -> int | None:
         code = self.proc.poll()
@@ -152,6 +145,28 @@ class _Task:
         if self.overdue:
             result.blocked, result.error = True, self.overdue
         return result
+
+
+def spawn(argv: list[str], env: dict, entry, launcher: int, on_line
+          ) -> tuple[subprocess.Popen, threading.Thread]:
+    """Starts a child (the launcher's tasks, the bench's) and the thread that reads its output.
+
+    The child has a process group of its own, so stopping it stops its children, and dies with
+    `launcher` (child_setup, which also enters `entry`, a namespace or None). Each line of its
+    stdout and stderr, without its newline, goes to on_line(line) as it comes.
+    """
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                            preexec_fn=lambda: child_setup(entry, launcher), text=True,
+                            bufsize=1)
+
+    def read() -> None:
+        for line in proc.stdout:
+            on_line(line.rstrip("\n"))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return proc, reader
 
 
 def child_setup(namespace: netns.PrivateNamespace | None, launcher: int) -> None:
