@@ -46,6 +46,16 @@ def build_model(images: tf.Tensor, labels: tf.Tensor,
     return ModelOutputs(logits, loss, accuracy)
 
 
+def variable_shapes(hidden_units: tuple[int, ...] = HIDDEN_UNITS) -> list[list[int]]:
+    """The shapes of build_logits' variables, whole, in the order it makes them: each layer's
+    weights, then its biases (for experiments that stand in for the model's bytes)."""
+    sizes = (IMAGE_PIXELS, *hidden_units, NUM_CLASSES)
+    shapes = []
+    for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+        shapes += [[fan_in, fan_out], [fan_out]]
+    return shapes
+
+
 def build_logits(images: tf.Tensor, hidden_units: tuple[int, ...] = HIDDEN_UNITS, *,
                  slices: int = 1) -> tf.Tensor:
     """The MLP alone, for training and for the exported inference graph (export.py).

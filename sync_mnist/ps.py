@@ -43,87 +43,119 @@ def run_ps(config: TaskConfig, *, server=None) -> report.TaskResult:
     graph = tf.Graph()
     with graph.as_default():
         shared = protocol.build_shared(config)
-        state, members, done_queues = shared.state, shared.members, shared.done_queues
         # Sync: a dequeue cut short by RunOptions' timeout can take an entry and lose it with
         # the cancelled step (tests/test_ps.py shows it), so the ps never waits inside a dequeue:
         # it is the queue's only reader, and takes what size() says is there.
-        waiting = done_queues[config.index].size()
-        take_done = done_queues[config.index].dequeue()
-    poll = tf1.RunOptions(timeout_in_ms=int(POLL_SECS * 1000))
-    bounded = tf1.RunOptions(timeout_in_ms=int(timeout * 1000))
+        waiting = shared.done_queues[config.index].size()
+        take_done = shared.done_queues[config.index].dequeue()
     log.info("serving %s; waiting for %d workers to report done (timeout %g s without progress)",
              config.cluster.address("ps", config.index), n, timeout)
-    done: set[int] = set()
-    lost: list[int] = []
-    checked = False
-    counters = None
-    last_step, last_progress = None, time.monotonic()
     with session.closed_bounded(tf1.Session(server.target, graph=graph,
                                             config=session.session_config(["/job:ps"]))) as sess:
-        # Sync: the first run creates the session, which waits without end for every ps; a
-        # sibling may still be starting, so allow it the start-up a worker allows the chief.
-        first_wait = START_SECS + timeout
-        others = [a for p, a in enumerate(config.cluster.ps_hosts) if p != config.index]
-        session.bounded_call(
-            lambda: _entries_waiting(sess, waiting, poll), first_wait,
-            f"ps {config.index}: waited {first_wait:g} s for the other ps "
-            f"({', '.join(others) or 'none'}) to answer")
-        # Sync: a worker the chief declared lost will never report done; do not wait for it.
-        while len(done | set(lost)) < n:
-            if _entries_waiting(sess, waiting, poll):
-                # Its entry is there and the ps is its only reader: this cannot wait, and no
-                # short bound may cut it off (and lose the entry) while it registers its graph.
-                worker = int(sess.run(take_done, options=bounded))
-                done.add(worker)
-                last_progress = time.monotonic()
-                log.info("worker %d reported done (%d of %d)", worker, len(done), n)
-                if counters is None:
-                    # Sync: a worker reports done only after the finish barrier, so the
-                    # counters are final now; read them while every ps is sure to be up (with
-                    # several ps, another may exit as soon as it has its last entry).
-                    counters = _final_counters(sess, state, poll)
-                continue
-            time.sleep(session.READY_POLL_SECS)
-            # One read of ps 0 a poll, whichever ps this is (it costs ps 0 a run per poll).
-            reading = _read_shared(sess, state, members, with_published=not checked)
-            step = reading.global_step if reading else None
-            if reading and reading.published is not None:
-                # Sync: the chief has published its settings with the model: compare ours.
-                membership.check_agreement(membership.settings(config), reading.published,
-                                           me=config.name, restarted_chief=False)
-                checked = True
-            if reading:
-                lost = [w for w, mark in enumerate(reading.finished) if mark == membership.LOST]
-            if step != last_step:
-                last_step, last_progress = step, time.monotonic()
-            idle = time.monotonic() - last_progress
-            # Before the chief has initialised anything, allow for the workers' start-up too
-            # (they import TensorFlow and load data, possibly on hosts started later). Once
-            # training runs, wait a little longer than the workers' own --timeout, so that they,
-            # who know more, speak first, and a worker restarted within --timeout finds its ps.
-            if idle > timeout + (START_SECS if step is None else config.train.restart_grace):
-                seen = "no worker has initialised the model" if step is None else (
-                    f"global_step stuck at {step}")
-                if reading and len(done | set(lost)) == 0:
-                    seen += "; missing: " + membership.missing(reading.last_push, step,
-                                                               config.cluster)
-                raise TaskTimeout(
-                    f"ps {config.index}: no progress for {idle:.0f} s ({seen}; workers done: "
-                    f"{sorted(done) or 'none'} of {n}"
-                    f"{'; lost: ' + str(lost) if lost else ''})")
-        if counters is None:  # every worker was lost
-            counters = _final_counters(sess, state, poll)
+        watch = _Watch(config, sess, shared, waiting, take_done)
+        watch.wait_for_the_other_ps()
+        watch.until_every_worker_is_done()
+    lost, counters = watch.lost, watch.counters
     result.train_s = time.monotonic() - started
     result.lost = lost or None
     if counters:
-        result.global_step = counters.global_step
-        result.contributions, result.pushed = counters.accepted, counters.pushed
-        result.dropped = counters.unused
+        result.record_counters(counters)
     log.info("all %d workers done%s; global_step=%s contributions=%s; exiting", n,
              f" or lost ({', '.join(f'worker {w}' for w in lost)})" if lost else "",
              counters.global_step if counters else "unread", counters.accepted if counters
              else "unread (another ps had already exited)")
     return result
+
+
+class _Watch:
+    """The ps's wait for the done entries, as its jobs: drain the done entries, read the final
+    counters, check the chief's settings, follow the lost marks, and the no-progress watchdog."""
+
+    def __init__(self, config: TaskConfig, sess, shared: protocol.Shared, waiting, take_done):
+        self.config, self.sess, self.shared = config, sess, shared
+        self.waiting, self.take_done = waiting, take_done
+        self.poll = tf1.RunOptions(timeout_in_ms=int(POLL_SECS * 1000))
+        self.bounded = tf1.RunOptions(timeout_in_ms=int(config.train.timeout * 1000))
+        self.done: set[int] = set()
+        self.lost: list[int] = []
+        self.checked = False  # whether the chief's settings have been compared with ours
+        self.counters: verdict_lib.Counters | None = None
+        self.last_step, self.last_progress = None, time.monotonic()
+
+    def wait_for_the_other_ps(self) -> None:
+        # Sync: the first run creates the session, which waits without end for every ps; a
+        # sibling may still be starting, so allow it the start-up a worker allows the chief.
+        config = self.config
+        first_wait = START_SECS + config.train.timeout
+        others = [a for p, a in enumerate(config.cluster.ps_hosts) if p != config.index]
+        session.bounded_call(
+            lambda: _entries_waiting(self.sess, self.waiting, self.poll), first_wait,
+            f"ps {config.index}: waited {first_wait:g} s for the other ps "
+            f"({', '.join(others) or 'none'}) to answer")
+
+    def until_every_worker_is_done(self) -> None:
+        """Returns once every worker has reported done or been declared lost."""
+        # Sync: a worker the chief declared lost will never report done; do not wait for it.
+        while len(self.done | set(self.lost)) < self.config.cluster.num_workers:
+            if _entries_waiting(self.sess, self.waiting, self.poll):
+                self._take_done_entry()
+                continue
+            time.sleep(session.READY_POLL_SECS)
+            # One read of ps 0 a poll, whichever ps this is (it costs ps 0 a run per poll).
+            reading = _read_shared(self.sess, self.shared.state, self.shared.members,
+                                   with_published=not self.checked)
+            self._check_the_chiefs_settings(reading)
+            if reading:
+                self.lost = [w for w, mark in enumerate(reading.finished)
+                             if mark == membership.LOST]
+            self._watchdog(reading)
+        if self.counters is None:  # every worker was lost
+            self.counters = _final_counters(self.sess, self.shared.state, self.poll)
+
+    def _take_done_entry(self) -> None:
+        # Its entry is there and the ps is its only reader: this cannot wait, and no short
+        # bound may cut it off (and lose the entry) while it registers its graph.
+        worker = int(self.sess.run(self.take_done, options=self.bounded))
+        self.done.add(worker)
+        self.last_progress = time.monotonic()
+        log.info("worker %d reported done (%d of %d)", worker, len(self.done),
+                 self.config.cluster.num_workers)
+        if self.counters is None:
+            # Sync: a worker reports done only after the finish barrier, so the counters are
+            # final now; read them while every ps is sure to be up (with several ps, another
+            # may exit as soon as it has its last entry).
+            self.counters = _final_counters(self.sess, self.shared.state, self.poll)
+
+    def _check_the_chiefs_settings(self, reading: _Reading | None) -> None:
+        if reading and reading.published is not None:
+            # Sync: the chief has published its settings with the model: compare ours.
+            membership.check_agreement(membership.settings(self.config), reading.published,
+                                       me=self.config.name, restarted_chief=False)
+            self.checked = True
+
+    def _watchdog(self, reading: _Reading | None) -> None:
+        """Raises TaskTimeout when global_step has not moved, and no worker reported done, for
+        too long."""
+        config, done, lost = self.config, self.done, self.lost
+        step = reading.global_step if reading else None
+        if step != self.last_step:
+            self.last_step, self.last_progress = step, time.monotonic()
+        idle = time.monotonic() - self.last_progress
+        # Before the chief has initialised anything, allow for the workers' start-up too
+        # (they import TensorFlow and load data, possibly on hosts started later). Once
+        # training runs, wait a little longer than the workers' own --timeout, so that they,
+        # who know more, speak first, and a worker restarted within --timeout finds its ps.
+        if idle > config.train.timeout + (
+                START_SECS if step is None else config.train.restart_grace):
+            seen = "no worker has initialised the model" if step is None else (
+                f"global_step stuck at {step}")
+            if reading and len(done | set(lost)) == 0:
+                seen += "; missing: " + membership.missing(reading.last_push, step,
+                                                           config.cluster)
+            raise TaskTimeout(
+                f"ps {config.index}: no progress for {idle:.0f} s ({seen}; workers done: "
+                f"{sorted(done) or 'none'} of {config.cluster.num_workers}"
+                f"{'; lost: ' + str(lost) if lost else ''})")
 
 
 def _final_counters(sess, state: sync.SharedState, options) -> verdict_lib.Counters | None:

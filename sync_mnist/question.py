@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -91,10 +92,49 @@ def run_question_worker(config: TaskConfig, *, dataset: data.Dataset | None = No
                                       start=True)
     # The question's stop rule: every worker runs its own epochs, whatever the others do.
     dataset, shard, local_steps = load_shard(config, dataset)
+    q = _supervised_graph(config, dataset.name, local_steps)
+    result = report.TaskResult(role="worker", index=i, mode=train.mode, target_steps=local_steps,
+                               replicas_to_aggregate=train.aggregate(n), dataset=dataset.name,
+                               dataset_description=dataset.description)
+    tf_config = session.session_config(config.cluster.device_filters("worker", i))
+    sess = _prepare_or_wait(config, server, q, tf_config, result, started, dataset.name,
+                            local_steps)
+    side = tf1.Session(server.target, graph=q.graph, config=tf_config)
+    # Not in the question: with --logdir the chief writes the counters as summaries, as in the
+    # fixed setup, so that `sync-mnist plot` and TensorBoard can show the run (no checkpoints).
+    writer = tf1.summary.FileWriter(str(train.logdir)) \
+        if train.logdir and config.is_chief else None
+    _train_own_epochs(config, sess, side, q.g, shard, local_steps, writer, bounded, result)
+    counters = verdict_lib.Counters.read(side, q.g.state, options=bounded)
+    verdict = verdict_lib.verify(counters, mode="sync", target_steps=local_steps,
+                                 replicas_to_aggregate=train.aggregate(n))
+    result.record_counters(counters)
+    result.synchronous, result.verdict = verdict.synchronous, verdict.line
+    if config.is_chief:
+        result.test_accuracy, result.test_loss = evaluate(side, q.g, dataset, bounded)
+    if writer:
+        write_summaries(writer, counters, test_accuracy=result.test_accuracy)
+        writer.close()
+    side.close()
+    q.supervisor.request_stop()
+    log.info("verdict: %s", verdict.line)
+    return result
+
+
+class _Supervised(NamedTuple):
+    graph: tf.Graph
+    g: object  # worker._Graph
+    supervisor: tf1.train.Supervisor
+    chief_queue_runner: tf1.train.QueueRunner
+    init_tokens: tf.Operation
+
+
+def _supervised_graph(config: TaskConfig, dataset: str, local_steps: int) -> _Supervised:
+    """The fixed setup's graph with the stock R tokens, under the question's Supervisor."""
     graph = tf.Graph()
     with graph.as_default():
-        tf1.set_random_seed(train.seed)
-        g = build_graph(config, num_tokens=-1, dataset=dataset.name, target=local_steps)
+        tf1.set_random_seed(config.train.seed)
+        g = build_graph(config, num_tokens=-1, dataset=dataset, target=local_steps)
         optimizer = g.training.optimizer
         chief_queue_runner = optimizer.get_chief_queue_runner()
         init_tokens = optimizer.get_init_tokens_op()  # the default: R tokens, anyone's to take
@@ -105,35 +145,40 @@ def run_question_worker(config: TaskConfig, *, dataset: data.Dataset | None = No
             ready_for_local_init_op=optimizer.ready_for_local_init_op,
             global_step=g.state.global_step, summary_op=None, saver=None,
             stop_grace_secs=STOP_GRACE_SECS)  # recovery_wait_secs: the default, 30 s
-    result = report.TaskResult(role="worker", index=i, mode=train.mode, target_steps=local_steps,
-                               replicas_to_aggregate=train.aggregate(n), dataset=dataset.name,
-                               dataset_description=dataset.description)
-    tf_config = session.session_config(config.cluster.device_filters("worker", i))
+    return _Supervised(graph, g, supervisor, chief_queue_runner, init_tokens)
+
+
+def _prepare_or_wait(config: TaskConfig, server, q: _Supervised, tf_config,
+                     result: report.TaskResult, started: float, dataset: str,
+                     local_steps: int):
+    """Supervisor's session; the chief then preloads the tokens and starts its queue runner."""
     if not config.is_chief:
         log.info("%s (Supervisor's default poll: every 30 s)", report.WAITING_FOR_CHIEF)
     # Bounded so nothing hangs: one 30 s poll plus --timeout (unbounded in the question).
     waiting_since = time.monotonic()
-    sess = supervisor.prepare_or_wait_for_session(server.target, config=tf_config,
-                                                  max_wait_secs=30 + train.timeout)
+    sess = q.supervisor.prepare_or_wait_for_session(server.target, config=tf_config,
+                                                    max_wait_secs=30 + config.train.timeout)
     result.ready_at = time.time()
     if not config.is_chief:
         result.chief_wait_s = time.monotonic() - waiting_since
     result.startup_s = time.monotonic() - started
     log.info("ready after %.2f s (global_step %d); %d local steps, stopping on my own count",
-             result.startup_s, sess.run(g.state.global_step), local_steps)
+             result.startup_s, sess.run(q.g.state.global_step), local_steps)
     # Not in the question: the same start-up check as the fixed setup, so that a task started
     # with other settings than the chief's says so instead of joining.
-    membership.check_agreement(membership.settings(config, dataset.name),
-                               sess.run(g.members.published), me=config.name,
+    membership.check_agreement(membership.settings(config, dataset),
+                               sess.run(q.g.members.published), me=config.name,
                                restarted_chief=False)
     if config.is_chief:
-        sess.run(init_tokens)
-        supervisor.start_queue_runners(sess, [chief_queue_runner])
-    side = tf1.Session(server.target, graph=graph, config=tf_config)
-    # Not in the question: with --logdir the chief writes the counters as summaries, as in the
-    # fixed setup, so that `sync-mnist plot` and TensorBoard can show the run (no checkpoints).
-    writer = tf1.summary.FileWriter(str(train.logdir)) \
-        if train.logdir and config.is_chief else None
+        sess.run(q.init_tokens)
+        q.supervisor.start_queue_runners(sess, [q.chief_queue_runner])
+    return sess
+
+
+def _train_own_epochs(config: TaskConfig, sess, side, g, shard: data.Shard, local_steps: int,
+                      writer, bounded, result: report.TaskResult) -> None:
+    """The question's loop: local_steps steps, whatever the others do (bounded per step)."""
+    train, i = config.train, config.index
     progress = Progress(config, side, g.state, writer, local_steps)
     train_started = time.monotonic()
     local = 0
@@ -155,20 +200,3 @@ def run_question_worker(config: TaskConfig, *, dataset: data.Dataset | None = No
     result.local_steps = local
     result.train_s = time.monotonic() - train_started
     result.examples_per_sec = train.batch_size * local / max(result.train_s, 1e-9)
-    counters = verdict_lib.Counters.read(side, g.state, options=bounded)
-    verdict = verdict_lib.verify(counters, mode="sync", target_steps=local_steps,
-                          replicas_to_aggregate=train.aggregate(n))
-    result.global_step = counters.global_step
-    result.contributions, result.pushed = counters.accepted, counters.pushed
-    result.dropped = counters.unused
-    result.solo_updates = counters.solo_updates
-    result.synchronous, result.verdict = verdict.synchronous, verdict.line
-    if config.is_chief:
-        result.test_accuracy, result.test_loss = evaluate(side, g, dataset, bounded)
-    if writer:
-        write_summaries(writer, counters, test_accuracy=result.test_accuracy)
-        writer.close()
-    side.close()
-    supervisor.request_stop()
-    log.info("verdict: %s", verdict.line)
-    return result

@@ -88,10 +88,18 @@ class TaskResult:
     accuracy_at_target: float | None = None  # its test accuracy
     stop_step: int | None = None  # the update the cluster stopped on (async: the stop's step)
     # False: the ps did not take this worker's done report within --timeout, after the run was
-    # complete and its verdict read (the ps then ends by its own bound); see WorkerRun.report_done.
+    # complete and its verdict read (the ps then ends by its own bound); see WorkerRun.say_done.
     done_reported: bool | None = None
     exit_code: int = config_lib.EXIT_OK
     error: str | None = None
+
+    def record_counters(self, counters) -> None:
+        """Takes the counters this task read from the ps (a verdict.Counters) into the record:
+        the one place they are copied, for workers, the ps and the question's workers alike."""
+        self.global_step = counters.global_step
+        self.contributions, self.pushed = counters.accepted, counters.pushed
+        self.dropped = counters.unused
+        self.solo_updates, self.repeat_updates = counters.solo_updates, counters.repeat_updates
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -103,17 +103,53 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
     """
     grads_and_vars = optimizer.compute_gradients(loss)
     if mode == "async":
-        if wire_dtype != "float32":
-            grads_and_vars = [(None if g is None else restored(to_ps(g, v.device, wire_dtype)),
-                               v) for g, v in grads_and_vars]
-        one = tf.ones([1], tf.int64)
-        with tf.control_dependencies([tf1.scatter_add(state.pushed, [worker_index], one)]):
-            apply = optimizer.apply_gradients(grads_and_vars, state.global_step)
-        with tf.control_dependencies([apply]):
-            count = tf1.scatter_add(state.accepted, [worker_index], one)
-        with tf.control_dependencies([count]):
-            return SyncTraining(tf.identity(state.global_step.read_value()), [], optimizer)
+        return _async_train_op(grads_and_vars, state, optimizer, worker_index, wire_dtype)
+    who, local_step = _who_and_local_step(state, num_workers, proof)
+    grads_and_vars = _copy_count_push(grads_and_vars, state, who, local_step,
+                                      worker_index=worker_index, num_workers=num_workers,
+                                      last_push=last_push, wire_dtype=wire_dtype)
+    # Sync: with R = N and no preloaded tokens, every worker has a token queue of its own,
+    # filled by each update, so a worker can only ever take its own token (owned_tokens).
+    owned = replicas_to_aggregate == num_workers and num_tokens == 0
+    own_queues = _own_token_queues(state, num_workers) if owned else None
+    update = _Update(optimizer, state, who, replicas_to_aggregate, after_update, own_queues)
+    sync_optimizer = tf1.train.SyncReplicasOptimizer(
+        update, replicas_to_aggregate=replicas_to_aggregate, total_num_replicas=num_workers)
+    with tf1.variable_creator_scope(_local_step_by_reference):
+        stock_train_op = sync_optimizer.apply_gradients(grads_and_vars,
+                                                        global_step=state.global_step)
+    _copy_the_local_step_at_init(sync_optimizer, local_step, who, state)
+    token, queue = _token(sync_optimizer, stock_train_op, state,
+                          own_queues[worker_index] if owned else None)
+    train_op = tf1.assign(local_step, token)
+    # Sync: num_tokens=0 is the fix for the question's asynchrony. The default preloads R
+    # tokens that any worker may take, so one fast worker can supply every gradient of an
+    # update. With no preloaded tokens, a worker gets its next token only from the update its
+    # last gradient joined, so with R = N each update holds exactly one gradient per worker.
+    hook = sync_optimizer.make_session_run_hook(is_chief, num_tokens=num_tokens)
+    _chief_queue_runner_that_never_closes(sync_optimizer, update.update_op if owned else None)
+    rejoin, tokens_waiting, reading = _rejoin_ops(sync_optimizer, queue, state, local_step,
+                                                  last_push)
+    return SyncTraining(train_op, [hook], sync_optimizer, rejoin, tokens_waiting, reading)
 
+
+def _async_train_op(grads_and_vars, state: SharedState, optimizer: tf1.train.Optimizer,
+                    worker_index: int, wire_dtype: str) -> SyncTraining:
+    """--mode async: the plain optimizer, every push an update of its own, counted alike."""
+    if wire_dtype != "float32":
+        grads_and_vars = [(None if g is None else restored(to_ps(g, v.device, wire_dtype)),
+                           v) for g, v in grads_and_vars]
+    one = tf.ones([1], tf.int64)
+    with tf.control_dependencies([tf1.scatter_add(state.pushed, [worker_index], one)]):
+        apply = optimizer.apply_gradients(grads_and_vars, state.global_step)
+    with tf.control_dependencies([apply]):
+        count = tf1.scatter_add(state.accepted, [worker_index], one)
+    with tf.control_dependencies([count]):
+        return SyncTraining(tf.identity(state.global_step.read_value()), [], optimizer)
+
+
+def _who_and_local_step(state: SharedState, num_workers: int, proof: bool):
+    """The who-accumulator (None without the proof) and this worker's private local step."""
     # Sync: who contributed. A summing accumulator beside the gradient accumulators, and this
     # worker's copy of the optimizer's local step, so both are judged stale or fresh alike.
     # (Benchmark only, proof=False: no counters and no who-accumulator. The copies to the ps
@@ -128,6 +164,13 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
     with tf1.colocate_with(tf.no_op(name="local_anchor")):
         local_step = tf1.get_local_variable("sync_counters/local_step", shape=[],
                                             dtype=tf.int64, initializer=tf1.zeros_initializer())
+    return who, local_step
+
+
+def _copy_count_push(grads_and_vars, state: SharedState, who, local_step: tf.Variable, *,
+                     worker_index: int, num_workers: int, last_push: tf.Variable | None,
+                     wire_dtype: str) -> list:
+    """The gradients to push, each on its variable's ps, after this push is counted there."""
     # Sync: copy each gradient to its variable's ps before anything is counted or pushed. The
     # counts and pushes then wait for the whole gradient to be there, and run on the ps alone:
     # a worker killed mid-step has (with one ps) pushed and counted all of it or none of it,
@@ -144,32 +187,31 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
     # once the gradient has arrived.
     with tf1.device(state.global_step.device), \
             tf.control_dependencies([g for g, _ in arrived if g is not None]):
-        counted = [] if not proof else [
+        counted = [] if who is None else [
             tf1.scatter_add(state.pushed, [worker_index], tf.ones([1], tf.int64)),
             who.apply_grad(tf.one_hot(worker_index, num_workers), local_step=pushed_step)]
         if last_push is not None:
             counted.append(tf1.scatter_update(last_push, [worker_index],
                                               tf.reshape(pushed_step, [1])))
     with tf.control_dependencies(counted):  # Sync: count first, then push the gradients
-        grads_and_vars = []
+        pushed = []
         for g, v in arrived:
             with tf1.device(v.device):
-                grads_and_vars.append((None if g is None else restored(g), v))
+                pushed.append((None if g is None else restored(g), v))
+    return pushed
 
-    # Sync: with R = N and no preloaded tokens, every worker has a token queue of its own,
-    # filled by each update, so a worker can only ever take its own token (owned_tokens).
-    owned = replicas_to_aggregate == num_workers and num_tokens == 0
+
+def _own_token_queues(state: SharedState, num_workers: int) -> list:
+    """One token queue per worker, beside global_step (owned tokens)."""
     with tf1.device(state.global_step.device):
-        own_queues = [tf1.FIFOQueue(-1, tf.int64, shapes=[()], name=f"sync_token_q_worker_{w}",
-                                    shared_name=f"sync_token_q_worker_{w}")
-                      for w in range(num_workers)] if owned else None
-    update = _Update(optimizer, state, who if proof else None, replicas_to_aggregate,
-                     after_update, own_queues)
-    sync_optimizer = tf1.train.SyncReplicasOptimizer(
-        update, replicas_to_aggregate=replicas_to_aggregate, total_num_replicas=num_workers)
-    with tf1.variable_creator_scope(_local_step_by_reference):
-        stock_train_op = sync_optimizer.apply_gradients(grads_and_vars,
-                                                        global_step=state.global_step)
+        return [tf1.FIFOQueue(-1, tf.int64, shapes=[()], name=f"sync_token_q_worker_{w}",
+                              shared_name=f"sync_token_q_worker_{w}")
+                for w in range(num_workers)]
+
+
+def _copy_the_local_step_at_init(sync_optimizer, local_step: tf.Variable, who,
+                                 state: SharedState) -> None:
+    """Patches the optimizer's init ops to set our local step (and the who-accumulator's)."""
     # Sync: keep our copy of the local step equal to the optimizer's: set from the value its
     # init op assigns, and from every token. (Both init ops are public attributes the session
     # hook reads in begin(), so replacing them here is enough.)
@@ -177,24 +219,28 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
     sync_optimizer.local_step_init_op = copy_init
     sync_optimizer.chief_init_op = tf.group(
         sync_optimizer.chief_init_op, copy_init,
-        *([who.set_global_step(state.global_step)] if proof else []))
+        *([] if who is None else [who.set_global_step(state.global_step)]))
+
+
+def _optimizer_local_step(sync_optimizer) -> tf.Variable:
     # The optimizer has no public handle on its token queue or local step.
-    opt_local_step = sync_optimizer._local_step  # pylint: disable=protected-access
-    if owned:
-        pushes = _pushes_before_the_token(stock_train_op)
-        with tf1.device(state.global_step.device), tf.control_dependencies(pushes):
-            mine = own_queues[worker_index].dequeue()
-        token = tf1.assign(opt_local_step, mine)
-        queue = own_queues[worker_index]
-    else:
-        token, queue = stock_train_op, sync_optimizer._sync_token_queue  # pylint: disable=W0212
-    train_op = tf1.assign(local_step, token)
-    # Sync: num_tokens=0 is the fix for the question's asynchrony. The default preloads R
-    # tokens that any worker may take, so one fast worker can supply every gradient of an
-    # update. With no preloaded tokens, a worker gets its next token only from the update its
-    # last gradient joined, so with R = N each update holds exactly one gradient per worker.
-    hook = sync_optimizer.make_session_run_hook(is_chief, num_tokens=num_tokens)
-    _chief_queue_runner_that_never_closes(sync_optimizer, update.update_op if owned else None)
+    return sync_optimizer._local_step  # pylint: disable=protected-access
+
+
+def _token(sync_optimizer, stock_train_op: tf.Tensor, state: SharedState, own_queue):
+    """The token this worker's step takes, and the queue it takes it from: its own queue
+    (owned tokens), else the optimizer's shared one."""
+    if own_queue is None:
+        return stock_train_op, sync_optimizer._sync_token_queue  # pylint: disable=W0212
+    pushes = _pushes_before_the_token(stock_train_op)
+    with tf1.device(state.global_step.device), tf.control_dependencies(pushes):
+        mine = own_queue.dequeue()
+    return tf1.assign(_optimizer_local_step(sync_optimizer), mine), own_queue
+
+
+def _rejoin_ops(sync_optimizer, queue, state: SharedState, local_step: tf.Variable,
+                last_push: tf.Variable | None):
+    """(rejoin, tokens_waiting, rejoin_reading) for SyncTraining."""
     # Sync: a worker restarted into a running cluster may find the token its predecessor never
     # took, or its predecessor's gradient waiting in the accumulators; it then takes a token
     # without pushing again (see rejoin_needed).
@@ -206,11 +252,9 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
             [] if last_push is None else [last_push.read_value()])
         with tf.control_dependencies(seen):
             waiting_after = queue.size()
-    with tf.control_dependencies([tf1.assign(opt_local_step, taken)]):
+    with tf.control_dependencies([tf1.assign(_optimizer_local_step(sync_optimizer), taken)]):
         rejoin = tf1.assign(local_step, taken)
-    return SyncTraining(train_op, [hook], sync_optimizer, rejoin, queue.size(),
-                        (*seen, waiting_after) if last_push is not None else None)
-
+    return rejoin, queue.size(), (*seen, waiting_after) if last_push is not None else None
 
 def _pushes_before_the_token(stock_train_op: tf.Tensor) -> list[tf.Operation]:
     """This worker's gradient pushes, from the train op SyncReplicasOptimizer built.
@@ -384,12 +428,21 @@ def train_loop(run_step: Callable[[int], int], *, start_step: int, planned: int,
     # worker, and a worker takes only one. The batch follows the token too, so a worker trains
     # on the same batch for the same update however often it was restarted.
     local, token = 0, start_step
-    while (token < target) if stop_on_token else (local < planned):
+    while not ran_the_plan(local=local, token=token, planned=planned, target=target,
+                           stop_on_token=stop_on_token):
         token = run_step(token if stop_on_token else start_step + local)
         local += 1
         if stopped is not None and stopped(token):
             break
     return local
+
+
+def ran_the_plan(*, local: int, token: int, planned: int, target: int,
+                 stop_on_token: bool) -> bool:
+    """Whether a worker has run its planned length (train_loop's arguments): its token reached
+    `target` (sync mode), or it ran `planned` local steps (async mode). An earlier stop is the
+    target accuracy's (early_stop.should_stop)."""
+    return token >= target if stop_on_token else local >= planned
 
 
 def rejoin_needed(*, last_push: int, global_step: int, tokens_waiting: int) -> bool:

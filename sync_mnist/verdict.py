@@ -62,7 +62,15 @@ def verify(counters: Counters, *, mode: str, target_steps: int, replicas_to_aggr
                 f"{'=' if c.global_step == total else '!='} total local steps {total} "
                 f"{c.pushed}; each update applied one worker's gradient alone")
         return Verdict(False, signature, line)
+    problems = _problems(c, target_steps, r)
+    if problems:
+        return Verdict(False, False, "NOT synchronous: " + "; ".join(problems) + lost_note)
+    return Verdict(True, True, _synchronous_line(c, r) + lost_note)
 
+
+def _problems(c: Counters, target_steps: int, r: int) -> list[str]:
+    """What keeps a sync-mode run with R = r from being synchronous (none: it is)."""
+    n = len(c.accepted)
     problems = []
     if c.global_step != target_steps:
         problems.append(f"global_step {c.global_step} != {target_steps} planned")
@@ -88,21 +96,23 @@ def verify(counters: Counters, *, mode: str, target_steps: int, replicas_to_aggr
                         f"gradient of the same worker")
     if r == n and c.solo_updates:
         problems.append(f"{c.solo_updates} updates were made of a single worker's gradients")
-    if problems:
-        return Verdict(False, False, "NOT synchronous: " + "; ".join(problems) + lost_note)
+    return problems
+
+
+def _synchronous_line(c: Counters, r: int) -> str:
+    """The verdict's line for a synchronous run: lockstep (R = N), or with backup workers."""
+    n = len(c.accepted)
     if r == n:
-        line = (f"synchronous: each of {c.global_step} updates averaged exactly one gradient "
+        return (f"synchronous: each of {c.global_step} updates averaged exactly one gradient "
                 f"from each of {n} workers; contributions {c.accepted}")
-    else:
-        unused = ", ".join(f"w{w} {u}" for w, u in enumerate(c.unused))
-        # SyncReplicasOptimizer waits for R gradients but averages every fresh one that has
-        # arrived by then, so an update can average more than R; say how often, not "exactly".
-        extra = (f" ({c.over_aggregated} averaged more than {r}: {averaged} in all)"
-                 if c.over_aggregated else "")
-        repeats = (f"; {c.repeat_updates} updates took two or more gradients from one worker"
-                   if c.repeat_updates else "")
-        line = (f"synchronous with {n - r} backup worker{'s' if n - r > 1 else ''}: each of "
-                f"{c.global_step} updates averaged {'exactly' if not extra else 'at least'} "
-                f"{r} fresh gradients{extra}; {sum(c.unused)} stale or left-over gradients "
-                f"dropped ({unused}){repeats}")
-    return Verdict(True, True, line + lost_note)
+    unused = ", ".join(f"w{w} {u}" for w, u in enumerate(c.unused))
+    # SyncReplicasOptimizer waits for R gradients but averages every fresh one that has
+    # arrived by then, so an update can average more than R; say how often, not "exactly".
+    extra = (f" ({c.over_aggregated} averaged more than {r}: {sum(c.accepted)} in all)"
+             if c.over_aggregated else "")
+    repeats = (f"; {c.repeat_updates} updates took two or more gradients from one worker"
+               if c.repeat_updates else "")
+    return (f"synchronous with {n - r} backup worker{'s' if n - r > 1 else ''}: each of "
+            f"{c.global_step} updates averaged {'exactly' if not extra else 'at least'} "
+            f"{r} fresh gradients{extra}; {sum(c.unused)} stale or left-over gradients "
+            f"dropped ({unused}){repeats}")

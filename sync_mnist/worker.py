@@ -139,15 +139,15 @@ def run_worker(config: TaskConfig, *, dataset: data.Dataset | None = None,
       server: an already started tf.distribute.Server for this task (tests); started if None.
     """
     run = WorkerRun(config)
-    run.load_shard(dataset)
+    run.load_data(dataset)
     run.start_server(server)
-    run.build_graph()
+    run.make_graph()
     with run.join() as sess:
         run.train(sess)
         run.finish()
     if run.verdict is None:  # never report done for a run that did not finish
         raise RuntimeError(f"{config.name}: the training session ended before the finish phase")
-    run.report_done()
+    run.say_done()
     return run.result
 
 
@@ -170,7 +170,7 @@ class WorkerRun:
     def _aggregate(self) -> int:
         return self.train_config.aggregate(self.config.cluster.num_workers)
 
-    def load_shard(self, dataset: data.Dataset | None) -> None:
+    def load_data(self, dataset: data.Dataset | None) -> None:
         """Before the server: loading briefly holds the whole training set, and that peak should
         not add to the memory the server and the session take. While it trains, even the chief
         holds only its shard: it reads the test digits after training (`finish`), unless it
@@ -192,7 +192,7 @@ class WorkerRun:
         self.server = server
         self.tf_config = session.session_config(config.cluster.device_filters("worker", i))
 
-    def build_graph(self) -> None:
+    def make_graph(self) -> None:
         self.graph = tf.Graph()
         with self.graph.as_default():
             tf1.set_random_seed(self.train_config.seed)
@@ -344,8 +344,16 @@ class WorkerRun:
         local = sync.train_loop(run_step, start_step=self.start_step, planned=self.planned,
                                 target=self.target, stop_on_token=train.mode == "sync",
                                 stopped=stopped)
-        if stopped and stopped(last_token) and (
-                local < self.planned if train.mode == "async" else last_token < self.target):
+        self._record_training(local, last_token, train_started,
+                              stopped_early=bool(stopped and stopped(last_token)))
+
+    def _record_training(self, local: int, last_token: int, train_started: float, *,
+                         stopped_early: bool) -> None:
+        """Says whether the target accuracy stopped training early, and records the steps."""
+        train = self.train_config
+        if stopped_early and not sync.ran_the_plan(local=local, token=last_token,
+                                                   planned=self.planned, target=self.target,
+                                                   stop_on_token=train.mode == "sync"):
             log.info("stopped after %d local steps, at global_step %d: the chief's evaluation "
                      "reached the target accuracy (planned: %s)", local, last_token,
                      f"{self.planned} local steps" if train.mode == "async"
@@ -390,10 +398,7 @@ class WorkerRun:
             counters, mode=train.mode, target_steps=end,
             replicas_to_aggregate=self._aggregate, lost=lost) if train.proof else verdict_lib.Verdict(
             None, None, "not verified: --bench-no-proof left the counters out")
-        result.global_step = counters.global_step
-        result.contributions, result.pushed = counters.accepted, counters.pushed
-        result.dropped = counters.unused
-        result.solo_updates, result.repeat_updates = counters.solo_updates, counters.repeat_updates
+        result.record_counters(counters)
         result.lost = lost
         result.synchronous, result.verdict = self.verdict.synchronous, self.verdict.line
         if config.is_chief:
@@ -414,7 +419,7 @@ class WorkerRun:
                 self.weights = export.read_weights(
                     lambda fetches: side.run(fetches, options=self.bounded), self.graph)
 
-    def report_done(self) -> None:
+    def say_done(self) -> None:
         # The chief writes its model first: once it has reported done the ps may exit, and a
         # chief restarted after that could never read the weights again.
         write_error = None

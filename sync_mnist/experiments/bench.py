@@ -336,22 +336,14 @@ class _Proc:
         self.exit_code: int | None = None
         self.maxrss_kb = 0
         self.final_ticks: int | None = None
-        from sync_mnist.launcher.launch import _child_setup  # no orphans even if we are killed
+        from sync_mnist.launcher import launch  # no orphans even if we are killed
 
-        me = os.getpid()
-        self.popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, text=True, env=env,
-                                      start_new_session=True,
-                                      preexec_fn=lambda: _child_setup(entry, me))
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        self.popen, self._reader = launch.spawn(argv, env, entry, os.getpid(), self._line)
 
-    def _read(self) -> None:
-        for line in self.popen.stdout:
-            line = line.rstrip("\n")
-            self.lines.append(line)
-            if self.on_line:
-                self.on_line(line)
+    def _line(self, line: str) -> None:
+        self.lines.append(line)
+        if self.on_line:
+            self.on_line(line)
 
     def reap(self) -> bool:
         """Collects the exit status and peak RSS once it has exited (wait4 gives both)."""

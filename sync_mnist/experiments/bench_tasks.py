@@ -78,11 +78,7 @@ def _shard(args, num_workers: int):
 def _model_shapes() -> list[list[int]]:
     from sync_mnist import model
 
-    sizes = (model.IMAGE_PIXELS, *model.HIDDEN_UNITS, model.NUM_CLASSES)
-    shapes = []
-    for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
-        shapes += [[fan_in, fan_out], [fan_out]]
-    return shapes
+    return model.variable_shapes()
 
 
 def _step_line(step: int, global_step: int) -> None:

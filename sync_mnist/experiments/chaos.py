@@ -71,7 +71,7 @@ _TRACEBACK = ("Traceback (most recent call last)", "BrokenPipeError", "Exception
 _REPEATS = re.compile(r"(\d+) of \d+ updates averaged more than one gradient of the same worker")
 _ALERT = re.compile(r"\b(?:error|warning|critical):|exited with code|missing:")
 LAUNCHER = [sys.executable, "-c",
-            "import sys; from sync_mnist.cli import launch_main; sys.exit(launch_main())"]
+            "import sys; from sync_mnist.launcher.cli import main; sys.exit(main())"]
 
 
 @dataclasses.dataclass

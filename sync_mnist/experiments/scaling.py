@@ -228,13 +228,12 @@ def measure_ps_work(reps: int = ACCUM_REPS) -> tuple[float, float]:
     import numpy as np
     import tensorflow as tf
 
-    from sync_mnist.experiments import bench_tasks
-    from sync_mnist import tfcompat
+    from sync_mnist import model, tfcompat
 
     tfcompat.graph_mode(verbose=False)
     tf.get_logger().setLevel(logging.CRITICAL)  # as in partition: graph_mode resets it
     tf1 = tf.compat.v1
-    shapes = bench_tasks._model_shapes()  # pylint: disable=protected-access
+    shapes = model.variable_shapes()
     with tf.Graph().as_default() as graph:
         params = [tf1.get_variable(f"w{k}", s) for k, s in enumerate(shapes)]
         grads = [tf.constant(np.random.default_rng(k).normal(size=s).astype("float32"))

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from sync_mnist import cli
+from sync_mnist import options
 from sync_mnist.launcher import launch
 from sync_mnist.experiments import testbed
 from sync_mnist import config as config_lib
@@ -83,7 +83,7 @@ def setup_args(setup: str, num_workers: int) -> list[str]:
 
 def parse_args(argv: Sequence[str]) -> tuple[Experiment, dict]:
     """The command line; returns the experiment and each setup's TrainConfig (validated)."""
-    p = cli._Parser(  # pylint: disable=protected-access
+    p = options.Parser(
         prog="python -m sync_mnist.experiments.straggler",
         description="Run the cluster in network namespaces with one worker slowed (link rate "
                     "or CPU share), for each setup (sync R=N, backup R=N-1, async), with and "
@@ -110,10 +110,10 @@ def parse_args(argv: Sequence[str]) -> tuple[Experiment, dict]:
     p.add_argument("--out", type=Path, default=Path("straggler-results"),
                    help="directory for the logs and straggler.json (default: "
                         "straggler-results)")
-    cli._add_training_options(p)  # pylint: disable=protected-access
+    options.add_training_options(p)
     args = p.parse_args(argv)
     # --logdir is per run (a logdir holding a checkpoint would be resumed): see run_one.
-    task_args = cli._task_arguments(  # pylint: disable=protected-access
+    task_args = options.task_arguments(
         list(argv), OWN_OPTIONS + ("--summary-json", "--logdir"))
     task_args = [a for a in task_args if a != "--no-baseline"]
     try:
@@ -140,7 +140,7 @@ def parse_args(argv: Sequence[str]) -> tuple[Experiment, dict]:
         trains = {}
         for setup in setups:
             setup_ns = p.parse_args([*argv, *setup_args(setup, args.workers)])
-            trains[setup] = cli._train_config(setup_ns)  # pylint: disable=protected-access
+            trains[setup] = options.train_config(setup_ns)
             trains[setup].aggregate(args.workers)
     except ValueError as e:
         p.error(str(e))
@@ -356,7 +356,7 @@ def _fmt(value, spec: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     # `--` before the task options is allowed, not needed: they are all known options.
     argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--"]
-    cli._before_tensorflow(verbose=False)  # pylint: disable=protected-access; the plot's import
+    options.before_tensorflow(verbose=False)  # the plot's import
     if argv[:1] == ["plot"]:  # again, from a finished experiment's straggler.json
         return plot_main(argv[1:])
     exp, trains = parse_args(argv)

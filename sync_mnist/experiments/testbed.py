@@ -116,7 +116,7 @@ class _Entry:
 
     def enter(self) -> None:
         # Only calls resolved before the fork: see netns.py.
-        netns._setns(self._net_fd, netns._CLONE_NEWNET)  # pylint: disable=protected-access
+        netns.enter_network(self._net_fd)
         if self._cgroup_fd is not None:
             os.write(self._cgroup_fd, b"0")  # cgroup.procs: "0" is the writing process
 

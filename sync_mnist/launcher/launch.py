@@ -80,14 +80,9 @@ class _Task:
         # A record left by the process before must not pass for this one's.
         self.summary.unlink(missing_ok=True)
         self.spawned = time.monotonic()
-        self.proc = subprocess.Popen(
-            self._argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, env={**TASK_ENV, **os.environ},
-            start_new_session=True,  # its own process group, so stopping it stops its children
-            preexec_fn=lambda: _child_setup(namespace, launcher), text=True, bufsize=1)
+        self.proc, self.reader = spawn(self._argv, {**TASK_ENV, **os.environ}, namespace,
+                                       launcher, self._forward)
         self.pids.append(self.proc.pid)
-        self.reader = threading.Thread(target=self._forward, daemon=True)
-        self.reader.start()
         log.info("started %s (pid %d)", self.tag, self.proc.pid)
 
     def restart(self) -> None:
@@ -106,15 +101,13 @@ class _Task:
                       KILL_GRACE_SECS)
         self.poll()
 
-    def _forward(self) -> None:
-        for line in self.proc.stdout:
-            line = line.rstrip("\n")
-            if report.WAITING_FOR_CHIEF in line:
-                self.waiting_for_chief.set()
-            line = line if f"[{self.tag}]" in line else f"[{self.tag}] {line}"
-            if progress.parse(line):
-                self.progressed = time.monotonic()
-            self._output(line)
+    def _forward(self, line: str) -> None:
+        if report.WAITING_FOR_CHIEF in line:
+            self.waiting_for_chief.set()
+        line = line if f"[{self.tag}]" in line else f"[{self.tag}] {line}"
+        if progress.parse(line):
+            self.progressed = time.monotonic()
+        self._output(line)
 
     def poll(self) -> int | None:
         code = self.proc.poll()
@@ -154,7 +147,29 @@ class _Task:
         return result
 
 
-def _child_setup(namespace: netns.PrivateNamespace | None, launcher: int) -> None:
+def spawn(argv: list[str], env: dict, entry, launcher: int, on_line
+          ) -> tuple[subprocess.Popen, threading.Thread]:
+    """Starts a child (the launcher's tasks, the bench's) and the thread that reads its output.
+
+    The child has a process group of its own, so stopping it stops its children, and dies with
+    `launcher` (child_setup, which also enters `entry`, a namespace or None). Each line of its
+    stdout and stderr, without its newline, goes to on_line(line) as it comes.
+    """
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                            preexec_fn=lambda: child_setup(entry, launcher), text=True,
+                            bufsize=1)
+
+    def read() -> None:
+        for line in proc.stdout:
+            on_line(line.rstrip("\n"))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return proc, reader
+
+
+def child_setup(namespace: netns.PrivateNamespace | None, launcher: int) -> None:
     """Between fork and exec of a task: join the namespace, then die with the launcher.
 
     Runs in the child of a threaded parent, so it calls only what was resolved before the
@@ -199,7 +214,6 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
         # A missing or damaged data file is the user's to fix: say so once, before any task
         # starts, rather than once per task.
         data.check_source(train.dataset, train.data_dir)
-        dataset = train.dataset
         if summary_json:  # and the cluster's record, which is written only at the end
             preflight.check_output_file(Path(summary_json), "--summary-json")
     except (data.DataError, config_lib.ConfigError) as e:
@@ -220,59 +234,78 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
     else:
         ps_hosts, worker_hosts = choose_hosts(num_ps, num_workers, base_port)
     log.info("cluster: ps %s, workers %s; dataset %s; mode %s", ",".join(ps_hosts),
-             ",".join(worker_hosts), dataset, train.mode)
+             ",".join(worker_hosts), train.dataset, train.mode)
     display = progress.open_display(verbose=verbose, mode=train.mode, num_workers=num_workers)
     tasks: list[_Task] = []
+    with tempfile.TemporaryDirectory(prefix="sync-mnist-") as tmp:
+        def start(role: str, index: int) -> _Task:
+            summary = Path(tmp) / f"{role}-{index}.json"
+            argv = [*TASK_COMMAND, "--role", role,
+                    "--index", str(index), "--ps-hosts", ",".join(ps_hosts),
+                    "--worker-hosts", ",".join(worker_hosts), *task_args,
+                    # Sync: the ps waits for the workers the launcher restarts.
+                    *(["--restart-grace", f"{config_lib.START_SECS:g}"]
+                      if max_restarts and role == "ps" else []),
+                    "--dataset", train.dataset, "--summary-json", str(summary)]
+            entry = network.entry(role, index) if network else namespace
+            tasks.append(_Task(role, index, argv, summary, entry, display.task_line))
+            return tasks[-1]
+
+        failed, interrupted = _run_tasks(start, tasks, num_ps=num_ps, num_workers=num_workers,
+                                         train=train, max_restarts=max_restarts,
+                                         display=display, namespace=namespace)
+        results = [t.result() for t in tasks]
+    return _report(tasks, results, time.time() - started, train, failed=failed,
+                   interrupted=interrupted, summary_json=summary_json, display=display)
+
+
+def _run_tasks(start, tasks: list[_Task], *, num_ps: int, num_workers: int, train: TrainConfig,
+               max_restarts: int, display, namespace) -> tuple[_Task | None, bool]:
+    """Starts the tasks (`start(role, index)`) and waits for their end; stops every one left.
+
+    Returns the task whose failure ended the run (or None) and whether it was interrupted.
+    """
     interrupted = False
     previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
-    with tempfile.TemporaryDirectory(prefix="sync-mnist-") as tmp:
-        try:
-            def start(role: str, index: int) -> _Task:
-                summary = Path(tmp) / f"{role}-{index}.json"
-                argv = [*TASK_COMMAND, "--role", role,
-                        "--index", str(index), "--ps-hosts", ",".join(ps_hosts),
-                        "--worker-hosts", ",".join(worker_hosts), *task_args,
-                        # Sync: the ps waits for the workers the launcher restarts.
-                        *(["--restart-grace", f"{config_lib.START_SECS:g}"]
-                          if max_restarts and role == "ps" else []),
-                        "--dataset", dataset, "--summary-json", str(summary)]
-                entry = network.entry(role, index) if network else namespace
-                tasks.append(_Task(role, index, argv, summary, entry, display.task_line))
-                return tasks[-1]
+    try:
+        for index in range(num_ps):
+            start("ps", index)
+        # Sync: with backups (R < N) the others can finish without a lost worker.
+        spare = num_workers - train.aggregate(num_workers) \
+            if train.setup == "fixed" and train.mode == "sync" else 0
+        policy = _Policy(tasks, max_restarts=max_restarts, spare_workers=spare,
+                         timeout=train.timeout)
+        # The chief starts last, once every other worker waits for it: the start order in
+        # which the question's 30 s readiness poll bites, and the same for both setups.
+        others = [start("worker", index) for index in range(1, num_workers)]
+        failed = _wait_until_waiting(tasks, others, config_lib.START_SECS + train.timeout,
+                                     policy)
+        if failed is None:
+            start("worker", 0)
+            # The question's workers may still be waiting out Supervisor's 30 s readiness
+            # poll when its chief, training alone, has ended.
+            end_bound = 2 * train.timeout + EXIT_GRACE_SECS + (
+                QUESTION_READY_POLL_SECS if train.setup == "question" else 0.0)
+            failed = _wait(tasks, policy, ps_serve_forever=train.setup == "question",
+                           end_bound=end_bound,
+                           stall_bound=STALL_ALLOWANCE_SECS + end_bound)
+    except KeyboardInterrupt:
+        interrupted, failed = True, None
+        log.error("interrupted; stopping every task")
+    finally:
+        _stop(tasks)
+        display.close()
+        if namespace:
+            namespace.close()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return failed, interrupted
 
-            for index in range(num_ps):
-                start("ps", index)
-            # Sync: with backups (R < N) the others can finish without a lost worker.
-            spare = num_workers - train.aggregate(num_workers) \
-                if train.setup == "fixed" and train.mode == "sync" else 0
-            policy = _Policy(tasks, max_restarts=max_restarts, spare_workers=spare,
-                             timeout=train.timeout)
-            # The chief starts last, once every other worker waits for it: the start order in
-            # which the question's 30 s readiness poll bites, and the same for both setups.
-            others = [start("worker", index) for index in range(1, num_workers)]
-            failed = _wait_until_waiting(tasks, others, config_lib.START_SECS + train.timeout,
-                                         policy)
-            if failed is None:
-                start("worker", 0)
-                # The question's workers may still be waiting out Supervisor's 30 s readiness
-                # poll when its chief, training alone, has ended.
-                end_bound = 2 * train.timeout + EXIT_GRACE_SECS + (
-                    QUESTION_READY_POLL_SECS if train.setup == "question" else 0.0)
-                failed = _wait(tasks, policy, ps_serve_forever=train.setup == "question",
-                               end_bound=end_bound,
-                               stall_bound=STALL_ALLOWANCE_SECS + end_bound)
-        except KeyboardInterrupt:
-            interrupted, failed = True, None
-            log.error("interrupted; stopping every task")
-        finally:
-            _stop(tasks)
-            display.close()
-            if namespace:
-                namespace.close()
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-        results = [t.result() for t in tasks]
-    wall = time.time() - started
+
+def _report(tasks: list[_Task], results: list[report.TaskResult], wall: float,
+            train: TrainConfig, *, failed: _Task | None, interrupted: bool,
+            summary_json: Path | None, display) -> int:
+    """Writes --summary-json and shows the table and the closing lines; returns the code."""
     summary = report.cluster_summary(results, tasks, wall)
     code = _exit_code(tasks, results, summary, train, failed=failed, interrupted=interrupted)
     if summary_json:  # first: the screen's reader may be slow (a pager), or gone

@@ -235,6 +235,12 @@ def _unshare(flags: int) -> None:
         raise OSError(code, os.strerror(code))
 
 
+def enter_network(fd: int) -> None:
+    """Joins the network namespace open at `fd` (a child between fork and exec may call it:
+    it uses only what was resolved before the fork)."""
+    _setns(fd, _CLONE_NEWNET)
+
+
 def _setns(fd: int, nstype: int) -> None:
     if _SETNS(fd, nstype) != 0:
         code = ctypes.get_errno()

@@ -31,7 +31,7 @@ from typing import IO, NamedTuple
 _PROGRESS = re.compile(
     r"\[worker (?P<worker>\d+)\] step=\d+ global_step=(?P<step>\d+)/(?P<target>\d+) .*?"
     r"examples_per_sec=(?P<rate>\d+) contributions=\[(?P<contributions>[\d, ]*)\]")
-# What must reach the screen: a task's warnings and errors (cli._Formatter marks the logged
+# What must reach the screen: a task's warnings and errors (options.LogFormatter marks the logged
 # ones, and usage errors are printed as `error: …`).
 _ALERT = re.compile(r"\[(?:ps|worker) \d+\] (?:error|warning|critical):")
 _TIME = re.compile(r"^\d\d:\d\d:\d\d ")  # a log line's time, left out of the starting line

@@ -188,6 +188,7 @@ def test_without_proof_the_graph_has_no_counters_but_still_trains():
 
 def test_a_reaped_process_keeps_its_cpu_time():
     """Workers that end before worker 0 still count in the window's CPU (not as zero)."""
+    # bench._Proc, private: the bench's own child runner, tested alone.
     proc = bench._Proc("busy", [sys.executable, "-c", "sum(range(3 * 10**7))"], dict(os.environ))
     try:
         deadline = time.monotonic() + 60

@@ -223,7 +223,7 @@ def test_a_done_report_the_ps_never_takes_after_a_verified_run_leaves_the_result
         config=SimpleNamespace(name="worker 0", cluster=SimpleNamespace(ps_hosts=(ps,))),
         verdict=Verdict(True, True, "synchronous: 10 updates"))
 
-    error, seconds = _within_guard(lambda: worker.WorkerRun.report_done(run))
+    error, seconds = _within_guard(lambda: worker.WorkerRun.say_done(run))
     for timer in [t for t in threading.enumerate() if isinstance(t, threading.Timer)]:
         timer.join(GUARD)  # an armed last resort would have fired by now
 

@@ -19,7 +19,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 from procs import ENV, ROOT, Processes, local_cluster, read_json
-from sync_mnist import cli, export, inference, model, preflight
+from sync_mnist import cli, export, inference, model, options, preflight
 from sync_mnist.config import ConfigError
 
 tf1 = tf.compat.v1
@@ -164,7 +164,7 @@ def test_export_dir_is_checked_before_training(tmp_path):
 ])
 def test_export_dir_defaults_to_logdir_saved_model(argv, expected):
     args = cli.task_parser().parse_args(["--role", "worker", "--index", "0", *argv])
-    assert cli._train_config(args).export_dir == expected
+    assert options.train_config(args).export_dir == expected
 
 
 # ----------------------------------------------------------------- predict and evaluate: errors

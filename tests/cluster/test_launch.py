@@ -361,12 +361,13 @@ def test_child_setup_sets_the_death_signal_and_loads_no_library_after_fork(monke
 
     monkeypatch.setattr(ctypes, "CDLL", lookup)
     monkeypatch.setattr(ctypes.cdll, "LoadLibrary", lookup)
+    # launch._libc, private: the handle resolved before any fork is what this test is about.
     monkeypatch.setattr(type(launch._libc), "__getattr__", lookup)
     monkeypatch.setattr(type(launch._libc), "__getitem__", lookup)
     parent = os.getpid()
     out = subprocess.run([sys.executable, "-c", PRINT_DEATH_SIGNAL], capture_output=True,
                          text=True, timeout=60, check=True,
-                         preexec_fn=lambda: launch._child_setup(None, parent)).stdout
+                         preexec_fn=lambda: launch.child_setup(None, parent)).stdout
     assert out.split() == [str(int(signal.SIGKILL)), str(parent)]
 
 
@@ -384,7 +385,7 @@ if child == 0:
     while os.getppid() == launcher and time.monotonic() < deadline:
         time.sleep(0.01)
     try:
-        launch._child_setup(None, launcher)
+        launch.child_setup(None, launcher)
     except Exception as e:  # whatever the setup does wrong, the task would run on
         print(f"child setup failed: {e!r}", flush=True)
     os.execvp("sleep", ["sleep", "120"])

@@ -13,14 +13,14 @@ from types import SimpleNamespace
 import pytest
 
 from procs import ROOT, processes_mentioning
-from sync_mnist import cli, metrics, sync
+from sync_mnist import metrics, options, sync
 from sync_mnist import verdict as verdict_lib
 from sync_mnist.launcher import progress
 
 
 def _task_line(record: logging.LogRecord, tag: str) -> str:
     """A log record as a task prints it and the launcher reads it."""
-    return cli._Formatter(f"%(asctime)s [{tag}] %(message)s", datefmt="%H:%M:%S").format(record)
+    return options.LogFormatter(f"%(asctime)s [{tag}] %(message)s", datefmt="%H:%M:%S").format(record)
 
 
 def test_a_workers_progress_line_parses_into_its_figures(monkeypatch, caplog):

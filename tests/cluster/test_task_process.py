@@ -54,7 +54,7 @@ def test_the_task_process_exits_with_the_code_its_error_maps_to(error, code, tmp
 def test_a_task_starts_tensorflow_without_keras():
     # Keras 3 costs every task about 0.9 s of CPU at start-up and is never used (cli.py); if
     # TensorFlow stops honouring TF_USE_LEGACY_KERAS this way, this fails.
-    probe = ("import sys; from sync_mnist import cli; cli._before_tensorflow(False); "
+    probe = ("import sys; from sync_mnist import options; options.before_tensorflow(False); "
              "import tensorflow as tf; tf.compat.v1.train.AdamOptimizer; "
              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('keras', 'tf_keras')))")
     env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from conftest import SHARED_STEPS
 from procs import processes_mentioning, read_json
-from sync_mnist import cli
+from sync_mnist.launcher import cli as launcher_cli
 
 BOUND = 240  # seconds a whole small cluster run may take on a loaded 2-core machine
 
@@ -126,7 +126,7 @@ def test_counters_are_written_as_summaries_over_time(fixed_run):
 ])
 def test_replicas_to_aggregate_outside_the_cluster_is_a_usage_error(value, fragment, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        code = cli.launch_main(["--replicas-to-aggregate", value, "--dataset", "synthetic"])
+        code = launcher_cli.main(["--replicas-to-aggregate", value, "--dataset", "synthetic"])
         raise SystemExit(code)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()

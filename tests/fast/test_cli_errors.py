@@ -1,7 +1,7 @@
 """Bad input at the command line: exit code 2 and one line that names the offending value.
 
-Most cases call `cli.main` / `cli.launch_main` in-process: validation happens before TensorFlow
-is imported. `cli._run_task` and `launch.run_cluster` are replaced by recorders, so a case whose
+Most cases call `cli.main` / `launcher_cli.main` in-process: validation happens before TensorFlow
+is imported. `cli.run_task` and `launch.run_cluster` are replaced by recorders, so a case whose
 validation wrongly passes fails its assertion instead of starting a server or calling os._exit.
 A few cases run the real command line in a subprocess, because the error they test comes from
 the running task (its port, its record's path), found before TensorFlow starts. The unreachable
@@ -19,8 +19,13 @@ from pathlib import Path
 
 import pytest
 
+<<<<<<< HEAD:tests/fast/test_cli_errors.py
 from procs import run_task_process
 from sync_mnist import cli
+=======
+from sync_mnist import cli, options
+from sync_mnist.launcher import cli as launcher_cli
+>>>>>>> split:tests/test_cli_errors.py
 from sync_mnist.launcher import launch
 from sync_mnist.cluster import free_ports
 from sync_mnist.config import EXIT_USAGE
@@ -43,7 +48,7 @@ def recorders(monkeypatch):
         calls["cluster"].append(kwargs)
         return RAN
 
-    monkeypatch.setattr(cli, "_run_task", run_task)
+    monkeypatch.setattr(cli, "run_task", run_task)
     monkeypatch.setattr(launch, "run_cluster", run_cluster)
     # main() installs its SIGTERM handler and logging once validation passes; give pytest's back.
     root = logging.getLogger()
@@ -261,13 +266,13 @@ def test_task_valid_flags_reach_the_task_as_a_typed_config(hosts, recorders, cap
 def test_task_without_length_flags_trains_the_default_epochs(hosts, recorders, capsys):
     assert cli.main([a.format(**hosts) for a in WORKER_1]) == RAN
     (config,) = recorders["task"]
-    assert (config.train.train_steps, config.train.epochs) == (None, cli.DEFAULT_EPOCHS)
+    assert (config.train.train_steps, config.train.epochs) == (None, options.DEFAULT_EPOCHS)
     # ... and --help states that same number.
     assert _call(cli.main, ["--help"]) == 0
     entries = _help_entries(capsys.readouterr().out)
-    assert entries["--train-steps"].endswith(f"(default: --epochs {cli.DEFAULT_EPOCHS})")
+    assert entries["--train-steps"].endswith(f"(default: --epochs {options.DEFAULT_EPOCHS})")
     assert entries["--epochs"].endswith(
-        f"(default: {cli.DEFAULT_EPOCHS} unless --train-steps is given)")
+        f"(default: {options.DEFAULT_EPOCHS} unless --train-steps is given)")
 
 
 def test_task_reads_its_cluster_from_tf_config(recorders, monkeypatch):
@@ -333,7 +338,7 @@ LAUNCH_ERRORS = {
 
 @pytest.mark.parametrize("argv, expected", LAUNCH_ERRORS.values(), ids=LAUNCH_ERRORS.keys())
 def test_launcher_rejects_bad_input_in_one_line(argv, expected, recorders, capsys):
-    assert _call(cli.launch_main, argv) == 2
+    assert _call(launcher_cli.main, argv) == 2
     _assert_one_line(capsys.readouterr(), expected)
     assert recorders["cluster"] == []
 
@@ -341,7 +346,7 @@ def test_launcher_rejects_bad_input_in_one_line(argv, expected, recorders, capsy
 def test_launcher_valid_flags_reach_the_cluster_and_its_tasks(recorders):
     argv = ["--ps", "2", "--workers", "4", "--base-port=0", "--train-steps", "7",
             "--summary-json", "out.json", "--seed", "3"]
-    assert cli.launch_main(argv) == RAN
+    assert launcher_cli.main(argv) == RAN
     (kwargs,) = recorders["cluster"]
     assert (kwargs["num_ps"], kwargs["num_workers"], kwargs["base_port"]) == (2, 4, 0)
     assert kwargs["train"].train_steps == 7
@@ -354,11 +359,11 @@ def test_launcher_valid_flags_reach_the_cluster_and_its_tasks(recorders):
 # forward it verbatim to every task, where it abbreviates --worker-hosts ("malformed host:port
 # '2'"); `--max`, `--iso` and `--base` made every task fail with "unrecognized arguments".
 ABBREVIATIONS = {
-    "launcher --worker": (cli.launch_main, "sync-mnist-cluster", ["--worker", "2"]),
-    "launcher --max": (cli.launch_main, "sync-mnist-cluster", ["--max", "1"]),
-    "launcher --iso": (cli.launch_main, "sync-mnist-cluster", ["--iso", "off"]),
-    "launcher --base": (cli.launch_main, "sync-mnist-cluster", ["--base", "0"]),
-    "launcher --train": (cli.launch_main, "sync-mnist-cluster", ["--train", "5"]),
+    "launcher --worker": (launcher_cli.main, "sync-mnist-cluster", ["--worker", "2"]),
+    "launcher --max": (launcher_cli.main, "sync-mnist-cluster", ["--max", "1"]),
+    "launcher --iso": (launcher_cli.main, "sync-mnist-cluster", ["--iso", "off"]),
+    "launcher --base": (launcher_cli.main, "sync-mnist-cluster", ["--base", "0"]),
+    "launcher --train": (launcher_cli.main, "sync-mnist-cluster", ["--train", "5"]),
     "task --batch": (cli.main, "sync-mnist", [*WORKER_1, "--batch", "50"]),
     "task --worker": (cli.main, "sync-mnist", ["--role", "worker", "--index", "1",
                                                "--ps-hosts", "{ps}", "--worker", "{workers}"]),
@@ -386,7 +391,7 @@ def test_launcher_forwards_exactly_the_training_options(recorders):
             "--summary-json", "out.json", "--max-restarts", "1", "--isolate", "off",
             "--base-port", "0", "--setup", "fixed", "--batch-size=50", "--timeout", "9",
             "--eval-every", "2", "--target-accuracy=0.9"]
-    assert cli.launch_main(argv) == RAN
+    assert launcher_cli.main(argv) == RAN
     (kwargs,) = recorders["cluster"]
     assert kwargs["task_args"] == ["--verbose", "--train-steps=7", "--seed", "-3", "--setup",
                                    "fixed", "--batch-size=50", "--timeout", "9",
@@ -394,7 +399,7 @@ def test_launcher_forwards_exactly_the_training_options(recorders):
     assert (kwargs["train"].eval_every, kwargs["train"].target_accuracy) == (2, 0.9)
     task = cli.task_parser().parse_args(["--role", "worker", "--index", "0",
                                          *kwargs["task_args"]])
-    assert cli._train_config(task) == kwargs["train"]
+    assert options.train_config(task) == kwargs["train"]
 
 
 # ---------------------------------------------------------------------------- --help
@@ -434,7 +439,7 @@ TRAINING_OPTIONS = {"--train-steps", "--epochs", "--batch-size", "--learning-rat
 @pytest.mark.parametrize("entry, own_options, required", [
     (cli.main, {"--role", "--index", "--ps-hosts", "--worker-hosts", "--ps", "--base-port"},
      set()),  # --role and --index may come from TF_CONFIG or an srun step
-    (cli.launch_main, {"--ps", "--workers", "--base-port", "--isolate", "--max-restarts"},
+    (launcher_cli.main, {"--ps", "--workers", "--base-port", "--isolate", "--max-restarts"},
      set()),
 ], ids=["sync-mnist", "sync-mnist-cluster"])
 def test_help_exits_0_and_states_every_default(entry, own_options, required, capsys):

@@ -8,7 +8,7 @@ traceback, never another exit code, never a hang: every example runs under a bou
 
 The entry points, each in-process and without starting TensorFlow's runtime (the task and the
 launcher stop at recorders, as in test_cli_errors.py):
-  * `sync-mnist` and `sync-mnist-cluster` arguments: cli.main, cli.launch_main;
+  * `sync-mnist` and `sync-mnist-cluster` arguments: cli.main, launcher_cli.main;
   * TF_CONFIG documents and Slurm environments: cli.main, as a TFJob pod or an srun task runs it;
   * MNIST files: IDX (headers, bodies, gzip) and npz (keys, dtypes, shapes): data.load_dataset;
   * PNG headers, as `sync-mnist predict` checks them before it decodes anything: png.check_header.
@@ -39,7 +39,8 @@ import pytest
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 
-from sync_mnist import cli, cluster, config, data, png
+from sync_mnist import cli, cluster, config, data, options, png
+from sync_mnist.launcher import cli as launcher_cli
 from sync_mnist.launcher import launch
 
 RAN = 99  # what the recorders return: validation passed and the task or cluster would have run
@@ -179,7 +180,7 @@ def run_entry(entry, argv: list[str], environment: dict[str, str] | None = None)
 
     out, err = io.StringIO(), io.StringIO()
     with clean_process(environment), bounded(), \
-            mock.patch.object(cli, "_run_task", record), \
+            mock.patch.object(cli, "run_task", record), \
             mock.patch.object(launch, "run_cluster", record), \
             contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
@@ -284,7 +285,7 @@ def test_fuzz_task_command_line(argv):
 @example(["--data-dir", "a\nb", "--workers"])  # an error message quoting a line break
 @example(["--seed", "-3", "--verbose", "--ps=2", "--summary-json", "x", "--isolate=off"])
 def test_fuzz_launcher_command_line(argv):
-    code, out, err, clusters = run_entry(cli.launch_main, argv)
+    code, out, err, clusters = run_entry(launcher_cli.main, argv)
     if not assert_accepted_or_refused(code, out, err, argv, "sync-mnist-cluster"):
         return
     (kwargs,) = clusters
@@ -374,7 +375,7 @@ def test_fuzz_tf_config(document, flags):
         return
     (task,) = tasks
     if not document:  # an empty TF_CONFIG is none: the flags' task in the default layout
-        assert task.cluster.as_dict() == cli._cluster_layout(cli.task_parser().parse_args(
+        assert task.cluster.as_dict() == cli.cluster_layout(cli.task_parser().parse_args(
             argv)).as_dict()
         return
     spec, given_task = json.loads(document)["cluster"], json.loads(document)["task"]
@@ -399,7 +400,7 @@ def slurm_resolver():
     that no example's bound counts TensorFlow's import."""
     from sync_mnist import tfcompat
 
-    cli._before_tensorflow(verbose=False)
+    options.before_tensorflow(verbose=False)
     tfcompat.graph_mode(verbose=False)
     from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver
 

@@ -36,6 +36,7 @@ class _FakeTask:
 def _wait(tasks, max_restarts=0, spare_workers=0):
     from sync_mnist.launcher import launch
 
+    # The launcher's restart policy and wait loop, private to it, driven here with fake tasks.
     policy = launch._Policy(tasks, max_restarts=max_restarts, spare_workers=spare_workers,
                             timeout=10.0)
     return launch._wait(tasks, policy, ps_serve_forever=False)

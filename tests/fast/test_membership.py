@@ -10,7 +10,8 @@ import socket
 import pytest
 
 from sync_mnist import membership
-from sync_mnist.cli import _cluster_layout, task_parser, _train_config
+from sync_mnist.cli import cluster_layout, task_parser
+from sync_mnist.options import train_config
 from sync_mnist.cluster import ClusterLayout, free_ports
 from sync_mnist.config import ConfigError, TaskConfig
 
@@ -19,8 +20,8 @@ from sync_mnist.config import ConfigError, TaskConfig
 
 def _config(*argv: str) -> TaskConfig:
     args = task_parser().parse_args(["--train-steps", "50", *argv])
-    return TaskConfig(role=args.role, index=args.index, cluster=_cluster_layout(args),
-                      train=_train_config(args))
+    return TaskConfig(role=args.role, index=args.index, cluster=cluster_layout(args),
+                      train=train_config(args))
 
 
 HOSTS3 = ("--ps-hosts", "h:1", "--worker-hosts", "a:1,b:1,c:1")

@@ -29,7 +29,7 @@ import pytest
 
 from procs import ENV, ROOT, interfaces, listening_ports, ns_inode, refused_from_here
 from sync_mnist.cluster import free_ports
-from sync_mnist import cli
+from sync_mnist.launcher import cli as launcher_cli
 from sync_mnist.launcher import launch, netns
 
 COMMON = ("--dataset", "synthetic", "--train-steps", "60", "--timeout", "60", "--log-every", "10")
@@ -201,7 +201,7 @@ def recorded_cluster(monkeypatch):
 @pytest.mark.parametrize("argv, isolate", [([], "auto"), (["--isolate", "off"], "off"),
                                            (["--isolate=on"], "on")])
 def test_isolate_is_the_launchers_own_option(recorded_cluster, argv, isolate):
-    assert cli.launch_main([*argv, "--train-steps", "5"]) == 0
+    assert launcher_cli.main([*argv, "--train-steps", "5"]) == 0
     (kwargs,) = recorded_cluster
     assert kwargs["isolate"] == isolate
     assert kwargs["task_args"] == ["--train-steps", "5"]  # never passed on to the tasks
@@ -209,7 +209,7 @@ def test_isolate_is_the_launchers_own_option(recorded_cluster, argv, isolate):
 
 def test_isolate_rejects_an_unknown_value(recorded_cluster, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        cli.launch_main(["--isolate", "maybe"])
+        launcher_cli.main(["--isolate", "maybe"])
     assert exit_info.value.code == 2
     assert "argument --isolate: invalid choice: 'maybe'" in capsys.readouterr().err
     assert recorded_cluster == []

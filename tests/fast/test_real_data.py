@@ -19,8 +19,8 @@ def _launch_with_package(package_root, *args, timeout=120):
     """Runs `sync-mnist-cluster ARGS` importing sync_mnist from `package_root`."""
     env = {**os.environ, "PYTHONPATH": str(package_root), "TF_CPP_MIN_LOG_LEVEL": "3"}
     return subprocess.run(
-        [sys.executable, "-c", "import sys; from sync_mnist.cli import launch_main; "
-         "sys.exit(launch_main())", *args],
+        [sys.executable, "-c", "import sys; from sync_mnist.launcher.cli import main; "
+         "sys.exit(main())", *args],
         env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
         cwd=package_root,  # not the checkout: `python -c` imports from its working directory
         start_new_session=True)

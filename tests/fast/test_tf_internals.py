@@ -145,6 +145,7 @@ def test_chief_session_creator_uses_the_chiefs_session_manager(no_session, monke
         calls.append((type(self), master, kwargs))
         return _fake_session()
 
+    # session._ChiefSessionManager, private: the subclass whose use by TensorFlow is checked.
     monkeypatch.setattr(session._ChiefSessionManager, "_prepare", prepare)
     # Should TensorFlow use a stock manager after all, it gets no further than this either.
     monkeypatch.setattr(tf1.train.SessionManager, "prepare_session", prepare)

@@ -163,7 +163,7 @@ def test_manifest_command_is_a_valid_task_in_every_pod(task_type, index, monkeyp
     monkeypatch.setenv("TF_CONFIG", operator_tf_config(spec, task_type, index))
     monkeypatch.delenv("SLURM_PROCID", raising=False)
     args = cli.task_parser().parse_args(command[1:])
-    layout, role, task_index = cli._task_in_cluster(args, cli.task_parser())
+    layout, role, task_index = cli.task_in_cluster(args, cli.task_parser())
     assert (role, task_index) == (task_type, index)
     assert layout.address(role, task_index) == spec[task_type][index]
 

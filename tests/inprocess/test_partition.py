@@ -44,7 +44,7 @@ class _Chief:
             self.g = worker.build_graph(self.config, dataset="synthetic", target=100)
             self.kept = [v for v in tf1.global_variables()
                          if all(v is not t for t in self.g.transient)]
-            if logdir:  # as worker.WorkerRun.build_graph checks it
+            if logdir:  # as worker.WorkerRun.make_graph checks it
                 session.check_checkpoint(logdir, self.kept)
             self.sess = session.monitored_session(
                 servers[0].target, is_chief=True, hooks=self.g.training.hooks,

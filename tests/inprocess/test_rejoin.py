@@ -96,6 +96,7 @@ def test_successor_of_a_worker_that_pushed_but_never_took_its_token_rejoins_exac
 
     successor_g = _worker_graph(cluster, 1)
     successor = _session(servers[1], successor_g, 1)
+    # worker._rejoin, private: the step of WorkerRun's join that these tests drive alone.
     with successor_g.graph.as_default(), tf1.Session(servers[1].target) as side:
         before = side.run([successor_g.state.global_step, successor_g.members.last_push,
                            successor_g.training.tokens_waiting])
@@ -151,6 +152,7 @@ def test_a_dead_workers_token_waits_in_its_own_queue_for_its_successor():
 
     successor_g = _worker_graph(cluster, 1)
     successor = _session(servers[1], successor_g, 1)
+    # worker._rejoin, private: the step of WorkerRun's join that these tests drive alone.
     with successor_g.graph.as_default(), tf1.Session(servers[1].target) as side:
         reading = side.run(successor_g.training.rejoin_reading)
         assert (int(reading[0]), list(reading[1]), int(reading[2])) == (4, [4, 3], 1)
