@@ -19,13 +19,9 @@ from pathlib import Path
 
 import pytest
 
-<<<<<<< HEAD:tests/fast/test_cli_errors.py
 from procs import run_task_process
-from sync_mnist import cli
-=======
 from sync_mnist import cli, options
 from sync_mnist.launcher import cli as launcher_cli
->>>>>>> split:tests/test_cli_errors.py
 from sync_mnist.launcher import launch
 from sync_mnist.cluster import free_ports
 from sync_mnist.config import EXIT_USAGE

@@ -242,56 +242,8 @@ def test_exit_codes_follow_the_tfjob_exitcode_policy():
 def test_a_lost_peer_is_retryable_and_other_tensorflow_errors_are_not():
     import tensorflow as tf
 
-    # cli's own classifier, tested alone: the whole path is the process test below.
+    # cli's own classifier, tested alone: the whole path is in tests/cluster/test_task_process.py.
     assert cli._peer_lost(tf.errors.UnavailableError(None, None, "Socket closed"))
     assert cli._peer_lost(tf.errors.AbortedError(None, None, "Session handle not found"))
     assert not cli._peer_lost(tf.errors.InvalidArgumentError(None, None, "shape"))
     assert not cli._peer_lost(ValueError("a bug"))
-<<<<<<< HEAD:tests/fast/test_task_identity.py
-=======
-
-
-@pytest.mark.parametrize("error, code", [
-    ("UnavailableError(None, None, 'Socket closed')", config.EXIT_PEER_LOST),
-    ("InvalidArgumentError(None, None, 'shape mismatch')", config.EXIT_FAILED),
-    # A bounded call outside a training step (the finish barrier, an evaluation, a reading).
-    ("DeadlineExceededError(None, None, 'Timed out waiting for notification')",
-     config.EXIT_TIMEOUT),
-])
-def test_the_task_process_exits_with_the_code_its_error_maps_to(error, code, tmp_path):
-    # The real entry point, in a process of its own (it ends with os._exit), with the worker's
-    # life replaced by the error it would meet.
-    script = (
-        "import sys, tensorflow as tf\n"
-        "from sync_mnist import cli, worker\n"
-        "def run_worker(config, **kwargs):\n"
-        f"    raise tf.errors.{error}\n"
-        "worker.run_worker = run_worker\n"
-        "sys.exit(cli.main(sys.argv[1:]))\n")
-    record = tmp_path / "worker1.json"
-    out = subprocess.run(
-        [sys.executable, "-c", script, "--role", "worker", "--index", "1", "--ps-hosts",
-         "127.0.0.1:1", "--worker-hosts", "127.0.0.1:2,127.0.0.1:3", "--dataset", "synthetic",
-         "--train-steps", "5", "--summary-json", str(record)],
-        capture_output=True, text=True, timeout=120,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    assert out.returncode == code, out.stderr
-    name = error.split("(")[0]
-    assert out.stderr.splitlines()[-1].endswith(f"[worker 1] error: failed: {name}: "
-                                                f"{error.split(', ')[-1][1:-2]}")
-    assert json.loads(record.read_text())["exit_code"] == code
-
-
-@pytest.mark.cluster  # starts TensorFlow: not for `make test-fast`
-def test_a_task_starts_tensorflow_without_keras():
-    # Keras 3 costs every task about 0.9 s of CPU at start-up and is never used (cli.py); if
-    # TensorFlow stops honouring TF_USE_LEGACY_KERAS this way, this fails.
-    probe = ("import sys; from sync_mnist import options; options.before_tensorflow(False); "
-             "import tensorflow as tf; tf.compat.v1.train.AdamOptimizer; "
-             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('keras', 'tf_keras')))")
-    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
-    run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert run.stdout.strip() == "[]"
->>>>>>> split:tests/test_task_identity.py
