@@ -369,8 +369,11 @@ def classify(plan: Plan, seen: dict) -> tuple[str, list[str]]:
         if verified:
             defects.append("contradiction")  # the counters verified it, yet it failed
         elif summary and any(t.get("role") == "worker" and t.get("synchronous") is True
-                             for t in summary.get("tasks", [])):
+                             for t in summary.get("tasks", [])) and not _chief_killed_for_good(
+                                 plan, code):
             # A worker read the final counters and verified the run; then something failed.
+            # (Not the chief killed and not restarted before it ended: its evaluation and model
+            # are lost, and the README documents exit 1 for it.)
             defects.append("verified-but-failed")
         if not seen["fault_landed"]:
             defects.append("no-fault-failed")
@@ -387,6 +390,11 @@ def classify(plan: Plan, seen: dict) -> tuple[str, list[str]]:
         if not seen["hang"]:
             defects.append("unexpected-code")
     return ("defect" if defects else category), sorted(set(defects))
+
+
+def _chief_killed_for_good(plan: Plan, code: int) -> bool:
+    return (plan.victim == "worker 0" and plan.fault == "kill" and plan.max_restarts == 0
+            and code == config_lib.EXIT_FAILED)
 
 
 def _counters_agree(plan: Plan, s: dict) -> bool:

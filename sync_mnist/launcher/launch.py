@@ -421,6 +421,20 @@ class _Policy:
         log.error("%s; stopping the cluster", exited)
         return False
 
+    def spared_at_the_end(self, live: list[_Task]) -> list[_Task]:
+        """Of the tasks still running past the end bound, the backups (R < N) that a verified
+        run did without: once the chief has ended 0, a worker restarted after the chief declared
+        its predecessor lost waits for a run that is over."""
+        if not any(t.role == "worker" and t.index == 0 and t.poll() == config_lib.EXIT_OK
+                   for t in self._tasks):
+            return []
+        spared = []
+        for t in live:
+            if self._spare_left(t):
+                t.lost = True  # counted by _spare_left for the next one
+                spared.append(t)
+        return spared
+
     def _spare_left(self, task: _Task) -> bool:
         """Whether `task` is a worker other than the chief that the backups can do without."""
         return task.role == "worker" and task.index != 0 \
@@ -513,6 +527,13 @@ def _wait(tasks: list[_Task], policy: _Policy, *, ps_serve_forever: bool,
         else:
             time.sleep(0.1)
             continue
+        spared = policy.spared_at_the_end(live)
+        for t in spared:
+            log.warning("%s %s, after the chief had verified the run and ended: a backup the "
+                        "run did without; stopping it", t.tag, why)
+        live = [t for t in live if t not in spared]
+        if not live:
+            return None
         for t in live:
             t.overdue = f"{why}; stopped by the launcher"
         log.error("%s %s; stopping the cluster", ", ".join(t.tag for t in live), why)

@@ -73,7 +73,17 @@ def test_reporting_done_to_a_silent_ps_ends_within_the_timeout(silent_ps):
     assert seconds < TIMEOUT + 5
 
 
-def test_the_chiefs_session_against_a_silent_ps_ends_within_the_timeout(silent_ps):
+# A worker's polls for the chief's model each run an op on the ps; against a ps that does not
+# answer (a stopped process) the first one waited without end. Its bound covers its wait for
+# the chief (TIMEOUT) and a poll (TIMEOUT).
+@pytest.mark.parametrize("is_chief, bound, awaited", [
+    (True, TIMEOUT, "the chief: waited {bound:g} s for the ps ({ps}) to keep, restore or "
+                    "initialise the model"),
+    (False, 2 * TIMEOUT, "waited {bound:g} s for the ps ({ps}) to answer while waiting for the "
+                         "chief's model"),
+], ids=["chief", "worker"])
+def test_a_session_against_a_silent_ps_ends_within_its_bound(silent_ps, is_chief, bound,
+                                                             awaited):
     ps, server = silent_ps
     graph = tf.Graph()
 
@@ -82,39 +92,15 @@ def test_the_chiefs_session_against_a_silent_ps_ends_within_the_timeout(silent_p
             with tf1.device("/job:ps/task:0"):
                 tf1.get_variable("v", initializer=tf.zeros([2]))
             session.monitored_session(
-                server.target, is_chief=True, hooks=[],
+                server.target, is_chief=is_chief, hooks=[],
                 config=session.session_config(["/job:ps", "/job:worker/task:0"]),
                 timeout=TIMEOUT, ps_hosts=(ps,))
 
     error, seconds = _within_guard(create)
 
     assert isinstance(error, TaskTimeout), repr(error)
-    assert str(error) == (f"the chief: waited {TIMEOUT:g} s for the ps ({ps}) to keep, restore "
-                          "or initialise the model; it did not answer")
-    assert seconds < TIMEOUT + 5
-
-
-def test_a_workers_session_against_a_silent_ps_ends_within_its_bound(silent_ps):
-    # Each poll for the chief's model runs an op on the ps; against a ps that does not answer
-    # (a stopped process) the first one waited without end.
-    ps, server = silent_ps
-    graph = tf.Graph()
-
-    def create():
-        with graph.as_default():
-            with tf1.device("/job:ps/task:0"):
-                tf1.get_variable("v", initializer=tf.zeros([2]))
-            session.monitored_session(
-                server.target, is_chief=False, hooks=[],
-                config=session.session_config(["/job:ps", "/job:worker/task:0"]),
-                timeout=TIMEOUT, ps_hosts=(ps,))
-
-    error, seconds = _within_guard(create)
-
-    assert isinstance(error, TaskTimeout), repr(error)
-    assert str(error) == (f"waited {2 * TIMEOUT:g} s for the ps ({ps}) to answer while waiting "
-                          "for the chief's model; it did not answer")
-    assert seconds < 2 * TIMEOUT + 5
+    assert str(error) == awaited.format(bound=bound, ps=ps) + "; it did not answer"
+    assert seconds < bound + 5
 
 
 class _WaitsOnThePs(tf1.train.SessionRunHook):

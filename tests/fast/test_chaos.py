@@ -73,6 +73,21 @@ def test_a_run_a_worker_verified_that_then_failed_is_a_defect():
         ("defect", ["verified-but-failed"])
 
 
+def test_the_chief_killed_for_good_after_the_verdict_is_the_documented_exit_1():
+    # The others verified the counters; the chief, killed before it ended and not restarted,
+    # lost its evaluation and its model: exit 1, as the README says. With restarts allowed,
+    # the same ending is a defect (the launcher should have restarted it).
+    tasks = [{"role": "worker", "index": 1, "exit_code": 0, "synchronous": True},
+             {"role": "worker", "index": 0, "exit_code": -9, "synchronous": None}]
+    summary = _verified(synchronous=False, tasks=tasks)
+    lines = ["[cluster] error: worker 0 exited with code -9; stopping the cluster"]
+    chief = dict(victim="worker 0", fault="kill", max_restarts=0)
+    assert chaos.classify(_plan(**chief), _seen(1, summary, lines)) == ("failed-named", [])
+    chief["max_restarts"] = 3
+    assert chaos.classify(_plan(**chief), _seen(1, summary, lines)) == \
+        ("defect", ["verified-but-failed"])
+
+
 def test_exit_0_without_the_counters_to_show_it_is_a_contradiction():
     short = _verified(contributions=[100, 100, 99])
     assert chaos.classify(_plan(), _seen(0, short)) == ("defect", ["contradiction"])

@@ -64,3 +64,26 @@ def test_launcher_goes_on_without_a_dead_backup_worker_but_not_without_the_chief
     # With R = N there is no spare: a dead worker stops the cluster.
     again = _FakeTask("worker", 2, -9)
     assert _wait([again], spare_workers=0) is again
+
+
+def test_a_backup_still_running_after_the_chief_verified_the_run_is_lost_not_overdue():
+    # Seen in the chaos soak (R = 2 of 3, --max-restarts): a backup killed mid-run and
+    # restarted, which the chief then declared lost, waited for a run that was over; at the
+    # launcher's end bound it was counted overdue, and a verified run ended 200.
+    from sync_mnist.launcher import launch
+
+    chief, other = _FakeTask("worker", 0, 0), _FakeTask("worker", 2, 0)
+    successor, ps = _FakeTask("worker", 1, None), _FakeTask("ps", 0, 0)
+    tasks = [ps, chief, successor, other]
+    for t in tasks:
+        t.overdue = None
+    policy = launch._Policy(tasks, max_restarts=3, spare_workers=1, timeout=10.0)
+    assert launch._wait(tasks, policy, ps_serve_forever=False, end_bound=0.0) is None
+    assert successor.lost and successor.overdue is None
+    # With R = N there is no backup to spare: the same task is overdue.
+    successor = _FakeTask("worker", 1, None)
+    successor.overdue = None
+    tasks = [ps, chief, successor, other]
+    policy = launch._Policy(tasks, max_restarts=3, spare_workers=0, timeout=10.0)
+    assert launch._wait(tasks, policy, ps_serve_forever=False, end_bound=0.0) is successor
+    assert not successor.lost and "stopped by the launcher" in successor.overdue
