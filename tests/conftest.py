@@ -169,10 +169,13 @@ def fixed_run(tmp_path_factory):
     return run
 
 
+QUESTION_TIMEOUT = 20
+
+
 @pytest.fixture(scope="session")
 def question_run(tmp_path_factory):
     """One launcher run of the question's setup (`--setup question`), with the fixed run's
-    --train-steps and --log-every, --timeout 10 and --logdir; shared by the tests of its
+    --train-steps and --log-every, --timeout QUESTION_TIMEOUT and --logdir; shared by the tests of its
     verdict and of its picture."""
     from procs import Processes, processes_mentioning, read_json
 
@@ -182,7 +185,11 @@ def question_run(tmp_path_factory):
     try:
         launcher = procs.launcher(
             "--base-port", "0", "--dataset", "synthetic", "--setup", "question",
-            "--train-steps", str(SHARED_STEPS), "--timeout", "10", "--log-every", "10",
+            # --timeout 20: its non-chief workers wait Supervisor's 30 s poll plus --timeout
+            # for the chief's model; with 10, a loaded machine (a make test beside two
+            # cluster runs) had the chief not ready within those 40 s.
+            "--train-steps", str(SHARED_STEPS), "--timeout", str(QUESTION_TIMEOUT),
+            "--log-every", "10",
             "--data-dir", run.marker, "--logdir", str(run.logdir),
             "--summary-json", str(tmp / "cluster.json"))
         run.code = launcher.wait(300)

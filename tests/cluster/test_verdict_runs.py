@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import tensorflow as tf
 
-from conftest import SHARED_STEPS
+from conftest import QUESTION_TIMEOUT, SHARED_STEPS
 from procs import processes_mentioning, read_json
 from sync_mnist.launcher import cli as launcher_cli
 
@@ -42,7 +42,7 @@ def test_question_setup_is_measured_not_synchronous(question_run):
     # (The launcher starts the chief only once they wait, so their first check always fails.)
     assert s["chief_wait_s"][1] >= 29 and s["chief_wait_s"][2] >= 29
     assert sorted(s["blocked"]) == ["ps 0", "worker 1", "worker 2"]
-    assert "blocked for 10 s on the token queue" in launcher.output
+    assert f"blocked for {QUESTION_TIMEOUT} s on the token queue" in launcher.output
 
 
 def test_fixed_setup_with_the_same_options_is_synchronous(fixed_run):
