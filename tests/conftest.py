@@ -169,7 +169,7 @@ def fixed_run(tmp_path_factory):
     return run
 
 
-QUESTION_TIMEOUT = 20
+QUESTION_TIMEOUT = 30
 
 
 @pytest.fixture(scope="session")
@@ -185,9 +185,9 @@ def question_run(tmp_path_factory):
     try:
         launcher = procs.launcher(
             "--base-port", "0", "--dataset", "synthetic", "--setup", "question",
-            # --timeout 20: its non-chief workers wait Supervisor's 30 s poll plus --timeout
+            # --timeout 30: its non-chief workers wait Supervisor's 30 s poll plus --timeout
             # for the chief's model; with 10, a loaded machine (a make test beside two
-            # cluster runs) had the chief not ready within those 40 s.
+            # cluster runs) had the chief not ready within those 40 s, and with 20 within 50 s.
             "--train-steps", str(SHARED_STEPS), "--timeout", str(QUESTION_TIMEOUT),
             "--log-every", "10",
             "--data-dir", run.marker, "--logdir", str(run.logdir),
