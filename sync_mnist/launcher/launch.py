@@ -422,9 +422,13 @@ class _Policy:
         return False
 
     def spared_at_the_end(self, live: list[_Task]) -> list[_Task]:
-        """Of the tasks still running past the end bound, the backups (R < N) that a verified
-        run did without: once the chief has ended 0, a worker restarted after the chief declared
-        its predecessor lost waits for a run that is over."""
+        """Of the tasks still running past the end bound, those a verified run did without.
+
+        Once the chief has ended 0: a backup (R < N) restarted after the chief declared its
+        predecessor lost waits for a run that is over; and a ps left with no worker running
+        waits for done reports that no one is left to send (a worker gave up its report, or
+        died, after the verdict). Its own bound allows for restarts that will not come.
+        """
         if not any(t.role == "worker" and t.index == 0 and t.poll() == config_lib.EXIT_OK
                    for t in self._tasks):
             return []
@@ -433,6 +437,8 @@ class _Policy:
             if self._spare_left(t):
                 t.lost = True  # counted by _spare_left for the next one
                 spared.append(t)
+        if all(t.role == "ps" for t in live if t not in spared):
+            spared += [t for t in live if t.role == "ps"]
         return spared
 
     def _spare_left(self, task: _Task) -> bool:
@@ -529,8 +535,9 @@ def _wait(tasks: list[_Task], policy: _Policy, *, ps_serve_forever: bool,
             continue
         spared = policy.spared_at_the_end(live)
         for t in spared:
-            log.warning("%s %s, after the chief had verified the run and ended: a backup the "
-                        "run did without; stopping it", t.tag, why)
+            log.warning("%s %s, after the chief had verified the run and ended: %s; stopping it",
+                        t.tag, why, "a backup the run did without" if t.role == "worker"
+                        else "no worker is left to report done to it")
         live = [t for t in live if t not in spared]
         if not live:
             return None

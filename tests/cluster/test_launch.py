@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import fake_task
 from procs import ROOT, kill_groups_mentioning, processes_mentioning, read_json
@@ -267,6 +268,13 @@ def test_the_cluster_summary_judges_a_run_by_the_workers_that_were_not_lost():
     summary = report.cluster_summary([worker(0, **reading), worker(1, **reading), results[2]],
                                      [], wall=1.0)
     assert summary["synchronous"] is False
+    # Unless it died after the chief had verified the run and ended (the launcher's "spent"):
+    # then the chief's verdict, read after the finish barrier, stands for the run.
+    tasks = [SimpleNamespace(role="worker", index=i, spent=i == 2, restarts=0, pids=[],
+                             exited_at=None) for i in range(3)]
+    summary = report.cluster_summary([worker(0, **reading), worker(1, **reading), results[2]],
+                                     tasks, wall=1.0)
+    assert summary["synchronous"] is True
 
 
 def _launcher_with_stdout(tmp_path, behaviour: str) -> subprocess.Popen:

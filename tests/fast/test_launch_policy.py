@@ -87,3 +87,27 @@ def test_a_backup_still_running_after_the_chief_verified_the_run_is_lost_not_ove
     policy = launch._Policy(tasks, max_restarts=3, spare_workers=0, timeout=10.0)
     assert launch._wait(tasks, policy, ps_serve_forever=False, end_bound=0.0) is successor
     assert not successor.lost and "stopped by the launcher" in successor.overdue
+
+
+def test_a_ps_left_waiting_for_done_reports_after_a_verified_run_is_stopped_not_overdue():
+    # Seen in the chaos soak (--max-restarts 3): ps 0 was stopped for 32 s at the end. Worker 1's
+    # final reading timed out (exit 200, after the chief had verified the run and ended), the
+    # chief gave up its done report, and ps 0, whose bound allows for restarts, waited on for
+    # two reports that no one was left to send; at the end bound a verified run ended 200.
+    from sync_mnist.launcher import launch
+
+    ps, chief = _FakeTask("ps", 0, None), _FakeTask("worker", 0, 0)
+    gave_up, other = _FakeTask("worker", 1, EXIT_TIMEOUT), _FakeTask("worker", 2, 0)
+    tasks = [ps, chief, gave_up, other]
+    for t in tasks:
+        t.overdue = None
+    policy = launch._Policy(tasks, max_restarts=3, spare_workers=0, timeout=10.0)
+    assert launch._wait(tasks, policy, ps_serve_forever=False, end_bound=0.0) is None
+    assert ps.overdue is None and gave_up.spent and gave_up.starts == 1
+    # While a worker still runs, the ps may still be needed: both are overdue.
+    still = _FakeTask("worker", 2, None)
+    still.overdue = None
+    tasks = [ps, chief, gave_up, still]
+    policy = launch._Policy(tasks, max_restarts=3, spare_workers=0, timeout=10.0)
+    assert launch._wait(tasks, policy, ps_serve_forever=False, end_bound=0.0) is ps
+    assert "stopped by the launcher" in ps.overdue and "stopped by the launcher" in still.overdue
