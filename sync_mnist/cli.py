@@ -28,6 +28,7 @@ import os
 import resource
 import signal
 import sys
+import threading
 
 from sync_mnist import cluster as cluster_lib
 from sync_mnist import config as config_lib
@@ -142,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     options.setup_logging(args.verbose, config.name)
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    sys.unraisablehook = _interrupt_again
     if held:  # stopped while it checked its arguments, which were good
         logging.getLogger("sync_mnist").error("interrupted")
         return config_lib.EXIT_INTERRUPTED
@@ -268,6 +270,11 @@ def _finish(config: TaskConfig, result, code: int) -> int:
     started), returns `code` instead."""
     if result is None:
         return code
+    if threading.current_thread() is threading.main_thread():
+        # The task's end is decided: a stop signal now (the launcher stopping the cluster
+        # after a peer's failure) would cut the record short with a traceback.
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
     result.exit_code = code
     # ru_maxrss is in KiB on Linux.
     result.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -308,6 +315,17 @@ def _peer_lost(error: Exception) -> bool:
 
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
+
+
+def _interrupt_again(unraisable) -> None:
+    """sys.unraisablehook: a stop whose KeyboardInterrupt landed in a destructor (a TensorFlow
+    session's __del__ while the task unwinds, say) would be printed as "Exception ignored" and
+    lost; it is delivered again instead, from another thread a moment later, so that it is
+    raised once the destructor has returned (a signal raised here would be handled here)."""
+    if unraisable.exc_type is KeyboardInterrupt:
+        threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        return
+    sys.__unraisablehook__(unraisable)
 
 
 if __name__ == "__main__":

@@ -81,3 +81,60 @@ def test_real_command_names_an_unreachable_ps_and_ends():
     assert errors[0].endswith(f" for {START_SECS + 2:g} s")
     assert err.splitlines()[-1] == errors[0]  # the last word, after the worker's start-up lines
     assert seconds < START_SECS + 60  # it ends: bounded, even on a loaded machine
+
+
+def test_a_stop_signal_while_the_task_writes_its_record_does_not_cut_it_short(tmp_path):
+    # Seen in the chaos soak: a worker that had timed out (200) got the launcher's SIGTERM,
+    # which stops the cluster after a peer's failure, while it wrote its result record; the
+    # interrupt came out of json.dumps as a traceback, and the record was lost.
+    script = (
+        "import os, signal, sys\n"
+        "from sync_mnist import cli, config, report, worker\n"
+        "def run_worker(config_, **kwargs):\n"
+        "    raise config.TaskTimeout('worker 1: waited 5 s for an update')\n"
+        "worker.run_worker = run_worker\n"
+        "write = report.TaskResult.write_json\n"
+        "def stopped_while_writing(self, path):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)  # its handler runs before the next line\n"
+        "    write(self, path)\n"
+        "report.TaskResult.write_json = stopped_while_writing\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n")
+    record = tmp_path / "worker1.json"
+    out = subprocess.run(
+        [sys.executable, "-c", script, "--role", "worker", "--index", "1", "--ps-hosts",
+         "127.0.0.1:1", "--worker-hosts", "127.0.0.1:2,127.0.0.1:3", "--dataset", "synthetic",
+         "--train-steps", "5", "--summary-json", str(record)],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert "Traceback" not in out.stderr, out.stderr
+    assert out.returncode == EXIT_TIMEOUT, out.stderr
+    assert json.loads(record.read_text())["exit_code"] == EXIT_TIMEOUT
+
+
+def test_a_stop_signal_that_lands_in_a_destructor_still_stops_the_task(tmp_path):
+    # Seen in the chaos soak: the launcher's SIGTERM came while a failing worker closed a
+    # TensorFlow session; the interrupt was raised inside BaseSession.__del__, printed as
+    # "Exception ignored ... KeyboardInterrupt", and lost.
+    script = (
+        "import os, signal, sys, time\n"
+        "from sync_mnist import cli, worker\n"
+        "class Closing:\n"
+        "    def __del__(self):\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)  # its handler raises in here\n"
+        "def run_worker(config_, **kwargs):\n"
+        "    Closing()  # collected at once\n"
+        "    time.sleep(30)\n"
+        "    raise AssertionError('the interrupt was lost')\n"
+        "worker.run_worker = run_worker\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n")
+    record = tmp_path / "worker1.json"
+    out = subprocess.run(
+        [sys.executable, "-c", script, "--role", "worker", "--index", "1", "--ps-hosts",
+         "127.0.0.1:1", "--worker-hosts", "127.0.0.1:2,127.0.0.1:3", "--dataset", "synthetic",
+         "--train-steps", "5", "--summary-json", str(record)],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert "Exception ignored" not in out.stderr, out.stderr
+    assert out.returncode == config.EXIT_INTERRUPTED, out.stderr
+    assert out.stderr.splitlines()[-1].endswith("[worker 1] error: interrupted")
+    assert json.loads(record.read_text())["exit_code"] == config.EXIT_INTERRUPTED
