@@ -384,13 +384,16 @@ class WorkerRun:
                                           self.result)
         # Sync: wait until every worker has pushed its last gradient (or is lost), so that
         # every task reads the same, final counters and so reaches the same verdict.
-        lost = membership.finish_barrier(
-            lambda fetches, feed=None: side.run(fetches, feed, options=self.bounded), g.members,
-            index=config.index, cluster=config.cluster, timeout=train.timeout, log=log)
-        counters = verdict_lib.Counters.read(side, g.state, options=self.bounded)
+        with self._awaiting("at the finish (the barrier and the final counters)"):
+            lost = membership.finish_barrier(
+                lambda fetches, feed=None: side.run(fetches, feed, options=self.bounded),
+                g.members, index=config.index, cluster=config.cluster, timeout=train.timeout,
+                log=log)
+            counters = verdict_lib.Counters.read(side, g.state, options=self.bounded)
+            stop_step = None if g.stop is None else int(
+                side.run(g.stop_vars.stop_step, options=self.bounded))
         end = self.target
         if g.stop is not None:  # Sync: the run was planned to end where the target stopped it
-            stop_step = int(side.run(g.stop_vars.stop_step, options=self.bounded))
             result.target_accuracy, result.stop_step = train.target_accuracy, stop_step or None
             if train.mode == "sync":  # (async mode counts local steps, and verifies no target)
                 end = early_stop.end_step(self.target, stop_step)
@@ -407,8 +410,9 @@ class WorkerRun:
             self.shard = None  # trained: make room for the test digits
             if self.test_later:
                 self.dataset = data.load_test_split(self.dataset, train.data_dir, seed=train.seed)
-            result.test_accuracy, result.test_loss = evaluate(side, g, self.dataset,
-                                                              self.bounded)
+            with self._awaiting("to evaluate the model"):
+                result.test_accuracy, result.test_loss = evaluate(side, g, self.dataset,
+                                                                  self.bounded)
             log.info("test_accuracy=%.4f test_loss=%.4f on %d test examples of %s",
                      result.test_accuracy, result.test_loss, len(self.dataset.test_labels),
                      self.dataset.name)
@@ -416,8 +420,22 @@ class WorkerRun:
                 metrics.write_summaries(self.writer, counters,
                                         test_accuracy=result.test_accuracy)
             if self.export_dir:  # the weights evaluated just now, read while the ps serves
-                self.weights = export.read_weights(
-                    lambda fetches: side.run(fetches, options=self.bounded), self.graph)
+                with self._awaiting("to read the trained weights for the export"):
+                    self.weights = export.read_weights(
+                        lambda fetches: side.run(fetches, options=self.bounded), self.graph)
+
+    @contextlib.contextmanager
+    def _awaiting(self, what: str):
+        """A bounded read of the ps that expired, as a timeout that says what it waited for."""
+        try:
+            yield
+        except tf.errors.DeadlineExceededError:
+            cluster = self.config.cluster
+            hosts = ", ".join(f"ps {p} at {a}" for p, a in enumerate(cluster.ps_hosts))
+            raise TaskTimeout(
+                f"{self.config.name}: waited {self.train_config.timeout:g} s for "
+                f"{'the ps' if cluster.num_ps == 1 else 'the ps tasks'} ({hosts}) {what}; "
+                "no answer") from None
 
     def say_done(self) -> None:
         # The chief writes its model first: once it has reported done the ps may exit, and a

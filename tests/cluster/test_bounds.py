@@ -219,3 +219,25 @@ def test_a_done_report_the_ps_never_takes_after_a_verified_run_leaves_the_result
     assert report.exit_code_for(result) == config_lib.EXIT_OK
     assert last_resorts == []  # disarmed: it would have ended the process with 200
     assert seconds < TIMEOUT + 5
+
+
+def test_a_read_at_the_finish_that_expires_says_what_it_waited_for():
+    # Seen in the chaos soak: a ps stopped at the end cut a worker's final reading short, and
+    # it ended 200 with "DeadlineExceededError: Graph execution error:", which names nothing.
+    from types import SimpleNamespace
+
+    from sync_mnist.cluster import ClusterLayout
+    from sync_mnist.config import TaskTimeout
+
+    layout = ClusterLayout(("localhost:2222", "localhost:2223"), ("localhost:2224",))
+    run = SimpleNamespace(config=SimpleNamespace(name="worker 1", cluster=layout),
+                          train_config=SimpleNamespace(timeout=20.0))
+    with pytest.raises(TaskTimeout) as raised:
+        with worker.WorkerRun._awaiting(run, "to evaluate the model"):
+            raise tf.errors.DeadlineExceededError(None, None, "Graph execution error:")
+    assert str(raised.value) == (
+        "worker 1: waited 20 s for the ps tasks (ps 0 at localhost:2222, ps 1 at "
+        "localhost:2223) to evaluate the model; no answer")
+    with pytest.raises(tf.errors.UnavailableError):  # only an expired bound is a timeout
+        with worker.WorkerRun._awaiting(run, "to evaluate the model"):
+            raise tf.errors.UnavailableError(None, None, "Socket closed")
