@@ -177,8 +177,8 @@ def _fmt(value, spec: str = "") -> str:
 def cluster_summary(results: list[TaskResult], tasks, wall: float) -> dict:
     """The whole cluster's record: the task keys (from the chief's reading) plus wall_s, tasks.
 
-    `tasks` are the launcher's: each has role, index, restarts, pids, exited_at (unix time)
-    and spent (it died after the chief had verified the run and ended).
+    `tasks` are the launcher's: each has role, index, restarts, pids, exited_at (unix time),
+    spent and lost (launch._Task).
     """
     workers = sorted((r for r in results if r.role == "worker"), key=lambda r: r.index)
     chief = next((r for r in workers if r.index == 0), None)
@@ -186,10 +186,11 @@ def cluster_summary(results: list[TaskResult], tasks, wall: float) -> dict:
     # Sync: a worker the chief declared lost (a backup, R < N) has no verdict of its own; the
     # others' verdicts, read from the ps after the finish barrier, name it and stand for the run.
     lost = reading.lost if reading and reading.lost else []
-    # Nor has a worker that died after the chief had verified the run and ended (its final
-    # reading cut short, say): the chief's verdict came after the finish barrier.
-    spent = [t.index for t in tasks if t.role == "worker" and t.spent]
-    judges = [r for r in workers if r.index not in lost and r.index not in spent]
+    # Nor has a worker the launcher let go: one that died after the chief had verified the run
+    # and ended (spent: its final reading cut short, say), or a backup it carried on without
+    # (lost). The chief's verdict came after the finish barrier.
+    let_go = [t.index for t in tasks if t.role == "worker" and (t.spent or t.lost)]
+    judges = [r for r in workers if r.index not in lost and r.index not in let_go]
     verdicts = {r.verdict for r in workers if r.verdict}
     ready = [r.ready_at for r in workers if r.ready_at]
     finished = [r.finished_at for r in workers if r.finished_at]

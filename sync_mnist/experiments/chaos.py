@@ -369,11 +369,11 @@ def classify(plan: Plan, seen: dict) -> tuple[str, list[str]]:
         if verified:
             defects.append("contradiction")  # the counters verified it, yet it failed
         elif summary and any(t.get("role") == "worker" and t.get("synchronous") is True
-                             for t in summary.get("tasks", [])) and not _chief_killed_for_good(
-                                 plan, code):
+                             for t in summary.get("tasks", [])) \
+                and not _model_lost(plan, code, summary):
             # A worker read the final counters and verified the run; then something failed.
-            # (Not the chief killed and not restarted before it ended: its evaluation and model
-            # are lost, and the README documents exit 1 for it.)
+            # (Not the model lost before the chief ended: its evaluation and SavedModel are
+            # lost, and the README documents the failure.)
             defects.append("verified-but-failed")
         if not seen["fault_landed"]:
             defects.append("no-fault-failed")
@@ -392,9 +392,18 @@ def classify(plan: Plan, seen: dict) -> tuple[str, list[str]]:
     return ("defect" if defects else category), sorted(set(defects))
 
 
-def _chief_killed_for_good(plan: Plan, code: int) -> bool:
-    return (plan.victim == "worker 0" and plan.fault == "kill" and plan.max_restarts == 0
-            and code == config_lib.EXIT_FAILED)
+def _model_lost(plan: Plan, code: int, summary: dict) -> bool:
+    """A documented failure after a worker verified the counters (README, "When something
+    goes wrong"): before the chief ended, the fault took what it still needed. The chief,
+    killed or frozen past --timeout, not restarted; or a ps, whose variables are the model,
+    killed (restarted, it comes back empty) or frozen past --timeout and not restarted."""
+    chief = next((t for t in summary.get("tasks", [])
+                  if t.get("role") == "worker" and t.get("index") == 0), {})
+    if code not in FAILURE_CODES or plan.fault == "stop-short" or chief.get("exit_code") == 0:
+        return False
+    if plan.victim_kind == "chief":
+        return plan.max_restarts == 0
+    return plan.victim_kind == "ps" and (plan.fault == "kill" or plan.max_restarts == 0)
 
 
 def _counters_agree(plan: Plan, s: dict) -> bool:

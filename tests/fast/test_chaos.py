@@ -62,18 +62,27 @@ def test_a_verified_run_reported_as_a_failure_contradicts_its_counters():
 
 
 def test_a_run_a_worker_verified_that_then_failed_is_a_defect():
-    # The ps killed at the end: two workers verified the final counters and exited 0, then the
-    # launcher stopped the chief.
+    # The ps frozen at the end: the chief and worker 1 verified the final counters and exited
+    # 0, then the run ended 200 (the ps, waiting for done reports, ran past the launcher's end
+    # bound). A verified result must stand.
     tasks = [{"role": "worker", "index": 1, "exit_code": 0, "synchronous": True},
-             {"role": "worker", "index": 0, "exit_code": 130, "synchronous": None,
-              "blocked": True, "error": "still running at the end; stopped by the launcher"}]
+             {"role": "worker", "index": 0, "exit_code": 0, "synchronous": True},
+             {"role": "worker", "index": 2, "exit_code": 200, "synchronous": None}]
     summary = _verified(synchronous=False, tasks=tasks)
-    lines = ["[cluster] error: ps 0 exited with code -9; stopping the cluster"]
-    assert chaos.classify(_plan(victim="ps 0"), _seen(1, summary, lines)) == \
+    lines = ["[cluster] error: ps 0 still running 70 s after worker 2 ended; stopping the "
+             "cluster"]
+    frozen = dict(victim="ps 0", fault="stop-long", pause=25.0, phase="end")
+    assert chaos.classify(_plan(**frozen), _seen(200, summary, lines)) == \
+        ("defect", ["verified-but-failed"])
+    # Frozen past --timeout before the chief ended, with no restart: the chief's evaluation
+    # waited for it, and the run fails (the README's exception); with restarts it should not.
+    tasks[1] = {"role": "worker", "index": 0, "exit_code": 130, "synchronous": None}
+    assert chaos.classify(_plan(**frozen), _seen(200, summary, lines)) == ("failed-named", [])
+    assert chaos.classify(_plan(**frozen, max_restarts=3), _seen(200, summary, lines)) == \
         ("defect", ["verified-but-failed"])
 
 
-def test_the_chief_killed_for_good_after_the_verdict_is_the_documented_exit_1():
+def test_the_model_lost_before_the_chief_ended_is_the_documented_exit_1():
     # The others verified the counters; the chief, killed before it ended and not restarted,
     # lost its evaluation and its model: exit 1, as the README says. With restarts allowed,
     # the same ending is a defect (the launcher should have restarted it).
@@ -86,6 +95,12 @@ def test_the_chief_killed_for_good_after_the_verdict_is_the_documented_exit_1():
     chief["max_restarts"] = 3
     assert chaos.classify(_plan(**chief), _seen(1, summary, lines)) == \
         ("defect", ["verified-but-failed"])
+    # A ps killed before the chief ended took the model with it: exit 1 too, not restarted
+    # (the launcher stops the cluster) or restarted (it comes back empty: ModelLost).
+    lines = ["[cluster] error: ps 1 exited with code -9; stopping the cluster"]
+    for restarts in (0, 3):
+        ps = dict(victim="ps 1", ps=2, fault="kill", max_restarts=restarts)
+        assert chaos.classify(_plan(**ps), _seen(1, summary, lines)) == ("failed-named", [])
 
 
 def test_exit_0_without_the_counters_to_show_it_is_a_contradiction():
