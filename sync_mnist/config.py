@@ -124,9 +124,10 @@ class TrainConfig:
     # The cluster stops at the first of those evaluations whose accuracy reaches this; None: it
     # trains the planned steps or epochs.
     target_accuracy: float | None = None
-    # What a gradient crosses to the ps in. bfloat16 halves the bytes of every push: cast on
-    # the worker, float32 again on the ps (the accumulators and the optimizer stay float32),
-    # each element rounded to 8 significant bits. The weights' pull stays float32.
+    # What the weights and gradients cross between ps and worker in. bfloat16 halves the bytes
+    # of every pull and push: each is cast where it is sent and made float32 again where it
+    # arrives, each element rounded to 8 significant bits. The variables, the accumulators,
+    # the optimizer and the chief's evaluation stay float32 (model.build_logits, sync.to_ps).
     wire_dtype: str = "float32"
 
     def __post_init__(self) -> None:

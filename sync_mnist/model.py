@@ -26,19 +26,21 @@ class ModelOutputs(NamedTuple):
 
 
 def build_model(images: tf.Tensor, labels: tf.Tensor,
-                hidden_units: tuple[int, ...] = HIDDEN_UNITS, *, slices: int = 1) -> ModelOutputs:
+                hidden_units: tuple[int, ...] = HIDDEN_UNITS, *, slices: int = 1,
+                pull_dtype: str = "float32", reuse: bool = False) -> ModelOutputs:
     """Builds the MLP from plain variables (Keras 3 removed tf.compat.v1.layers).
 
     Args:
       images: float32 [batch, 784], pixels scaled to [0, 1].
       labels: int64 [batch], digits 0-9.
       hidden_units: widths of the ReLU hidden layers.
-      slices: how many slices each variable is cut into (build_logits).
+      slices, pull_dtype, reuse: see build_logits.
 
     Returns:
       ModelOutputs with logits [batch, 10] and scalar loss and accuracy.
     """
-    logits = build_logits(images, hidden_units, slices=slices)
+    logits = build_logits(images, hidden_units, slices=slices, pull_dtype=pull_dtype,
+                          reuse=reuse)
     loss = tf.reduce_mean(
         tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
     correct = tf.equal(tf.argmax(logits, axis=1), labels)
@@ -57,7 +59,7 @@ def variable_shapes(hidden_units: tuple[int, ...] = HIDDEN_UNITS) -> list[list[i
 
 
 def build_logits(images: tf.Tensor, hidden_units: tuple[int, ...] = HIDDEN_UNITS, *,
-                 slices: int = 1) -> tf.Tensor:
+                 slices: int = 1, pull_dtype: str = "float32", reuse: bool = False) -> tf.Tensor:
     """The MLP alone, for training and for the exported inference graph (export.py).
 
     Args:
@@ -67,6 +69,12 @@ def build_logits(images: tf.Tensor, hidden_units: tuple[int, ...] = HIDDEN_UNITS
         axis (`fixed_size_partitioner`), `layer<k>/weights/part_0` ... `part_<K-1>`, which the
         graph joins (concat) where it uses them. A checkpoint holds each partitioned variable
         whole, under its full name, so it restores with any K.
+      pull_dtype: "float32", or "bfloat16": each variable (each slice) is read in bfloat16
+        where it lives and made float32 again where it is used, so a pull from the ps moves
+        half the bytes. The layers then compute with the weights rounded to 8 significant
+        bits; the variables, and what the optimizer applies to them, stay float32.
+      reuse: the variables exist already (a second tower over them, such as the exact
+        evaluation beside a bfloat16 training tower).
 
     Returns:
       logits [batch, 10]; the variables are `layer<k>/weights` and `layer<k>/biases`.
@@ -76,9 +84,12 @@ def build_logits(images: tf.Tensor, hidden_units: tuple[int, ...] = HIDDEN_UNITS
     # variables, so without slices every weight matrix lands on ps 0 and every bias on ps 1
     # (74.5% of the bytes are layer 0's weights alone).
     partitioner = tf1.fixed_size_partitioner(slices) if slices > 1 else None
+    getter = None if pull_dtype == "float32" else _pulled_in(tf.as_dtype(pull_dtype),
+                                                             partitioned=slices > 1)
     x = images
     for layer, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
-        with tf1.variable_scope(f"layer{layer}", partitioner=partitioner):
+        with tf1.variable_scope(f"layer{layer}", partitioner=partitioner, reuse=reuse or None,
+                                custom_getter=getter):
             # Glorot keeps activations at a sane scale; the question's random_normal(stddev=1)
             # saturated the network and is part of why it trained badly.
             weights = tf1.get_variable("weights", [fan_in, fan_out],
@@ -88,6 +99,22 @@ def build_logits(images: tf.Tensor, hidden_units: tuple[int, ...] = HIDDEN_UNITS
         if layer < len(sizes) - 2:
             x = tf.nn.relu(x)
     return x
+
+
+def _pulled_in(dtype: tf.DType, *, partitioned: bool):
+    """A custom getter: the variable as `dtype` crosses from its device, float32 again here.
+    A partitioned variable comes as its slices (iterating it gives them in order)."""
+    def getter(getter, *args, **kwargs):
+        variable = getter(*args, **kwargs)
+        slices = list(variable) if partitioned else [variable]
+        pulled = []
+        for v in slices:
+            with tf1.device(v.device):  # Sync: cast where it lives, so the narrow copy crosses
+                sent = tf.cast(v, dtype)
+            pulled.append(tf.cast(sent, tf.float32))  # on the device the layer runs on
+        return pulled[0] if len(pulled) == 1 else tf.concat(pulled, axis=0)
+
+    return getter
 
 
 class Whole(NamedTuple):

@@ -133,11 +133,11 @@ def _add_protocol_options(g) -> None:
                         "--eval-every); not reached: training runs the planned length and "
                         "still exits 0 (default: none)")
     g.add_argument("--wire-dtype", default="float32", choices=config_lib.WIRE_DTYPES,
-                   help="what each gradient crosses to the ps in: bfloat16 halves the bytes "
-                        "of every push (cast on the worker, float32 again on the ps, where the "
-                        "accumulators and the optimizer stay float32; each element rounded to "
-                        "8 significant bits); the weights' pull stays float32 (default: "
-                        "float32)")
+                   help="what the weights and gradients cross between ps and worker in: "
+                        "bfloat16 halves the bytes of every pull and push (each cast where it "
+                        "is sent, float32 again where it arrives, rounded to 8 significant "
+                        "bits); the variables, the optimizer and the evaluation stay float32 "
+                        "(default: float32)")
 
 
 def whole_number(text: str) -> int:

@@ -49,7 +49,8 @@ def no_silent_end(me: str):
 class _Graph(NamedTuple):
     images: tf.Tensor
     labels: tf.Tensor
-    outputs: model.ModelOutputs
+    outputs: model.ModelOutputs  # the training tower: weights pulled in --wire-dtype
+    evaluation: model.ModelOutputs  # the same model read in float32 (`outputs` in float32)
     state: sync.SharedState
     training: sync.SyncTraining
     members: membership.Membership  # Sync: published settings, last pushes, the finish barrier
@@ -87,7 +88,11 @@ def build_graph(config: TaskConfig, num_tokens: int = 0, dataset: str | None = N
     with tf1.device(setter):
         images = tf1.placeholder(tf.float32, [None, model.IMAGE_PIXELS], name="images")
         labels = tf1.placeholder(tf.int64, [None], name="labels")
-        outputs = model.build_model(images, labels, slices=config.cluster.num_ps)
+        outputs = model.build_model(images, labels, slices=config.cluster.num_ps,
+                                    pull_dtype=train.wire_dtype)
+        # The chief evaluates, and reports accuracy for, the model as the ps holds it.
+        evaluation = outputs if train.wire_dtype == "float32" else model.build_model(
+            images, labels, slices=config.cluster.num_ps, reuse=True)
         optimizer = model.make_optimizer(train.optimizer, train.learning_rate,
                                          decay_steps=decay_steps,
                                          global_step=shared.state.global_step)
@@ -104,8 +109,8 @@ def build_graph(config: TaskConfig, num_tokens: int = 0, dataset: str | None = N
         stop = early_stop.build_stop_ops(shared.stop, training.train_op, train.mode) \
             if target_accuracy else None
     report_done = tf.group(*[q.enqueue(i) for q in shared.done_queues])
-    return _Graph(images, labels, outputs, shared.state, training, shared.members, report_done,
-                  shared.stop, stop)
+    return _Graph(images, labels, outputs, evaluation, shared.state, training, shared.members,
+                  report_done, shared.stop, stop)
 
 
 def load_shard(config: TaskConfig, dataset: data.Dataset | None = None
@@ -537,7 +542,7 @@ def evaluate(side, g: _Graph, dataset: data.Dataset, options) -> tuple[float, fl
     for start in range(0, len(dataset.test_labels), EVAL_BATCH):
         x = data.to_float(dataset.test_images[start:start + EVAL_BATCH])
         y = dataset.test_labels[start:start + EVAL_BATCH]
-        accuracy, loss = side.run([g.outputs.accuracy, g.outputs.loss],
+        accuracy, loss = side.run([g.evaluation.accuracy, g.evaluation.loss],
                                   {g.images: x, g.labels: y}, options=options)
         correct += accuracy * len(y)
         total_loss += loss * len(y)

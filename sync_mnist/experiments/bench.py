@@ -8,7 +8,7 @@ Adam and batch 100 per worker:
   single        one process, same model, optimizer, batch and feed_dict input (bench_tasks.py)
   async         the real cluster, --mode async
   sync          the real cluster, the fixed setup (proof counters on, as users run it)
-  sync-bf16     the same with --wire-dtype bfloat16: every push in half the bytes
+  sync-bf16     the same with --wire-dtype bfloat16: every pull and push in half the bytes
   sync-2ps      the same with 2 ps tasks, the model split evenly between them
   sync-noproof  the same without the counters (hidden --bench-no-proof): the price of the proof
   mwms          TF2 MultiWorkerMirroredStrategy, RING all-reduce on CPU (bench_tasks.py)

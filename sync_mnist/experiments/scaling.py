@@ -19,17 +19,18 @@ The model (`predict`), per update, for N workers, P ps tasks and a link rate r (
   B, K         the trainable bytes and tensors every worker pulls each step (6 tensors,
                1.08 MB); B_p: those on ps p, as --ps P places them (one slice of every
                variable per ps, read from the real graph, `partition`)
-  g            bytes a push moves per byte pulled: 1 in float32, 0.5 with --wire-dtype
-               bfloat16 (push_share)
+  s            bytes each pull and each push moves per byte of the float32 variables: 1, or
+               0.5 with --wire-dtype bfloat16 (wire_share); B and B_p below are s times
+               the variables' bytes
   t_fb         = t_single - t_update: a worker's forward and backward pass
   ps(p)        = (t_update + N t_accum) B_p / B: ps p's work per update
-  latency      = t_fb + 2 K t_rpc + (1 + g) B c_byte + [wire(B) + wire(g B)] + max_p ps(p)
+  latency      = t_fb + 2 K t_rpc + 2 B c_byte + 2 wire(B) + max_p ps(p)
                + t_sync: one worker's step, end to end: compute, pull and push (through its
                own link, one after the other), the ps's work, and a fixed overhead t_sync
                (the token, the counters, one RunGraph per task), calibrated on the 1-worker
                1-ps uncapped wall time; each ps beyond the first adds t_ps_extra (calibrated
                on 1 worker, 2 ps)
-  link         = [wire(N B_x) + wire(N g B_x) - overlap (wire(N g B_x) - wire(g B_x))], B_x
+  link         = [2 wire(N B_x) - overlap (wire(N B_x) - wire(B_x))], B_x
                = max_p B_p: the busiest ps's link sends every worker's pull and receives every
                push, the two directions of a full-duplex link. overlap 0: every pull ends
                before any push starts (they start together, from the same update's tokens,
@@ -120,7 +121,7 @@ class Prediction:
 
 def predict(costs: Costs, num_workers: int, bytes_per_ps: Sequence[int], *,
             rate_bits: float | None = None, cores: int | None = None,
-            burst: int = 0, push_share: float = 1.0) -> Prediction:
+            burst: int = 0, wire_share: float = 1.0) -> Prediction:
     """T(N, P, r): seconds per synchronous update (see the module docstring for each term).
 
     Args:
@@ -131,9 +132,10 @@ def predict(costs: Costs, num_workers: int, bytes_per_ps: Sequence[int], *,
       cores: cores shared by every task (one machine); None: each task on its own host.
       burst: tbf's bucket in bytes (testbed.TBF_BURST_BYTES in a testbed): each phase's first
         `burst` bytes pass at once, as the bucket refills while the other direction works.
-      push_share: bytes a push moves per byte pulled: 1 in float32, 0.5 with --wire-dtype
-        bfloat16 (the pull stays float32).
+      wire_share: bytes each pull and push moves per byte of bytes_per_ps: 1 in float32,
+        0.5 with --wire-dtype bfloat16.
     """
+    bytes_per_ps = [b * wire_share for b in bytes_per_ps]  # as they cross
     n, total = num_workers, sum(bytes_per_ps)
     if n < 1 or not bytes_per_ps or total <= 0:
         raise ValueError(f"need N >= 1 and ps bytes, got N={n}, bytes {list(bytes_per_ps)}")
@@ -143,16 +145,16 @@ def predict(costs: Costs, num_workers: int, bytes_per_ps: Sequence[int], *,
         return 8 * max(0.0, nbytes - burst) / (rate_bits * costs.efficiency) if rate_bits \
             else 0.0
 
-    more_ps, busiest, g = len(bytes_per_ps) - 1, max(bytes_per_ps), push_share
+    more_ps, busiest = len(bytes_per_ps) - 1, max(bytes_per_ps)
     latency = (costs.t_fb + 2 * costs.tensors_total * costs.t_rpc
-               + (1 + g) * total * costs.c_byte + wire(total) + wire(g * total) + max(ps)
+               + 2 * total * costs.c_byte + 2 * wire(total) + max(ps)
                + costs.t_sync + more_ps * costs.t_ps_extra)
     # The busiest ps's link sends every worker's pull and receives every push: two directions
     # of a full-duplex link. overlap 0: the pulls all end before the pushes start (they share
     # the link from the same token), so one direction waits for the other; overlap 1: only
     # the last worker's push cannot run beside a pull.
-    serial = wire(n * busiest) + wire(n * g * busiest)
-    link = serial - costs.overlap * (wire(n * g * busiest) - wire(g * busiest))
+    serial = 2 * wire(n * busiest)
+    link = serial - costs.overlap * (wire(n * busiest) - wire(busiest))
     # Each ps beyond the first costs CPU once per update (its part of the update's RunGraph
     # calls) and once per worker step (its partition of the step), each calibrated apart.
     per_step = (costs.cpu_step or costs.t_fb + costs.cpu_floor) + more_ps * costs.cpu_ps_step
@@ -161,7 +163,7 @@ def predict(costs: Costs, num_workers: int, bytes_per_ps: Sequence[int], *,
 
 
 def overlap_from(costs: Costs, num_workers: int, bytes_per_ps: Sequence[int], measured: float,
-                 *, rate_bits: float, burst: int = 0, push_share: float = 1.0) -> float:
+                 *, rate_bits: float, burst: int = 0, wire_share: float = 1.0) -> float:
     """The overlap (0-1) that makes a point's predicted link time its measured update time.
 
     Only a point whose link is the bottleneck with no overlap says anything about it; any
@@ -169,7 +171,7 @@ def overlap_from(costs: Costs, num_workers: int, bytes_per_ps: Sequence[int], me
     """
     none = dataclasses.replace(costs, overlap=0.0)
     full = dataclasses.replace(costs, overlap=1.0)
-    kw = dict(rate_bits=rate_bits, burst=burst, push_share=push_share)
+    kw = dict(rate_bits=rate_bits, burst=burst, wire_share=wire_share)
     at_none = predict(none, num_workers, bytes_per_ps, **kw)
     at_full = predict(full, num_workers, bytes_per_ps, **kw)
     if at_none.bottleneck != "link" or at_none.link <= at_full.link:
@@ -178,14 +180,14 @@ def overlap_from(costs: Costs, num_workers: int, bytes_per_ps: Sequence[int], me
 
 
 def ps_needed(costs: Costs, num_workers: int, rate_bits: float, *, max_ps: int = 64,
-              within: float = 0.1, push_share: float = 1.0) -> int:
+              within: float = 0.1, wire_share: float = 1.0) -> int:
     """The fewest ps tasks whose update time is within `within` of the best up to max_ps.
 
     Each task on its own host, the model split evenly over the ps tasks, as --ps K does
     (one slice of every variable per ps; see `partition`).
     """
     times = [predict(costs, num_workers, [costs.bytes_total / p] * p, rate_bits=rate_bits,
-                     push_share=push_share).total for p in range(1, max_ps + 1)]
+                     wire_share=wire_share).total for p in range(1, max_ps + 1)]
     best = min(times)
     return next(p for p, t in enumerate(times, start=1) if t <= (1 + within) * best)
 
@@ -309,7 +311,7 @@ def measure(steps: int = 200, cap: str = DEFAULT_CAP) -> dict:
             "load_average": os.getloadavg()}
 
 
-PUSH_SHARE = {"float32": 1.0, "bfloat16": 0.5}  # bytes a push moves per byte pulled
+WIRE_SHARE = {"float32": 1.0, "bfloat16": 0.5}  # bytes crossing per float32 byte
 
 
 def measure_point(num_workers: int, num_ps: int, cap: str | None, steps: int,
@@ -369,7 +371,7 @@ def sweep(costs: Costs, points: Sequence[tuple[int, int, str | None]],
     order = list(calibration.values())
     points = sorted(points, key=lambda p: order.index(p) if p in order else len(order))
     layouts = {p: partition(p, 1)[0] for p in {p for _, p, _ in points}}
-    g = PUSH_SHARE[wire_dtype]
+    share = WIRE_SHARE[wire_dtype]
     rows = []
     for n, p, cap in points:
         t = time.monotonic()
@@ -381,13 +383,13 @@ def sweep(costs: Costs, points: Sequence[tuple[int, int, str | None]],
         except RuntimeError as e:
             row["error"] = str(e)
         if (n, p, cap) == (1, 1, None) and "measured_s" in row:
-            bare = predict(costs, 1, layouts[1], push_share=g).latency - costs.t_sync
+            bare = predict(costs, 1, layouts[1], wire_share=share).latency - costs.t_sync
             costs = dataclasses.replace(
                 costs, t_sync=max(0.0, row["measured_s"] - bare),
                 cpu_step=max(0.0, row["measured_cpu_s"] - costs.t_update - costs.t_accum))
             row["calibrates"] = {"t_sync": costs.t_sync, "cpu_step": costs.cpu_step}
         if (n, p, cap) == (1, 2, None) and "measured_s" in row and costs.cpu_step:
-            bare = predict(costs, 1, layouts[2], push_share=g).latency - costs.t_ps_extra
+            bare = predict(costs, 1, layouts[2], wire_share=share).latency - costs.t_ps_extra
             costs = dataclasses.replace(
                 costs, t_ps_extra=max(0.0, row["measured_s"] - bare),
                 cpu_ps_extra=max(0.0, row["measured_cpu_s"] - costs.cpu_step - costs.t_update
@@ -402,10 +404,10 @@ def sweep(costs: Costs, points: Sequence[tuple[int, int, str | None]],
         if (n, p, cap) == calibration.get("overlap") and "measured_s" in row:
             costs = dataclasses.replace(costs, overlap=overlap_from(
                 costs, n, layouts[p], row["measured_s"], rate_bits=testbed.rate_bits(cap),
-                burst=testbed.TBF_BURST_BYTES, push_share=g))
+                burst=testbed.TBF_BURST_BYTES, wire_share=share))
             row["calibrates"] = {"overlap": costs.overlap}
         pred = predict(costs, n, layouts[p], rate_bits=testbed.rate_bits(cap) if cap else None,
-                       cores=costs.cores, burst=testbed.TBF_BURST_BYTES, push_share=g)
+                       cores=costs.cores, burst=testbed.TBF_BURST_BYTES, wire_share=share)
         row.update(predicted_s=pred.total, bottleneck=pred.bottleneck,
                    terms=dataclasses.asdict(pred))
         if "measured_s" in row:
@@ -470,17 +472,17 @@ def plot(rows: Sequence[dict], path: Path) -> str | None:
 
 
 def format_predictions(costs: Costs, workers: Sequence[int], rates: Sequence[str],
-                       push_share: float = 1.0) -> str:
+                       wire_share: float = 1.0) -> str:
     """Hosts of their own: update time at 1 ps, where one ps saturates, the ps a cluster needs."""
-    g = push_share
+    g = wire_share
     lines = [f"{'workers':>7}{'link':>9}{'1 ps: ms/update':>17}{'bottleneck':>12}"
              f"{'ps needed':>11}{'then ms/update':>16}"]
     for rate in rates:
         r = testbed.rate_bits(rate)
         for n in workers:
-            one = predict(costs, n, [costs.bytes_total], rate_bits=r, push_share=g)
-            p = ps_needed(costs, n, r, push_share=g)
-            then = predict(costs, n, [costs.bytes_total / p] * p, rate_bits=r, push_share=g)
+            one = predict(costs, n, [costs.bytes_total], rate_bits=r, wire_share=g)
+            p = ps_needed(costs, n, r, wire_share=g)
+            then = predict(costs, n, [costs.bytes_total / p] * p, rate_bits=r, wire_share=g)
             lines.append(f"{n:>7}{rate:>9}{1000 * one.total:>17.1f}{one.bottleneck:>12}"
                          f"{p:>11}{1000 * then.total:>16.1f}")
         lines.append(f"  one ps saturates (its link the bottleneck) from "
@@ -490,10 +492,10 @@ def format_predictions(costs: Costs, workers: Sequence[int], rates: Sequence[str
     return "\n".join(lines)
 
 
-def _saturation(costs: Costs, rate_bits: float, push_share: float = 1.0) -> int:
+def _saturation(costs: Costs, rate_bits: float, wire_share: float = 1.0) -> int:
     for n in range(1, 10_001):
         if predict(costs, n, [costs.bytes_total], rate_bits=rate_bits,
-                   push_share=push_share).bottleneck != "latency":
+                   wire_share=wire_share).bottleneck != "latency":
             return n
     return 10_001
 
@@ -527,7 +529,7 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"link caps, none for uncapped (default: none,{DEFAULT_CAP})")
     s.add_argument("--steps", type=int, default=40,
                    help="updates per point (default: 40: about 20 s a point)")
-    s.add_argument("--wire-dtype", default="float32", choices=tuple(PUSH_SHARE),
+    s.add_argument("--wire-dtype", default="float32", choices=tuple(WIRE_SHARE),
                    help="the cluster's --wire-dtype at every point (default: float32)")
     g = sub.add_parser("plot", help="OUT/scaling.png again, from OUT/scaling.json")
     r = sub.add_parser("predict", help="hosts of their own: 1 ps and the ps needed")
@@ -536,7 +538,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--workers", default="8,32,100", help="worker counts (default: 8,32,100)")
     r.add_argument("--rates", default="1gbit,10gbit",
                    help="link rates (default: 1gbit,10gbit)")
-    r.add_argument("--wire-dtype", default="float32", choices=tuple(PUSH_SHARE),
+    r.add_argument("--wire-dtype", default="float32", choices=tuple(WIRE_SHARE),
                    help="what the pushes cross in (default: float32)")
     for sp in (m, s, g, r):
         sp.add_argument("--out", type=Path, default=Path("scaling-results"),
@@ -573,7 +575,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "predict":
         costs = Costs(**json.loads(args.costs.read_text())["costs"])
         print(format_predictions(costs, workers, args.rates.split(","),
-                                 PUSH_SHARE[args.wire_dtype]))
+                                 WIRE_SHARE[args.wire_dtype]))
         return config_lib.EXIT_OK
     try:
         testbed.check(cpu=False)

@@ -163,11 +163,11 @@ def test_a_full_duplex_ps_link_overlaps_pushes_with_pulls_as_far_as_calibrated()
     assert link(0.0) == pytest.approx(0.64)  # 4 pulls out, then 4 pushes in: in turn
     assert link(1.0) == pytest.approx(0.32 + 0.08)  # side by side, but for the last push
     assert link(0.25) == pytest.approx(0.64 - 0.25 * (0.32 - 0.08))
-    # bfloat16 pushes: half the bytes in, the pulls as before; the worker's own link too.
-    assert link(0.0, push_share=0.5) == pytest.approx(0.32 + 0.16)
-    assert link(1.0, push_share=0.5) == pytest.approx(0.32 + 0.04)
-    half = scaling.predict(COSTS, 4, [1_000_000], rate_bits=100e6, push_share=0.5)
-    assert half.latency == pytest.approx(0.004 + 0.0012 + 0.0015 + 0.08 + 0.04 + 0.0018)
+    # bfloat16: half the bytes each way, pulls and pushes; the worker's own link too.
+    assert link(0.0, wire_share=0.5) == pytest.approx(0.16 + 0.16)
+    assert link(1.0, wire_share=0.5) == pytest.approx(0.16 + 0.04)
+    half = scaling.predict(COSTS, 4, [1_000_000], rate_bits=100e6, wire_share=0.5)
+    assert half.latency == pytest.approx(0.004 + 0.0012 + 0.001 + 0.04 + 0.04 + 0.0018)
     # The sweep's calibration finds the overlap that a measured time implies, where the link
     # is the bottleneck; elsewhere it keeps what it had.
     measured = link(0.3)

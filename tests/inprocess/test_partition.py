@@ -1,5 +1,5 @@
 """K ps share the model: a checkpoint restores with another number of ps, the export is the same
-whatever the number, and --wire-dtype bfloat16 halves the bytes of every push.
+whatever the number, and --wire-dtype bfloat16 halves the bytes of every pull and push.
 
 In-process clusters (procs.local_cluster), one chief worker each, its graph built by
 worker.build_graph and its session by session.monitored_session, as a task builds them; the
@@ -176,7 +176,7 @@ def traced():
     return runs
 
 
-def test_bfloat16_halves_the_bytes_of_every_push_and_nothing_else(traced):
+def test_bfloat16_halves_the_bytes_of_every_pull_and_push_and_nothing_else(traced):
     pushed, pulled = {}, {}
     for wire_dtype, runs in traced.items():
         moved = wire_bytes(runs)
@@ -186,11 +186,42 @@ def test_bfloat16_halves_the_bytes_of_every_push_and_nothing_else(traced):
     # judge staleness by, the push's step for the counts); the pull: every weight and the token.
     assert MODEL_BYTES <= sum(pushed["float32"]) <= MODEL_BYTES + 64, pushed
     assert MODEL_BYTES <= sum(pulled["float32"]) <= MODEL_BYTES + 64, pulled
-    # bfloat16: exactly half the gradient's bytes fewer; the scalars and the pull as they were.
+    # bfloat16: exactly half the model's bytes fewer each way; the scalars as they were.
     assert sum(pushed["float32"]) - sum(pushed["bfloat16"]) == MODEL_BYTES // 2, pushed
-    assert pulled["bfloat16"] == pulled["float32"], pulled
+    assert sum(pulled["float32"]) - sum(pulled["bfloat16"]) == MODEL_BYTES // 2, pulled
     for traffic in (*pushed.values(), *pulled.values()):  # half of it to or from each ps
         assert abs(traffic[0] - traffic[1]) <= 0.02 * sum(traffic) / 2, (pushed, pulled)
+
+
+def test_with_bfloat16_the_layers_train_on_rounded_weights_and_the_chief_evaluates_exact_ones():
+    chief = _Chief(2, wire_dtype="bfloat16")
+    try:
+        for _ in range(3):
+            chief.step()
+        weights = export.read_weights(
+            lambda fetches: chief.sess.run(fetches, options=chief.options), chief.graph)
+        feed = chief._feed()
+        trained, evaluated = chief.sess.run([chief.g.outputs.loss, chief.g.evaluation.loss],
+                                            feed, options=chief.options)
+    finally:
+        chief.close()
+
+    def loss(rounded: bool) -> float:  # the MLP in numpy, from the ps's float32 variables
+        x = feed[chief.g.images]
+        for layer in range(3):
+            w, b = (weights[f"layer{layer}/{n}"] for n in ("weights", "biases"))
+            if rounded:
+                w, b = (v.astype(tf.bfloat16.as_numpy_dtype).astype(np.float32) for v in (w, b))
+            x = x @ w + b
+            x = np.maximum(x, 0) if layer < 2 else x
+        shifted = x - x.max(axis=1, keepdims=True)
+        log_p = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        return float(-log_p[np.arange(len(x)), feed[chief.g.labels]].mean())
+
+    exact, rounded = loss(False), loss(True)
+    assert abs(exact - rounded) > 1e-4 * abs(exact)  # the rounding is visible in the loss
+    assert evaluated == pytest.approx(exact, rel=1e-5)
+    assert trained == pytest.approx(rounded, rel=1e-5)
 
 
 def _counts_wait_for_every_gradient(partition_graphs) -> tuple[int, dict]:
