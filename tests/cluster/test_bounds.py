@@ -232,6 +232,7 @@ def test_a_read_at_the_finish_that_expires_says_what_it_waited_for():
     layout = ClusterLayout(("localhost:2222", "localhost:2223"), ("localhost:2224",))
     run = SimpleNamespace(config=SimpleNamespace(name="worker 1", cluster=layout),
                           train_config=SimpleNamespace(timeout=20.0))
+    # The guard every read of the finish runs under, private to WorkerRun, on its own.
     with pytest.raises(TaskTimeout) as raised:
         with worker.WorkerRun._awaiting(run, "to evaluate the model"):
             raise tf.errors.DeadlineExceededError(None, None, "Graph execution error:")

@@ -33,13 +33,13 @@ class _FakeTask:
         return time.monotonic()
 
 
-def _wait(tasks, max_restarts=0, spare_workers=0):
+def _wait(tasks, max_restarts=0, spare_workers=0, **bounds):
     from sync_mnist.launcher import launch
 
     # The launcher's restart policy and wait loop, private to it, driven here with fake tasks.
     policy = launch._Policy(tasks, max_restarts=max_restarts, spare_workers=spare_workers,
                             timeout=10.0)
-    return launch._wait(tasks, policy, ps_serve_forever=False)
+    return launch._wait(tasks, policy, ps_serve_forever=False, **bounds)
 
 
 def test_launcher_restarts_dead_tasks_within_its_budget_and_never_bad_input():
@@ -70,22 +70,18 @@ def test_a_backup_still_running_after_the_chief_verified_the_run_is_lost_not_ove
     # Seen in the chaos soak (R = 2 of 3, --max-restarts): a backup killed mid-run and
     # restarted, which the chief then declared lost, waited for a run that was over; at the
     # launcher's end bound it was counted overdue, and a verified run ended 200.
-    from sync_mnist.launcher import launch
-
     chief, other = _FakeTask("worker", 0, 0), _FakeTask("worker", 2, 0)
     successor, ps = _FakeTask("worker", 1, None), _FakeTask("ps", 0, 0)
     tasks = [ps, chief, successor, other]
     for t in tasks:
         t.overdue = None
-    policy = launch._Policy(tasks, max_restarts=3, spare_workers=1, timeout=10.0)
-    assert launch._wait(tasks, policy, ps_serve_forever=False, end_bound=0.0) is None
+    assert _wait(tasks, max_restarts=3, spare_workers=1, end_bound=0.0) is None
     assert successor.lost and successor.overdue is None
     # With R = N there is no backup to spare: the same task is overdue.
     successor = _FakeTask("worker", 1, None)
     successor.overdue = None
     tasks = [ps, chief, successor, other]
-    policy = launch._Policy(tasks, max_restarts=3, spare_workers=0, timeout=10.0)
-    assert launch._wait(tasks, policy, ps_serve_forever=False, end_bound=0.0) is successor
+    assert _wait(tasks, max_restarts=3, spare_workers=0, end_bound=0.0) is successor
     assert not successor.lost and "stopped by the launcher" in successor.overdue
 
 
@@ -94,20 +90,16 @@ def test_a_ps_left_waiting_for_done_reports_after_a_verified_run_is_stopped_not_
     # final reading timed out (exit 200, after the chief had verified the run and ended), the
     # chief gave up its done report, and ps 0, whose bound allows for restarts, waited on for
     # two reports that no one was left to send; at the end bound a verified run ended 200.
-    from sync_mnist.launcher import launch
-
     ps, chief = _FakeTask("ps", 0, None), _FakeTask("worker", 0, 0)
     gave_up, other = _FakeTask("worker", 1, EXIT_TIMEOUT), _FakeTask("worker", 2, 0)
     tasks = [ps, chief, gave_up, other]
     for t in tasks:
         t.overdue = None
-    policy = launch._Policy(tasks, max_restarts=3, spare_workers=0, timeout=10.0)
-    assert launch._wait(tasks, policy, ps_serve_forever=False, end_bound=0.0) is None
+    assert _wait(tasks, max_restarts=3, spare_workers=0, end_bound=0.0) is None
     assert ps.overdue is None and gave_up.spent and gave_up.starts == 1
     # While a worker still runs, the ps may still be needed: both are overdue.
     still = _FakeTask("worker", 2, None)
     still.overdue = None
     tasks = [ps, chief, gave_up, still]
-    policy = launch._Policy(tasks, max_restarts=3, spare_workers=0, timeout=10.0)
-    assert launch._wait(tasks, policy, ps_serve_forever=False, end_bound=0.0) is ps
+    assert _wait(tasks, max_restarts=3, spare_workers=0, end_bound=0.0) is ps
     assert "stopped by the launcher" in ps.overdue and "stopped by the launcher" in still.overdue
