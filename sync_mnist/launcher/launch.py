@@ -427,7 +427,8 @@ class _Policy:
         Once the chief has ended 0: a backup (R < N) restarted after the chief declared its
         predecessor lost waits for a run that is over; and a ps left with no worker running
         waits for done reports that no one is left to send (a worker gave up its report, or
-        died, after the verdict). Its own bound allows for restarts that will not come.
+        died, after the verdict). Its own bound allows for restarts that will not come. A ps
+        that every worker reported done to is stuck, and stays overdue.
         """
         if not any(t.role == "worker" and t.index == 0 and t.poll() == config_lib.EXIT_OK
                    for t in self._tasks):
@@ -437,7 +438,9 @@ class _Policy:
             if self._spare_left(t):
                 t.lost = True  # counted by _spare_left for the next one
                 spared.append(t)
-        if all(t.role == "ps" for t in live if t not in spared):
+        workers = [t for t in self._tasks if t.role == "worker"]
+        if all(t.role == "ps" for t in live if t not in spared) and any(
+                t.spent or t.lost or t.result().done_reported is False for t in workers):
             spared += [t for t in live if t.role == "ps"]
         return spared
 

@@ -97,6 +97,13 @@ def test_a_ps_left_waiting_for_done_reports_after_a_verified_run_is_stopped_not_
         t.overdue = None
     assert _wait(tasks, max_restarts=3, spare_workers=0, end_bound=0.0) is None
     assert ps.overdue is None and gave_up.spent and gave_up.starts == 1
+    # A ps that every worker reported done to, still running, is stuck: overdue.
+    ps, reported = _FakeTask("ps", 0, None), _FakeTask("worker", 1, 0)
+    tasks = [ps, chief, reported, other]
+    for t in tasks:
+        t.overdue = None
+    assert _wait(tasks, max_restarts=3, spare_workers=0, end_bound=0.0) is ps
+    assert "stopped by the launcher" in ps.overdue
     # While a worker still runs, the ps may still be needed: both are overdue.
     still = _FakeTask("worker", 2, None)
     still.overdue = None
