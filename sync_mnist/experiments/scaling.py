@@ -46,7 +46,10 @@ The model (`predict`), per update, for N workers, P ps tasks and a link rate r (
                t_fb + cpu_floor. What each ps beyond the first costs, from 1 worker and 2
                ps, is charged once per update (cpu_ps_extra), not once per worker, but for
                the share the uncapped 2-ps point with the most workers puts on each worker
-               step (cpu_ps_step: the cpu term gains N (P - 1) cpu_ps_step)
+               step (cpu_ps_step: the cpu term gains N (P - 1) cpu_ps_step). Capped, it
+               gains N 2 B cpu_capped: moving a byte through a tbf-capped link costs far more
+               CPU than through an uncapped one (both ends; the capped floor against the
+               packed one, both measured)
   T(N, P, r)   = max(latency, link, cpu); the largest names the bottleneck.
 `sweep` runs the real synchronous cluster (bench.run_one's steady window, synthetic data) in a
 testbed at each (N, P, cap) and prints the model's T next to the measured one.
@@ -98,6 +101,9 @@ class Costs:
     # calibrated: how far the pushes overlap other workers' pulls on a ps's full-duplex link,
     # 0 (every pull ends before any push starts) to 1 (each push beside the next pull)
     overlap: float = 0.0
+    # CPU s per byte moved through a capped (tbf) link, beyond what an uncapped one costs:
+    # the capped floor's CPU against the packed floor's, both ends of a pull and a push
+    cpu_capped: float = 0.0
     cores: int = 2
     bytes_total: int = 0  # B
     tensors_total: int = 0  # K
@@ -158,6 +164,8 @@ def predict(costs: Costs, num_workers: int, bytes_per_ps: Sequence[int], *,
     # Each ps beyond the first costs CPU once per update (its part of the update's RunGraph
     # calls) and once per worker step (its partition of the step), each calibrated apart.
     per_step = (costs.cpu_step or costs.t_fb + costs.cpu_floor) + more_ps * costs.cpu_ps_step
+    if rate_bits:  # every worker's pull and push, through capped links at both ends
+        per_step += 2 * total * costs.cpu_capped
     cpu = (n * per_step + more_ps * costs.cpu_ps_extra + sum(ps)) / cores if cores else 0.0
     return Prediction(total=max(latency, link, cpu), latency=latency, link=link, cpu=cpu)
 
@@ -306,7 +314,8 @@ def measure(steps: int = 200, cap: str = DEFAULT_CAP) -> dict:
     efficiency = ideal / wire if wire > 0 else 1.0
     costs = Costs(t_single=t_single, t_update=t_update, t_accum=t_accum, t_rpc=t_rpc,
                   c_byte=c_byte, cpu_floor=floor["floor"][1], efficiency=efficiency,
-                  cores=os.cpu_count() or 1, bytes_total=total, tensors_total=k)
+                  cpu_capped=capped_cpu(floor, total), cores=os.cpu_count() or 1,
+                  bytes_total=total, tensors_total=k)
     return {"costs": dataclasses.asdict(costs), "floor_s": floor, "cap": cap, "steps": steps,
             "load_average": os.getloadavg()}
 
@@ -417,6 +426,31 @@ def sweep(costs: Costs, points: Sequence[tuple[int, int, str | None]],
                  cap or "none", _ms(row.get("measured_s")), 1000 * pred.total, pred.bottleneck,
                  time.monotonic() - t)
     return rows, costs
+
+
+def capped_cpu(floor: dict, total: int) -> float:
+    """cpu_capped from measure's floors ({name: (s, CPU s) per step}): the capped packed floor's
+    CPU beyond the uncapped one's, per byte of its pull and push."""
+    return max(0.0, (floor["floor-capped"][1] - floor["floor-packed"][1]) / (2 * total))
+
+
+def recheck(result: dict, floor: dict) -> list[dict]:
+    """A sweep's rows (scaling.json) predicted again with this model, from the sweep's own
+    calibrated costs and cpu_capped from `floor` (measure's floor_s); no new runs."""
+    costs = Costs(**result["costs"])
+    costs = dataclasses.replace(costs, cpu_capped=capped_cpu(floor, costs.bytes_total))
+    rows = []
+    for row in result["rows"]:
+        pred = predict(costs, row["workers"], row["bytes_per_ps"],
+                       rate_bits=testbed.rate_bits(row["cap"]) if row["cap"] else None,
+                       cores=costs.cores, burst=testbed.TBF_BURST_BYTES,
+                       wire_share=WIRE_SHARE[row.get("wire_dtype", "float32")])
+        again = {**row, "predicted_s": pred.total, "bottleneck": pred.bottleneck,
+                 "terms": dataclasses.asdict(pred)}
+        if "measured_s" in row:
+            again["error_rel"] = pred.total / row["measured_s"] - 1
+        rows.append(again)
+    return rows
 
 
 def format_sweep(rows: Sequence[dict]) -> str:
@@ -532,6 +566,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--wire-dtype", default="float32", choices=tuple(WIRE_SHARE),
                    help="the cluster's --wire-dtype at every point (default: float32)")
     g = sub.add_parser("plot", help="OUT/scaling.png again, from OUT/scaling.json")
+    c = sub.add_parser("recheck", help="OUT/scaling.json's points predicted again by this "
+                                       "model (no runs); with measure's costs.json")
+    c.add_argument("--costs", type=Path, required=True,
+                   help="costs.json from measure (its floors give cpu_capped)")
     r = sub.add_parser("predict", help="hosts of their own: 1 ps and the ps needed")
     r.add_argument("--costs", type=Path, required=True,
                    help="scaling.json from sweep (calibrated), or costs.json from measure")
@@ -540,7 +578,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="link rates (default: 1gbit,10gbit)")
     r.add_argument("--wire-dtype", default="float32", choices=tuple(WIRE_SHARE),
                    help="what the pushes cross in (default: float32)")
-    for sp in (m, s, g, r):
+    for sp in (m, s, g, c, r):
         sp.add_argument("--out", type=Path, default=Path("scaling-results"),
                         help="output directory (default: scaling-results)")
     return p
@@ -572,6 +610,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: no {args.out / 'scaling.json'}: run the sweep first", file=sys.stderr)
             return config_lib.EXIT_USAGE
         return _plot(json.loads((args.out / "scaling.json").read_text())["rows"], args.out)
+    if args.command == "recheck":
+        result = json.loads((args.out / "scaling.json").read_text())
+        print(format_sweep(recheck(result, json.loads(args.costs.read_text())["floor_s"])))
+        return config_lib.EXIT_OK
     if args.command == "predict":
         costs = Costs(**json.loads(args.costs.read_text())["costs"])
         print(format_predictions(costs, workers, args.rates.split(","),

@@ -244,3 +244,19 @@ def test_the_sweep_plot_is_drawn_from_scaling_json_and_its_absence_is_named(tmp_
     (tmp_path / "scaling.json").write_text(json.dumps({"rows": rows}))
     assert scaling.main(["plot", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_capped_link_charges_each_byte_moved_the_cpu_the_capped_floor_cost():
+    # Measured here: one model's pull and push through 200 Mbit/s links cost 78.5 CPU ms (both
+    # ends) against 5.0 uncapped; on one 2-core machine that, not the link, bounds 4 workers
+    # with 3 or 4 ps.
+    assert scaling.capped_cpu({"floor-capped": (0.089, 0.0785), "floor-packed": (0.004, 0.005)},
+                              1_000_000) == pytest.approx((0.0785 - 0.005) / 2_000_000)
+    costs = scaling.dataclasses.replace(COSTS, cpu_capped=1e-8)
+    uncapped = scaling.predict(costs, 4, [500_000] * 2, cores=2).cpu
+    capped = scaling.predict(costs, 4, [500_000] * 2, rate_bits=100e6, cores=2).cpu
+    assert capped - uncapped == pytest.approx(4 * 2 * 1_000_000 * 1e-8 / 2)
+    half = scaling.predict(costs, 4, [500_000] * 2, rate_bits=100e6, cores=2, wire_share=0.5)
+    assert half.cpu - uncapped == pytest.approx(4 * 2 * 500_000 * 1e-8 / 2)
+    # Between hosts of their own (cores=None) there is no shared CPU to charge.
+    assert scaling.predict(costs, 4, [500_000] * 2, rate_bits=100e6).cpu == 0.0
