@@ -577,7 +577,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--rates", default="1gbit,10gbit",
                    help="link rates (default: 1gbit,10gbit)")
     r.add_argument("--wire-dtype", default="float32", choices=tuple(WIRE_SHARE),
-                   help="what the pushes cross in (default: float32)")
+                   help="what the pulls and pushes cross in (default: float32)")
     for sp in (m, s, g, c, r):
         sp.add_argument("--out", type=Path, default=Path("scaling-results"),
                         help="output directory (default: scaling-results)")
