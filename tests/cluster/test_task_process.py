@@ -37,13 +37,7 @@ def test_the_task_process_exits_with_the_code_its_error_maps_to(error, code, tmp
         f"    raise tf.errors.{error}\n"
         "worker.run_worker = run_worker\n"
         "sys.exit(cli.main(sys.argv[1:]))\n")
-    record = tmp_path / "worker1.json"
-    out = subprocess.run(
-        [sys.executable, "-c", script, "--role", "worker", "--index", "1", "--ps-hosts",
-         "127.0.0.1:1", "--worker-hosts", "127.0.0.1:2,127.0.0.1:3", "--dataset", "synthetic",
-         "--train-steps", "5", "--summary-json", str(record)],
-        capture_output=True, text=True, timeout=120,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    out, record = _worker_1(script, tmp_path)
     assert out.returncode == code, out.stderr
     name = error.split("(")[0]
     assert out.stderr.splitlines()[-1].endswith(f"[worker 1] error: failed: {name}: "
@@ -99,13 +93,7 @@ def test_a_stop_signal_while_the_task_writes_its_record_does_not_cut_it_short(tm
         "    write(self, path)\n"
         "report.TaskResult.write_json = stopped_while_writing\n"
         "sys.exit(cli.main(sys.argv[1:]))\n")
-    record = tmp_path / "worker1.json"
-    out = subprocess.run(
-        [sys.executable, "-c", script, "--role", "worker", "--index", "1", "--ps-hosts",
-         "127.0.0.1:1", "--worker-hosts", "127.0.0.1:2,127.0.0.1:3", "--dataset", "synthetic",
-         "--train-steps", "5", "--summary-json", str(record)],
-        capture_output=True, text=True, timeout=120,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    out, record = _worker_1(script, tmp_path)
     assert "Traceback" not in out.stderr, out.stderr
     assert out.returncode == EXIT_TIMEOUT, out.stderr
     assert json.loads(record.read_text())["exit_code"] == EXIT_TIMEOUT
@@ -127,6 +115,16 @@ def test_a_stop_signal_that_lands_in_a_destructor_still_stops_the_task(tmp_path)
         "    raise AssertionError('the interrupt was lost')\n"
         "worker.run_worker = run_worker\n"
         "sys.exit(cli.main(sys.argv[1:]))\n")
+    out, record = _worker_1(script, tmp_path)
+    assert "Exception ignored" not in out.stderr, out.stderr
+    assert out.returncode == config.EXIT_INTERRUPTED, out.stderr
+    assert out.stderr.splitlines()[-1].endswith("[worker 1] error: interrupted")
+    assert json.loads(record.read_text())["exit_code"] == config.EXIT_INTERRUPTED
+
+
+def _worker_1(script: str, tmp_path):
+    """(completed process, record path) of `script` run as worker 1's task process, whose ps
+    is nowhere: the script replaces the worker's life with what the test needs."""
     record = tmp_path / "worker1.json"
     out = subprocess.run(
         [sys.executable, "-c", script, "--role", "worker", "--index", "1", "--ps-hosts",
@@ -134,7 +132,4 @@ def test_a_stop_signal_that_lands_in_a_destructor_still_stops_the_task(tmp_path)
          "--train-steps", "5", "--summary-json", str(record)],
         capture_output=True, text=True, timeout=120,
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    assert "Exception ignored" not in out.stderr, out.stderr
-    assert out.returncode == config.EXIT_INTERRUPTED, out.stderr
-    assert out.stderr.splitlines()[-1].endswith("[worker 1] error: interrupted")
-    assert json.loads(record.read_text())["exit_code"] == config.EXIT_INTERRUPTED
+    return out, record
