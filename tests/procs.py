@@ -100,13 +100,14 @@ class Processes:
             proc.kill()
 
 
-def run_task_process(args: list[str], timeout: float = 60.0):
-    """Runs `python -m sync_mnist ARGS` (no TF_CONFIG) to its end; returns (exit code, stdout,
-    stderr, seconds). Its process group is killed however it ends."""
+def run_task_process(args: list[str], timeout: float = 60.0, script: str | None = None):
+    """Runs `python -m sync_mnist ARGS` (no TF_CONFIG), or `python -c SCRIPT ARGS`, to its end;
+    returns (exit code, stdout, stderr, seconds). Its process group is killed however it ends."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     env.pop("TF_CONFIG", None)
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "sync_mnist", *args], cwd=ROOT, env=env,
+    entry = ["-m", "sync_mnist"] if script is None else ["-c", script]
+    proc = subprocess.Popen([sys.executable, *entry, *args], cwd=ROOT, env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:

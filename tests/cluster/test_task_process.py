@@ -37,11 +37,11 @@ def test_the_task_process_exits_with_the_code_its_error_maps_to(error, code, tmp
         f"    raise tf.errors.{error}\n"
         "worker.run_worker = run_worker\n"
         "sys.exit(cli.main(sys.argv[1:]))\n")
-    out, record = _worker_1(script, tmp_path)
-    assert out.returncode == code, out.stderr
+    ended, err, record = _worker_1(script, tmp_path)
+    assert ended == code, err
     name = error.split("(")[0]
-    assert out.stderr.splitlines()[-1].endswith(f"[worker 1] error: failed: {name}: "
-                                                f"{error.split(', ')[-1][1:-2]}")
+    assert err.splitlines()[-1].endswith(f"[worker 1] error: failed: {name}: "
+                                         f"{error.split(', ')[-1][1:-2]}")
     assert json.loads(record.read_text())["exit_code"] == code
 
 
@@ -59,12 +59,20 @@ def test_a_task_starts_tensorflow_without_keras():
 
 
 def test_real_command_names_an_unreachable_ps_and_ends():
-    ps, w0, w1, w2 = free_ports(4)  # nobody listens on the ps port
-    code, out, err, seconds = run_task_process([
+    # The real entry point, with the start-up allowance cut from 120 s to 3 so that the wait for
+    # the ps (nobody listens on its port) ends within seconds; the message must name the value
+    # the worker really waited, whatever it is.
+    allowance = 3.0
+    ps, w0, w1, w2 = free_ports(4)
+    script = ("import sys\n"
+              "from sync_mnist import cli, worker\n"
+              f"worker.START_SECS = {allowance}\n"
+              "sys.exit(cli.main(sys.argv[1:]))\n")
+    code, _, err, seconds = run_task_process([
         "--role", "worker", "--index", "1", "--ps-hosts", f"127.0.0.1:{ps}",
         "--worker-hosts", f"127.0.0.1:{w0},127.0.0.1:{w1},127.0.0.1:{w2}",
         "--dataset", "synthetic", "--train-steps", "5", "--timeout", "2"],
-        timeout=START_SECS + 90)
+        timeout=START_SECS, script=script)
     # Retried under a TFJob's ExitCode policy: the ps may be a pod that is still starting.
     assert code == EXIT_TIMEOUT, err
     assert "Traceback" not in err
@@ -72,9 +80,9 @@ def test_real_command_names_an_unreachable_ps_and_ends():
     assert len(errors) == 1, err
     assert errors[0].startswith(f"error: ps 0 at 127.0.0.1:{ps} is unreachable: ")
     # A ps may start after the worker: it gets the start-up allowance, as the chief does.
-    assert errors[0].endswith(f" for {START_SECS + 2:g} s")
+    assert errors[0].endswith(f" for {allowance + 2:g} s")
     assert err.splitlines()[-1] == errors[0]  # the last word, after the worker's start-up lines
-    assert seconds < START_SECS + 60  # it ends: bounded, even on a loaded machine
+    assert seconds >= allowance + 2  # it waited the whole allowance, not less
 
 
 def test_a_stop_signal_while_the_task_writes_its_record_does_not_cut_it_short(tmp_path):
@@ -93,9 +101,9 @@ def test_a_stop_signal_while_the_task_writes_its_record_does_not_cut_it_short(tm
         "    write(self, path)\n"
         "report.TaskResult.write_json = stopped_while_writing\n"
         "sys.exit(cli.main(sys.argv[1:]))\n")
-    out, record = _worker_1(script, tmp_path)
-    assert "Traceback" not in out.stderr, out.stderr
-    assert out.returncode == EXIT_TIMEOUT, out.stderr
+    code, err, record = _worker_1(script, tmp_path)
+    assert "Traceback" not in err, err
+    assert code == EXIT_TIMEOUT, err
     assert json.loads(record.read_text())["exit_code"] == EXIT_TIMEOUT
 
 
@@ -115,21 +123,19 @@ def test_a_stop_signal_that_lands_in_a_destructor_still_stops_the_task(tmp_path)
         "    raise AssertionError('the interrupt was lost')\n"
         "worker.run_worker = run_worker\n"
         "sys.exit(cli.main(sys.argv[1:]))\n")
-    out, record = _worker_1(script, tmp_path)
-    assert "Exception ignored" not in out.stderr, out.stderr
-    assert out.returncode == config.EXIT_INTERRUPTED, out.stderr
-    assert out.stderr.splitlines()[-1].endswith("[worker 1] error: interrupted")
+    code, err, record = _worker_1(script, tmp_path)
+    assert "Exception ignored" not in err, err
+    assert code == config.EXIT_INTERRUPTED, err
+    assert err.splitlines()[-1].endswith("[worker 1] error: interrupted")
     assert json.loads(record.read_text())["exit_code"] == config.EXIT_INTERRUPTED
 
 
 def _worker_1(script: str, tmp_path):
-    """(completed process, record path) of `script` run as worker 1's task process, whose ps
+    """(exit code, stderr, record path) of `script` run as worker 1's task process, whose ps
     is nowhere: the script replaces the worker's life with what the test needs."""
     record = tmp_path / "worker1.json"
-    out = subprocess.run(
-        [sys.executable, "-c", script, "--role", "worker", "--index", "1", "--ps-hosts",
-         "127.0.0.1:1", "--worker-hosts", "127.0.0.1:2,127.0.0.1:3", "--dataset", "synthetic",
-         "--train-steps", "5", "--summary-json", str(record)],
-        capture_output=True, text=True, timeout=120,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    return out, record
+    code, _, err, _ = run_task_process(
+        ["--role", "worker", "--index", "1", "--ps-hosts", "127.0.0.1:1", "--worker-hosts",
+         "127.0.0.1:2,127.0.0.1:3", "--dataset", "synthetic", "--train-steps", "5",
+         "--summary-json", str(record)], timeout=120, script=script)
+    return code, err, record
