@@ -174,6 +174,16 @@ def _fmt(value, spec: str = "") -> str:
     return "-" if value is None else format(value, spec)
 
 
+# The cluster record's keys that come straight from the latest counter reading, and from the
+# chief's own record (None where there is none).
+_READING_KEYS = ("global_step", "target_steps", "contributions", "pushed", "dropped", "verdict",
+                 "solo_updates", "repeat_updates")
+_CHIEF_KEYS = ("mode", "test_accuracy", "test_loss", "dataset", "dataset_description",
+               # time to accuracy: the chief's evaluations, and when the target was reached
+               "target_accuracy", "time_to_target_s", "updates_to_target", "accuracy_at_target",
+               "stop_step", "evaluations")
+
+
 def cluster_summary(results: list[TaskResult], tasks, wall: float) -> dict:
     """The whole cluster's record: the task keys (from the chief's reading) plus wall_s, tasks.
 
@@ -192,38 +202,17 @@ def cluster_summary(results: list[TaskResult], tasks, wall: float) -> dict:
     let_go = [t.index for t in tasks if t.role == "worker" and (t.spent or t.lost)]
     judges = [r for r in workers if r.index not in lost and r.index not in let_go]
     verdicts = {r.verdict for r in workers if r.verdict}
-    ready = [r.ready_at for r in workers if r.ready_at]
-    finished = [r.finished_at for r in workers if r.finished_at]
-    exits = [t.exited_at for t in tasks if t.exited_at]
     return {
         "role": "cluster", "index": None,
-        "mode": chief.mode if chief else None,
-        "global_step": reading.global_step if reading else None,
-        "target_steps": reading.target_steps if reading else None,
+        **{key: getattr(reading, key) if reading else None for key in _READING_KEYS},
+        **{key: getattr(chief, key) if chief else None for key in _CHIEF_KEYS},
         "local_steps": [r.local_steps for r in workers],
-        "contributions": reading.contributions if reading else None,
-        "pushed": reading.pushed if reading else None,
-        "dropped": reading.dropped if reading else None,
         # The verdict of the latest reading; the fixed setup's workers all read the same final
         # counters, so there a disagreement between tasks is itself a failure.
         "synchronous": bool(judges) and all(r.synchronous for r in judges),
-        "verdict": reading.verdict if reading else None,
         "verdicts_agree": len(verdicts) <= 1,
-        "test_accuracy": chief.test_accuracy if chief else None,
-        "test_loss": chief.test_loss if chief else None,
-        "dataset": chief.dataset if chief else None,
-        "dataset_description": chief.dataset_description if chief else None,
-        "startup_s": max((r.startup_s for r in workers if r.startup_s), default=None),
-        "train_s": max((r.train_s for r in workers if r.train_s), default=None),
         "examples_per_sec": sum(r.examples_per_sec or 0 for r in workers),
-        # Sync: how long after the chief the last worker was ready, and how long after the
-        # last step the last process exited.
-        "ready_lag_s": max(ready) - chief.ready_at if chief and chief.ready_at else None,
-        "ready_after_chief_s": [r.ready_at - chief.ready_at if r.ready_at else None
-                                for r in workers] if chief and chief.ready_at else None,
-        "chief_wait_s": [r.chief_wait_s for r in workers],
-        "solo_updates": reading.solo_updates if reading else None,
-        "repeat_updates": reading.repeat_updates if reading else None,
+        **_timings(workers, chief, tasks),
         "blocked": [f"{r.role} {r.index}" for r in results if r.blocked],
         # Sync: workers the chief declared lost at the finish, and the launcher's restarts.
         "lost": lost,
@@ -232,14 +221,27 @@ def cluster_summary(results: list[TaskResult], tasks, wall: float) -> dict:
         # or ended the task): a tool that injects faults finds its victims here and in the
         # launcher's "started worker 1 (pid N)" lines.
         "pids": {f"{t.role} {t.index}": list(t.pids) for t in tasks},
-        "exit_lag_s": max(exits) - max(finished) if exits and finished else None,
-        # Time to accuracy: the chief's evaluations, and when the target was reached.
-        **{key: getattr(chief, key) if chief else None
-           for key in ("target_accuracy", "time_to_target_s", "updates_to_target",
-                       "accuracy_at_target", "stop_step", "evaluations")},
         "wall_s": wall,
         "peak_rss_mb": max((r.peak_rss_mb for r in results if r.peak_rss_mb), default=None),
         "tasks": [r.to_dict() for r in results],
+    }
+
+
+def _timings(workers: list[TaskResult], chief, tasks) -> dict:
+    """The cluster record's times: the slowest start-up and training, and the lags."""
+    ready = [r.ready_at for r in workers if r.ready_at]
+    finished = [r.finished_at for r in workers if r.finished_at]
+    exits = [t.exited_at for t in tasks if t.exited_at]
+    return {
+        "startup_s": max((r.startup_s for r in workers if r.startup_s), default=None),
+        "train_s": max((r.train_s for r in workers if r.train_s), default=None),
+        # Sync: how long after the chief the last worker was ready, and how long after the
+        # last step the last process exited.
+        "ready_lag_s": max(ready) - chief.ready_at if chief and chief.ready_at else None,
+        "ready_after_chief_s": [r.ready_at - chief.ready_at if r.ready_at else None
+                                for r in workers] if chief and chief.ready_at else None,
+        "chief_wait_s": [r.chief_wait_s for r in workers],
+        "exit_lag_s": max(exits) - max(finished) if exits and finished else None,
     }
 
 
