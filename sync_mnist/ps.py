@@ -45,9 +45,9 @@ def run_ps(config: TaskConfig, *, server=None) -> report.TaskResult:
         shared = protocol.build_shared(config)
         # Sync: a dequeue cut short by RunOptions' timeout can take an entry and lose it with
         # the cancelled step (tests/test_ps.py shows it), so the ps never waits inside a dequeue:
-        # it is the queue's only reader, and takes what size() says is there.
+        # it is the queue's only reader, and takes what size() says is there, all in one run.
         waiting = shared.done_queues[config.index].size()
-        take_done = shared.done_queues[config.index].dequeue()
+        take_done = shared.done_queues[config.index].dequeue_many(waiting)
     log.info("serving %s; waiting for %d workers to report done (timeout %g s without progress)",
              config.cluster.address("ps", config.index), n, timeout)
     with session.closed_bounded(tf1.Session(server.target, graph=graph,
@@ -97,8 +97,9 @@ class _Watch:
         """Returns once every worker has reported done or been declared lost."""
         # Sync: a worker the chief declared lost will never report done; do not wait for it.
         while len(self.done | set(self.lost)) < self.config.cluster.num_workers:
-            if _entries_waiting(self.sess, self.waiting, self.poll):
-                self._take_done_entry()
+            entries = _entries_waiting(self.sess, self.waiting, self.poll)
+            if entries:
+                self._take_done_entries(entries)
                 continue
             time.sleep(session.READY_POLL_SECS)
             # One read of ps 0 a poll, whichever ps this is (it costs ps 0 a run per poll).
@@ -112,14 +113,16 @@ class _Watch:
         if self.counters is None:  # every worker was lost
             self.counters = _final_counters(self.sess, self.shared.state, self.poll)
 
-    def _take_done_entry(self) -> None:
-        # Its entry is there and the ps is its only reader: this cannot wait, and no short
-        # bound may cut it off (and lose the entry) while it registers its graph.
-        worker = int(self.sess.run(self.take_done, options=self.bounded))
-        self.done.add(worker)
+    def _take_done_entries(self, entries: int) -> None:
+        # They are there and the ps is the queue's only reader: this cannot wait, and no short
+        # bound may cut it off (and lose entries) while it registers its graph. One run for
+        # every entry waiting, however many workers reported done since the last poll.
+        workers = self.sess.run(self.take_done, {self.waiting: entries}, options=self.bounded)
         self.last_progress = time.monotonic()
-        log.info("worker %d reported done (%d of %d)", worker, len(self.done),
-                 self.config.cluster.num_workers)
+        for worker in (int(w) for w in workers):
+            self.done.add(worker)
+            log.info("worker %d reported done (%d of %d)", worker, len(self.done),
+                     self.config.cluster.num_workers)
         if self.counters is None:
             # Sync: a worker reports done only after the finish barrier, so the counters are
             # final now; read them while every ps is sure to be up (with several ps, another

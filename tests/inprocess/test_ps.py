@@ -59,6 +59,35 @@ def test_the_ps_counts_every_done_entry_however_short_its_polls(monkeypatch):
     assert outcome["result"].role == "ps"
 
 
+def test_the_ps_takes_every_waiting_done_entry_in_one_run(monkeypatch):
+    # A ps that took one entry a poll needed a size() and a dequeue per worker: 600 runs for
+    # 300 workers, a minute on a loaded machine. All 300 are queued before it serves here.
+    polls = []
+    entries_waiting = ps._entries_waiting
+    monkeypatch.setattr(ps, "_entries_waiting",
+                        lambda *args: polls.append(entries_waiting(*args)) or polls[-1])
+    port, = free_ports(1)
+    layout = ClusterLayout((f"127.0.0.1:{port}",),
+                           tuple(f"127.0.0.1:{i + 1}" for i in range(WORKERS)))
+    config = TaskConfig(role="ps", index=0, cluster=layout,
+                        train=TrainConfig(train_steps=1, timeout=5.0))
+    server = ps.start_server(config)
+    graph = tf.Graph()
+    with graph.as_default():
+        entry = tf1.placeholder(tf.int32, [])
+        enqueue = protocol.done_queue(0, WORKERS).enqueue(entry)
+    with tf1.Session(server.target, graph=graph,
+                     config=session.session_config(["/job:ps"])) as sess:
+        for worker in range(WORKERS):
+            sess.run(enqueue, {entry: worker})
+    thread, outcome = _serve(config, server)
+    thread.join(GUARD)
+    assert not thread.is_alive(), f"the ps still waits {GUARD:g} s after {WORKERS} done entries"
+    assert "error" not in outcome, outcome["error"]
+    # The first read answers that ps 0 is up; the second finds all 300, taken in one run.
+    assert polls == [WORKERS, WORKERS]
+
+
 def test_a_ps_whose_sibling_never_comes_ends_within_its_bound(monkeypatch):
     # The ps's session spans every ps; its creation waited without end for a missing sibling,
     # before the no-progress watchdog had even started.
