@@ -44,7 +44,7 @@ def run_ps(config: TaskConfig, *, server=None) -> report.TaskResult:
     with graph.as_default():
         shared = protocol.build_shared(config)
         # Sync: a dequeue cut short by RunOptions' timeout can take an entry and lose it with
-        # the cancelled step (tests/test_ps.py shows it), so the ps never waits inside a dequeue:
+        # the cancelled step (tests/inprocess/test_ps.py shows it), so the ps never waits inside a dequeue:
         # it is the queue's only reader, and takes what size() says is there, all in one run.
         waiting = shared.done_queues[config.index].size()
         take_done = shared.done_queues[config.index].dequeue_many(waiting)

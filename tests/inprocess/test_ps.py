@@ -37,22 +37,9 @@ def test_the_ps_counts_every_done_entry_however_short_its_polls(monkeypatch):
     # timeout (CI saw one lost this way at the default 1 s poll).
     monkeypatch.setattr(ps, "POLL_SECS", 0.002)
     monkeypatch.setattr(ps, "START_SECS", 0.0)  # a lost entry: TaskTimeout after --timeout
-    port, = free_ports(1)
-    # The workers' addresses are never dialled: the ps's session sees only /job:ps.
-    layout = ClusterLayout((f"127.0.0.1:{port}",),
-                           tuple(f"127.0.0.1:{i + 1}" for i in range(WORKERS)))
-    config = TaskConfig(role="ps", index=0, cluster=layout,
-                        train=TrainConfig(train_steps=1, timeout=5.0))
-    server = ps.start_server(config)
+    config, server = _ps_of_many_workers()
     thread, outcome = _serve(config, server)
-    graph = tf.Graph()
-    with graph.as_default():
-        entry = tf1.placeholder(tf.int32, [])
-        enqueue = protocol.done_queue(0, WORKERS).enqueue(entry)
-    with tf1.Session(server.target, graph=graph,
-                     config=session.session_config(["/job:ps"])) as sess:
-        for worker in range(WORKERS):
-            sess.run(enqueue, {entry: worker})
+    _report_every_worker_done(server)
     thread.join(GUARD)
     assert not thread.is_alive(), f"the ps still waits {GUARD:g} s after {WORKERS} done entries"
     assert "error" not in outcome, outcome["error"]
@@ -64,14 +51,35 @@ def test_the_ps_takes_every_waiting_done_entry_in_one_run(monkeypatch):
     # 300 workers, a minute on a loaded machine. All 300 are queued before it serves here.
     polls = []
     entries_waiting = ps._entries_waiting
-    monkeypatch.setattr(ps, "_entries_waiting",
-                        lambda *args: polls.append(entries_waiting(*args)) or polls[-1])
+
+    def counted(*args):
+        polls.append(entries_waiting(*args))
+        return polls[-1]
+
+    monkeypatch.setattr(ps, "_entries_waiting", counted)
+    config, server = _ps_of_many_workers()
+    _report_every_worker_done(server)
+    thread, outcome = _serve(config, server)
+    thread.join(GUARD)
+    assert not thread.is_alive(), f"the ps still waits {GUARD:g} s after {WORKERS} done entries"
+    assert "error" not in outcome, outcome["error"]
+    # The first read answers that ps 0 is up; the second finds all 300, taken in one run.
+    assert polls == [WORKERS, WORKERS]
+
+
+def _ps_of_many_workers():
+    """(config, server) of the only ps of WORKERS workers, --timeout 5 s."""
     port, = free_ports(1)
+    # The workers' addresses are never dialled: the ps's session sees only /job:ps.
     layout = ClusterLayout((f"127.0.0.1:{port}",),
                            tuple(f"127.0.0.1:{i + 1}" for i in range(WORKERS)))
     config = TaskConfig(role="ps", index=0, cluster=layout,
                         train=TrainConfig(train_steps=1, timeout=5.0))
-    server = ps.start_server(config)
+    return config, ps.start_server(config)
+
+
+def _report_every_worker_done(server) -> None:
+    """Puts every worker's done entry in the ps's queue, as each worker's report_done does."""
     graph = tf.Graph()
     with graph.as_default():
         entry = tf1.placeholder(tf.int32, [])
@@ -80,12 +88,6 @@ def test_the_ps_takes_every_waiting_done_entry_in_one_run(monkeypatch):
                      config=session.session_config(["/job:ps"])) as sess:
         for worker in range(WORKERS):
             sess.run(enqueue, {entry: worker})
-    thread, outcome = _serve(config, server)
-    thread.join(GUARD)
-    assert not thread.is_alive(), f"the ps still waits {GUARD:g} s after {WORKERS} done entries"
-    assert "error" not in outcome, outcome["error"]
-    # The first read answers that ps 0 is up; the second finds all 300, taken in one run.
-    assert polls == [WORKERS, WORKERS]
 
 
 def test_a_ps_whose_sibling_never_comes_ends_within_its_bound(monkeypatch):
