@@ -69,10 +69,10 @@ def build_logits(images: tf.Tensor, hidden_units: tuple[int, ...] = HIDDEN_UNITS
         axis (`fixed_size_partitioner`), `layer<k>/weights/part_0` ... `part_<K-1>`, which the
         graph joins (concat) where it uses them. A checkpoint holds each partitioned variable
         whole, under its full name, so it restores with any K.
-      pull_dtype: "float32", or "bfloat16": each variable (each slice) is read in bfloat16
-        where it lives and made float32 again where it is used, so a pull from the ps moves
-        half the bytes. The layers then compute with the weights rounded to 8 significant
-        bits; the variables, and what the optimizer applies to them, stay float32.
+      pull_dtype: "float32", or "bfloat16": the variables are read in bfloat16 where they live
+        and made float32 again where they are used, so a pull from the ps moves half the
+        bytes. The layers then compute with the weights rounded to 8 significant bits; the
+        variables, and what the optimizer applies to them, stay float32.
       reuse: the variables exist already (a second tower over them, such as the exact
         evaluation beside a bfloat16 training tower).
 
@@ -84,37 +84,53 @@ def build_logits(images: tf.Tensor, hidden_units: tuple[int, ...] = HIDDEN_UNITS
     # variables, so without slices every weight matrix lands on ps 0 and every bias on ps 1
     # (74.5% of the bytes are layer 0's weights alone).
     partitioner = tf1.fixed_size_partitioner(slices) if slices > 1 else None
-    getter = None if pull_dtype == "float32" else _pulled_in(tf.as_dtype(pull_dtype),
-                                                             partitioned=slices > 1)
-    x = images
+    variables = []
     for layer, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
-        with tf1.variable_scope(f"layer{layer}", partitioner=partitioner, reuse=reuse or None,
-                                custom_getter=getter):
+        with tf1.variable_scope(f"layer{layer}", partitioner=partitioner, reuse=reuse or None):
             # Glorot keeps activations at a sane scale; the question's random_normal(stddev=1)
             # saturated the network and is part of why it trained badly.
-            weights = tf1.get_variable("weights", [fan_in, fan_out],
-                                       initializer=tf1.glorot_uniform_initializer())
-            biases = tf1.get_variable("biases", [fan_out], initializer=tf1.zeros_initializer())
-        x = tf.matmul(x, weights) + biases
+            variables += [tf1.get_variable("weights", [fan_in, fan_out],
+                                           initializer=tf1.glorot_uniform_initializer()),
+                          tf1.get_variable("biases", [fan_out],
+                                           initializer=tf1.zeros_initializer())]
+    values = pulled([list(v) if slices > 1 else [v] for v in variables],
+                    tf.as_dtype(pull_dtype))
+    x = images
+    for layer in range(len(sizes) - 1):
+        x = tf.matmul(x, values[2 * layer]) + values[2 * layer + 1]
         if layer < len(sizes) - 2:
             x = tf.nn.relu(x)
     return x
 
 
-def _pulled_in(dtype: tf.DType, *, partitioned: bool):
-    """A custom getter: the variable as `dtype` crosses from its device, float32 again here.
-    A partitioned variable comes as its slices (iterating it gives them in order)."""
-    def getter(getter, *args, **kwargs):
-        variable = getter(*args, **kwargs)
-        slices = list(variable) if partitioned else [variable]
-        pulled = []
-        for v in slices:
-            with tf1.device(v.device):  # Sync: cast where it lives, so the narrow copy crosses
-                sent = tf.cast(v, dtype)
-            pulled.append(tf.cast(sent, tf.float32))  # on the device the layer runs on
-        return pulled[0] if len(pulled) == 1 else tf.concat(pulled, axis=0)
+def pulled(parts: Sequence[Sequence[tf.Variable]], dtype: tf.DType = tf.float32
+           ) -> list[tf.Tensor]:
+    """Each variable whole (given as its slices in order; a plain one is its only slice), as
+    float32 where the caller's ops run, read from each device that holds some of them in one
+    tensor, as `dtype`.
 
-    return getter
+    Sync: one pull per ps, not one per slice. Each ps packs every slice it holds into one flat
+    tensor (cast to `dtype` there, so a narrow copy crosses), and this side cuts it up again:
+    every RecvTensor costs both tasks CPU, and a step pulled 6 of them from each ps. Variables
+    on no device (the export's graph) are read as they are.
+    """
+    by_device: dict[str, list[tf.Variable]] = {}
+    for part in parts:
+        for v in part:
+            by_device.setdefault(v.device, []).append(v)
+    value = {}
+    for device, held in by_device.items():
+        if not device and dtype == tf.float32:
+            value.update((id(v), v.value()) for v in held)
+            continue
+        with tf1.device(device):  # Sync: packed (and cast) where the slices live
+            packed = tf.concat([tf.reshape(v.value(), [-1]) for v in held], axis=0)
+            sent = packed if dtype == tf.float32 else tf.cast(packed, dtype)
+        here = sent if dtype == tf.float32 else tf.cast(sent, tf.float32)
+        pieces = tf.split(here, [v.shape.num_elements() for v in held])
+        value.update((id(v), tf.reshape(p, v.shape)) for v, p in zip(held, pieces))
+    return [value[id(part[0])] if len(part) == 1 else
+            tf.concat([value[id(v)] for v in part], axis=0) for part in parts]
 
 
 class Whole(NamedTuple):
@@ -158,9 +174,35 @@ def make_optimizer(name: str, learning_rate: float, *, decay_steps: int | None =
         with tf1.device(global_step.device):
             learning_rate = tf1.train.cosine_decay(learning_rate, global_step, decay_steps)
     if name == "adam":
-        return tf1.train.AdamOptimizer(learning_rate)
+        return _Adam(learning_rate)
     if name == "sgd":
         return tf1.train.GradientDescentOptimizer(learning_rate)
     if name == "momentum":
         return tf1.train.MomentumOptimizer(learning_rate, momentum=0.9)
     raise ValueError(f"unknown optimizer {name!r}")
+
+
+class _Adam(tf1.train.AdamOptimizer):
+    """Adam whose update reads its two beta powers once, not once for each variable it applies.
+
+    Sync: the powers live beside the first variable (on ps 0), and the stock update reads them
+    again in every slice's apply: with K ps, 12 reads of ps 0's for each other ps in every
+    update, each an RPC of its own. One read of each serves every slice (an update's applies
+    all read them before its end moves them on), so the values are the same.
+    """
+
+    _powers_read = None
+
+    def _prepare(self):
+        super()._prepare()
+        self._powers_read = None
+        powers = self._get_beta_accumulators()
+        with tf1.device(powers[0].device):
+            self._powers_read = tuple(p.read_value() for p in powers)
+
+    def _get_beta_accumulators(self):
+        return self._powers_read or super()._get_beta_accumulators()
+
+    def _finish(self, update_ops, name_scope):
+        self._powers_read = None  # the end of the update moves the variables themselves on
+        return super()._finish(update_ops, name_scope)

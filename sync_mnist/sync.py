@@ -136,9 +136,7 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
 def _async_train_op(grads_and_vars, state: SharedState, optimizer: tf1.train.Optimizer,
                     worker_index: int, wire_dtype: str) -> SyncTraining:
     """--mode async: the plain optimizer, every push an update of its own, counted alike."""
-    if wire_dtype != "float32":
-        grads_and_vars = [(None if g is None else restored(to_ps(g, v.device, wire_dtype)),
-                           v) for g, v in grads_and_vars]
+    grads_and_vars = restored(to_ps(grads_and_vars, wire_dtype), grads_and_vars)
     one = tf.ones([1], tf.int64)
     with tf.control_dependencies([tf1.scatter_add(state.pushed, [worker_index], one)]):
         apply = optimizer.apply_gradients(grads_and_vars, state.global_step)
@@ -175,9 +173,7 @@ def _copy_count_push(grads_and_vars, state: SharedState, who, local_step: tf.Var
     # counts and pushes then wait for the whole gradient to be there, and run on the ps alone:
     # a worker killed mid-step has (with one ps) pushed and counted all of it or none of it,
     # which is what lets a restarted worker trust pushed and last_push.
-    arrived = []
-    for g, v in grads_and_vars:
-        arrived.append((None if g is None else to_ps(g, v.device, wire_dtype), v))
+    arrived = to_ps(grads_and_vars, wire_dtype)
     # Read now, beside the gradients, not under the gate below: a read made there would wait
     # for the gradients to reach the ps and then cost one more ps -> worker -> ps round trip
     # on every step. Nothing else writes local_step during a step (only its last op does,
@@ -186,7 +182,7 @@ def _copy_count_push(grads_and_vars, state: SharedState, who, local_step: tf.Var
     # Everything the counts need is made on the ps too, so that nothing waits for this worker
     # once the gradient has arrived.
     with tf1.device(state.global_step.device), \
-            tf.control_dependencies([g for g, _ in arrived if g is not None]):
+            tf.control_dependencies([a.packed for a in arrived]):
         counted = [] if who is None else [
             tf1.scatter_add(state.pushed, [worker_index], tf.ones([1], tf.int64)),
             who.apply_grad(tf.one_hot(worker_index, num_workers), local_step=pushed_step)]
@@ -194,11 +190,56 @@ def _copy_count_push(grads_and_vars, state: SharedState, who, local_step: tf.Var
             counted.append(tf1.scatter_update(last_push, [worker_index],
                                               tf.reshape(pushed_step, [1])))
     with tf.control_dependencies(counted):  # Sync: count first, then push the gradients
-        pushed = []
-        for g, v in arrived:
-            with tf1.device(v.device):
-                pushed.append((None if g is None else restored(g), v))
-    return pushed
+        return restored(arrived, grads_and_vars)
+
+
+class Arrived(NamedTuple):
+    """Every gradient of one ps's variables, as one flat tensor made on that ps (to_ps)."""
+
+    device: str
+    packed: tf.Tensor  # in the wire dtype
+    variables: list  # whose gradients it holds, in order
+
+
+def to_ps(grads_and_vars, wire_dtype: str = "float32") -> list[Arrived]:
+    """The gradients, made on this worker, copied to their variables' ps: one tensor each ps.
+
+    Sync: one push per ps, not one per slice (every RecvTensor costs both tasks CPU). With
+    "bfloat16" the packed gradient is cast on this worker, so half the bytes cross; `restored`
+    makes it float32 again on the ps, so the accumulators average float32 values and the
+    optimizer applies them in float32, each element rounded once (to nearest, 8 significant
+    bits: a relative error of at most 2**-9).
+    """
+    by_device: dict[str, list] = {}
+    for g, v in grads_and_vars:
+        if g is not None:
+            by_device.setdefault(v.device, []).append((g, v))
+    arrived = []
+    for device, pairs in by_device.items():
+        packed = tf.concat([tf.reshape(g, [-1]) for g, _ in pairs], axis=0)
+        sent = packed if wire_dtype == "float32" else tf.cast(packed, wire_dtype)  # Sync: here
+        with tf1.device(device):
+            arrived.append(Arrived(device, tf.identity(sent), [v for _, v in pairs]))
+    return arrived
+
+
+def restored(arrived: list[Arrived], grads_and_vars) -> list:
+    """grads_and_vars with each gradient as it arrived (to_ps): float32, cut out of its ps's
+    packed tensor on that ps, in new ops (None stays None).
+
+    The cast back comes after the copy, not in it: Grappler's arithmetic optimizer swaps an
+    Identity that follows a widening cast with it, and in doing so moved the counts' wait
+    from the gradient's arrival on the ps to a signal from the worker (the partition graphs
+    showed it; tests/test_partition.py checks the wait).
+    """
+    grads = {}
+    for a in arrived:
+        with tf1.device(a.device):
+            flat = tf.identity(a.packed) if a.packed.dtype == tf.float32 else tf.cast(
+                a.packed, tf.float32)
+            pieces = tf.split(flat, [v.shape.num_elements() for v in a.variables])
+            grads.update((id(v), tf.reshape(p, v.shape)) for v, p in zip(a.variables, pieces))
+    return [(None if g is None else grads[id(v)], v) for g, v in grads_and_vars]
 
 
 def _own_token_queues(state: SharedState, num_workers: int) -> list:
@@ -269,30 +310,6 @@ def _pushes_before_the_token(stock_train_op: tf.Tensor) -> list[tf.Operation]:
     return list(dequeue.control_inputs)
 
 
-def to_ps(grad: tf.Tensor, device: str, wire_dtype: str = "float32") -> tf.Tensor:
-    """`grad`, made on this worker, copied to `device` (its variable's ps) in `wire_dtype`.
-
-    With "bfloat16" it is cast on this worker, so half the bytes cross; `restored` makes it
-    float32 again on the ps, so the accumulators average float32 values and the optimizer
-    applies them in float32, each element rounded once (to nearest, 8 significant bits: a
-    relative error of at most 2**-9).
-    """
-    sent = grad if wire_dtype == "float32" else tf.cast(grad, wire_dtype)  # Sync: on the worker
-    with tf1.device(device):
-        return tf.identity(sent)
-
-
-def restored(arrived: tf.Tensor) -> tf.Tensor:
-    """A gradient that arrived (to_ps), as float32, made where it is: a new op either way.
-
-    The cast back comes after the copy, not in it: Grappler's arithmetic optimizer swaps an
-    Identity that follows a widening cast with it, and in doing so moved the counts' wait
-    from the gradient's arrival on the ps to a signal from the worker (the partition graphs
-    showed it; tests/test_partition.py checks the wait).
-    """
-    return tf.identity(arrived) if arrived.dtype == tf.float32 else tf.cast(arrived, tf.float32)
-
-
 def _local_step_by_reference(next_creator, **kwargs):
     """Makes SyncReplicasOptimizer's local step a reference variable.
 
@@ -329,22 +346,22 @@ class _Update(tf1.train.Optimizer):
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
         grads_and_vars = list(grads_and_vars)
-        taken = [g for g, _ in grads_and_vars if g is not None]
+        # Each slice's apply waits for its own gradient's take alone (its input), on its ps:
+        # nothing of one ps waits for another until the new step is handed out.
+        applied = self._optimizer.apply_gradients(grads_and_vars, name=name)
+        handed_out = [applied]
         per_worker = None
         if self._who is not None:
             # Gradients of each worker in this update. take_grad(R) waits for R but sums all
             # that arrived, as the gradient accumulators average all that arrived. The
             # who-push precedes the gradient push; the who-take follows the gradient take and
-            # precedes the update. Both accumulators thus see the same pushes, unless one
-            # worker's two pushes straddle the take, microseconds apart.
-            with tf.control_dependencies(taken):
+            # precedes the update's hand-out. Both accumulators thus see the same pushes,
+            # unless one worker's two pushes straddle the take, microseconds apart.
+            with tf.control_dependencies([g for g, _ in grads_and_vars if g is not None]):
                 per_worker = tf.cast(tf.round(self._who.take_grad(self._replicas)), tf.int64)
-            taken = [per_worker]
-        with tf.control_dependencies(taken):
-            applied = self._optimizer.apply_gradients(grads_and_vars, name=name)
-        with tf.control_dependencies([applied]):
+            handed_out.append(per_worker)
+        with tf.control_dependencies(handed_out):
             new_step = global_step.read_value() + 1  # only this op writes it, one at a time
-        handed_out = [applied]
         if self._after_update is not None:
             with tf.control_dependencies(handed_out):
                 handed_out.append(self._after_update(new_step))

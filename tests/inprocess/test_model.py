@@ -121,7 +121,7 @@ def test_make_optimizer_builds_the_named_optimizer(name, cls, after_two_steps):
         optimizer = model.make_optimizer(name, 0.5)
         step = optimizer.minimize(2.0 * x)
         init = tf1.global_variables_initializer()
-    assert type(optimizer) is cls
+    assert isinstance(optimizer, cls)
     with tf1.Session(graph=graph) as sess:
         sess.run(init)
         sess.run(step)
@@ -214,6 +214,55 @@ def test_the_update_runs_on_the_ps_alone_and_the_sync_state_on_ps_0():
     # The chief's update (with the cosine rate) needs nothing from the chief's own device.
     on_workers = {op.name for op in _ancestors(update) if "/job:worker" in op.device}
     assert on_workers == set(), sorted(on_workers)
+
+
+def _worker_graph(num_ps: int):
+    """(graph, the chief's update op) of worker 0 of 2 workers and num_ps ps."""
+    from sync_mnist import worker
+    from sync_mnist.cluster import ClusterLayout
+    from sync_mnist.config import TaskConfig, TrainConfig
+
+    config = TaskConfig(role="worker", index=0, train=TrainConfig(train_steps=10),
+                        cluster=ClusterLayout(tuple(f"p{p}:1" for p in range(num_ps)),
+                                              ("w0:1", "w1:1")))
+    graph = tf.Graph()
+    with graph.as_default():
+        g = worker.build_graph(config, dataset="synthetic", target=10)
+        (update,) = g.training.optimizer.get_chief_queue_runner().enqueue_ops
+    return graph, update
+
+
+def _task(device: str) -> str:
+    spec = tf.DeviceSpec.from_string(device)
+    return f"{spec.job} {spec.task}"
+
+
+@pytest.mark.parametrize("num_ps", [1, 2, 4])
+def test_a_step_moves_one_tensor_of_the_model_each_way_between_the_worker_and_each_ps(num_ps):
+    """Every transfer costs both tasks an RPC: each ps packs its slices into one pull, and the
+    worker its gradients into one push for each ps (a step made 6 of each per ps)."""
+    graph, _ = _worker_graph(num_ps)
+    crossing = {}  # (sender, receiver): float tensors made on one task and used on the other
+    for op in graph.get_operations():
+        for t in op.inputs:
+            if t.dtype in (tf.float32, tf.bfloat16) and op.device and t.op.device \
+                    and _task(t.op.device) != _task(op.device):
+                crossing.setdefault((_task(t.op.device), _task(op.device)), set()).add(t.name)
+    pushes = {f"ps {p}": len(crossing.get(("worker 0", f"ps {p}"), ())) for p in range(num_ps)}
+    pulls = {f"ps {p}": len(crossing.get((f"ps {p}", "worker 0"), ())) for p in range(num_ps)}
+    assert pushes == pulls == {f"ps {p}": 1 for p in range(num_ps)}, crossing
+
+
+def test_the_update_reads_each_beta_power_once_whatever_the_number_of_ps():
+    """Adam's beta powers live on one ps; the stock update read them in every slice's apply,
+    12 reads (RPCs) more in each update for each ps beyond the first."""
+    graph, update = _worker_graph(4)
+    reads = [op for op in _ancestors(update) if op.type == "ReadVariableOp"
+             and "_power" in op.inputs[0].op.name]
+    # Each power: one read that every slice's apply shares, one for the update's end (on its
+    # own ps) to move it on. The stock update: 24 + 2 for 4 ps.
+    assert sorted(op.inputs[0].op.name for op in reads) == [
+        "beta1_power", "beta1_power", "beta2_power", "beta2_power"], reads
 
 
 def _ancestors(op: tf.Operation) -> set[tf.Operation]:
