@@ -9,48 +9,54 @@
   t_update     the ps's update: take the averaged gradient from the accumulators, apply Adam
   t_accum      the ps's work per gradient pushed: add it into the accumulators
   t_rpc        per tensor moved between two namespaces: the transport floor moving the model
-               as 6 tensors each way (bench's `floor`) against 1 each way (`floor-packed`)
+               as 6 tensors each way (bench's `floor`) against 1 each way (`floor-packed`);
+               a step moves one each way per ps (model.pulled, sync.to_ps)
   c_byte       per byte between two namespaces, uncapped: the packed floor, less its RPCs
   cpu_floor    CPU seconds (every process) per floor step: what moving the bytes costs cores
   efficiency   goodput over the tbf rate: the packed floor again, both ends' links capped
 The last three run in a testbed (testbed.py), so root is needed.
 
 The model (`predict`), per update, for N workers, P ps tasks and a link rate r (or none):
-  B, K         the trainable bytes and tensors every worker pulls each step (6 tensors,
-               1.08 MB); B_p: those on ps p, as --ps P places them (one slice of every
+  B            the trainable bytes every worker pulls each step (1.08 MB); B_p: those on ps p, as --ps P places them (one slice of every
                variable per ps, read from the real graph, `partition`)
   s            bytes each pull and each push moves per byte of the float32 variables: 1, or
                0.5 with --wire-dtype bfloat16 (wire_share); B and B_p below are s times
                the variables' bytes
   t_fb         = t_single - t_update: a worker's forward and backward pass
   ps(p)        = (t_update + N t_accum) B_p / B: ps p's work per update
-  latency      = t_fb + 2 K t_rpc + 2 B c_byte + 2 wire(B) + max_p ps(p)
-               + t_sync: one worker's step, end to end: compute, pull and push (through its
-               own link, one after the other), the ps's work, and a fixed overhead t_sync
-               (the token, the counters, one RunGraph per task), calibrated on the 1-worker
-               1-ps uncapped wall time; each ps beyond the first adds t_ps_extra (calibrated
-               on 1 worker, 2 ps)
-  link         = [2 wire(N B_x) - overlap (wire(N B_x) - wire(B_x))], B_x
-               = max_p B_p: the busiest ps's link sends every worker's pull and receives every
-               push, the two directions of a full-duplex link. overlap 0: every pull ends
-               before any push starts (they start together, from the same update's tokens,
-               and share the link), so the directions take turns; overlap 1: only the last
-               worker's push cannot run beside another's pull. Calibrated on the capped 1-ps
-               point with the most workers (0 uncalibrated: the serial bound)
+  fixed        = t_fb + 2 t_rpc + 2 B c_byte + max_p ps(p) + t_sync + (P - 1) t_ps_extra:
+               the part of a step that is not the wire: compute, one pull and one push per
+               ps (the ps tasks in parallel), the ps's work, and a fixed overhead t_sync (the
+               token, the counters, one RunGraph per task), calibrated on the 1-worker 1-ps
+               uncapped wall time; each ps beyond the first adds t_ps_extra (its RunGraph
+               calls and the hops between ps tasks; calibrated on 1 worker, 2 ps)
+  latency      = fixed + 2 wire(B): one worker's step, its pull and push through its own link
+               one after the other
+  link         = fixed + 2 wire(N B_x) - overlap (wire(N B_x) - wire(B_x)), B_x = max_p B_p:
+               the busiest ps's link sends every worker's pull and receives every push, the
+               two directions of a full-duplex link, and idles while the rest of the step
+               runs. overlap 0: every pull ends before any push starts (they start together,
+               from the same update's tokens, and share the link), so the directions take
+               turns; overlap 1: only the last worker's push cannot run beside another's
+               pull. Calibrated on the capped 1-ps point with the most workers
   wire(S)      = 8 (S - burst) / (r eff): S bytes through tbf at rate r, less the bucket
                (testbed.TBF_BURST_BYTES, 0 between real hosts) that refills in between
-  cpu          = (N cpu_step + (P - 1) cpu_ps_extra + sum_p ps(p)) / cores: on ONE machine
-               every task shares its cores; across hosts this term is left out (cores=None).
-               cpu_step, a worker step's CPU with the transport and the sync machinery, is
-               calibrated on the 1-worker point's CPU (less the ps's work); uncalibrated,
-               t_fb + cpu_floor. What each ps beyond the first costs, from 1 worker and 2
-               ps, is charged once per update (cpu_ps_extra), not once per worker, but for
-               the share the uncapped 2-ps point with the most workers puts on each worker
-               step (cpu_ps_step: the cpu term gains N (P - 1) cpu_ps_step). Capped, it
-               gains N 2 B cpu_capped: moving a byte through a tbf-capped link costs far more
-               CPU than through an uncapped one (both ends; the capped floor against the
-               packed one, both measured)
-  T(N, P, r)   = max(latency, link, cpu); the largest names the bottleneck.
+  work(N)      = N (cpu_step + (P - 1) cpu_ps_step [+ 2 B cpu_capped]) + (P - 1) cpu_ps_extra
+               + sum_p ps(p): CPU seconds per update of every task. cpu_step, a worker step's
+               CPU with the transport and the sync machinery, from the 1-worker point's CPU
+               (less the ps's work); uncalibrated, t_fb + cpu_floor. What each ps beyond the
+               first costs, from 1 worker and 2 ps, split into per update (cpu_ps_extra) and
+               per worker step (cpu_ps_step) by the uncapped 2-ps point with the most
+               workers. The bracket only where links are capped: moving a byte through a
+               tbf-capped link costs more CPU than through an uncapped one (both ends; the
+               capped floor against the packed one, both measured)
+  T(N, P, r)   = max(latency, link) between hosts of their own (cores=None). On ONE machine
+               the other workers' CPU, o = (work(N) - work(1)) / cores, competes with the
+               step's own CPU-bound part: at a share o / T of the cores busy, `fixed` takes
+               fixed / (1 - o / T), so T = W + fixed / (1 - o / T), W = max(latency, link)
+               - fixed: the larger root of T^2 - (W + o + fixed) T + W o = 0. With no wire,
+               T = fixed + o (the `cpu` term); with no other work, T = max(latency, link).
+               The largest of latency, link and cpu names the bottleneck.
 `sweep` runs the real synchronous cluster (bench.run_one's steady window, synthetic data) in a
 testbed at each (N, P, cap) and prints the model's T next to the measured one.
 
@@ -64,6 +70,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import os
 import signal
 import statistics
@@ -152,22 +159,40 @@ def predict(costs: Costs, num_workers: int, bytes_per_ps: Sequence[int], *,
             else 0.0
 
     more_ps, busiest = len(bytes_per_ps) - 1, max(bytes_per_ps)
-    latency = (costs.t_fb + 2 * costs.tensors_total * costs.t_rpc
-               + 2 * total * costs.c_byte + 2 * wire(total) + max(ps)
-               + costs.t_sync + more_ps * costs.t_ps_extra)
+    # The part of a step that is not the wire: compute, the transfers' fixed and per-byte
+    # costs, the ps's work, the token hand-out and counters (t_sync), and each further ps's
+    # RunGraph calls and hops. One pull and one push per ps, the ps tasks in parallel
+    # (model.pulled, sync.to_ps).
+    fixed = (costs.t_fb + 2 * costs.t_rpc + 2 * total * costs.c_byte + max(ps) + costs.t_sync
+             + more_ps * costs.t_ps_extra)
+    latency = fixed + 2 * wire(total)  # a worker's own link: its pull, then its push
     # The busiest ps's link sends every worker's pull and receives every push: two directions
     # of a full-duplex link. overlap 0: the pulls all end before the pushes start (they share
     # the link from the same token), so one direction waits for the other; overlap 1: only
-    # the last worker's push cannot run beside a pull.
-    serial = 2 * wire(n * busiest)
-    link = serial - costs.overlap * (wire(n * busiest) - wire(busiest))
+    # the last worker's push cannot run beside a pull. The link idles while the rest runs.
+    link = fixed + 2 * wire(n * busiest) - costs.overlap * (wire(n * busiest) - wire(busiest))
     # Each ps beyond the first costs CPU once per update (its part of the update's RunGraph
     # calls) and once per worker step (its partition of the step), each calibrated apart.
-    per_step = (costs.cpu_step or costs.t_fb + costs.cpu_floor) + more_ps * costs.cpu_ps_step
-    if rate_bits:  # every worker's pull and push, through capped links at both ends
-        per_step += 2 * total * costs.cpu_capped
-    cpu = (n * per_step + more_ps * costs.cpu_ps_extra + sum(ps)) / cores if cores else 0.0
-    return Prediction(total=max(latency, link, cpu), latency=latency, link=link, cpu=cpu)
+    def work(workers: int) -> float:  # CPU seconds per update, every task
+        per_step = (costs.cpu_step or costs.t_fb + costs.cpu_floor) \
+            + more_ps * costs.cpu_ps_step
+        if rate_bits:  # every worker's pull and push, through capped links at both ends
+            per_step += 2 * total * costs.cpu_capped
+        return workers * per_step + more_ps * costs.cpu_ps_extra \
+            + (costs.t_update + workers * costs.t_accum)
+    if not cores:
+        return Prediction(total=max(latency, link), latency=latency, link=link, cpu=0.0)
+    # On one machine the other workers' CPU, beyond what one worker's step needs, competes for
+    # the cores with the step's own CPU-bound part (`fixed`): at a share u of the cores busy
+    # with it, that part takes fixed / (1 - u), and u = others / (cores T). With the wire's
+    # part W = max(latency, link) - fixed, T = W + fixed / (1 - others / (cores T)): the larger
+    # root of T^2 - (W + o + fixed) T + W o = 0, o = others / cores. With no wire, T = fixed + o
+    # (the cores' bound); with no other work, T = W + fixed.
+    o = max(0.0, work(n) - work(1)) / cores
+    w = max(latency, link) - fixed
+    b = w + o + fixed
+    total_s = (b + math.sqrt(b * b - 4 * w * o)) / 2
+    return Prediction(total=total_s, latency=latency, link=link, cpu=fixed + o)
 
 
 def overlap_from(costs: Costs, num_workers: int, bytes_per_ps: Sequence[int], measured: float,
@@ -367,20 +392,11 @@ def split_ps_cpu(costs: Costs, num_workers: int, measured_cpu: float) -> Costs:
 def sweep(costs: Costs, points: Sequence[tuple[int, int, str | None]],
           steps: int, wire_dtype: str = "float32") -> tuple[list[dict], Costs]:
     """Measures each (N, P, cap) and sets the prediction beside it; returns the rows and the
-    costs as calibrated.
-
-    t_sync and cpu_step are calibrated on the (1, 1, uncapped) point when it is among them
-    (it runs first): its wall time less the modelled latency, its CPU less the ps's work.
-    t_ps_extra and cpu_ps_extra likewise on (1, 2, uncapped), run second: what a second ps
-    adds to that; split_ps_cpu on the uncapped 2-ps point with the most workers (third). The
-    overlap on the capped point with 1 ps and the most workers (fourth): the one that makes its
-    predicted link time the measured one. Every other point is a prediction.
-    """
+    costs as calibrated (`calibrated`, point by point, in calibration_points' order first)."""
     calibration = calibration_points(points)
     order = list(calibration.values())
     points = sorted(points, key=lambda p: order.index(p) if p in order else len(order))
     layouts = {p: partition(p, 1)[0] for p in {p for _, p, _ in points}}
-    share = WIRE_SHARE[wire_dtype]
     rows = []
     for n, p, cap in points:
         t = time.monotonic()
@@ -391,41 +407,65 @@ def sweep(costs: Costs, points: Sequence[tuple[int, int, str | None]],
                                                                      wire_dtype)
         except RuntimeError as e:
             row["error"] = str(e)
-        if (n, p, cap) == (1, 1, None) and "measured_s" in row:
-            bare = predict(costs, 1, layouts[1], wire_share=share).latency - costs.t_sync
-            costs = dataclasses.replace(
-                costs, t_sync=max(0.0, row["measured_s"] - bare),
-                cpu_step=max(0.0, row["measured_cpu_s"] - costs.t_update - costs.t_accum))
-            row["calibrates"] = {"t_sync": costs.t_sync, "cpu_step": costs.cpu_step}
-        if (n, p, cap) == (1, 2, None) and "measured_s" in row and costs.cpu_step:
-            bare = predict(costs, 1, layouts[2], wire_share=share).latency - costs.t_ps_extra
-            costs = dataclasses.replace(
-                costs, t_ps_extra=max(0.0, row["measured_s"] - bare),
-                cpu_ps_extra=max(0.0, row["measured_cpu_s"] - costs.cpu_step - costs.t_update
-                                 - costs.t_accum))
-            row["calibrates"] = {"t_ps_extra": costs.t_ps_extra,
-                                 "cpu_ps_extra": costs.cpu_ps_extra}
-        if ((n, p, cap) == calibration.get("second ps per worker") and "measured_s" in row
-                and costs.cpu_ps_extra):
-            costs = split_ps_cpu(costs, n, row["measured_cpu_s"])
-            row["calibrates"] = {"cpu_ps_extra": costs.cpu_ps_extra,
-                                 "cpu_ps_step": costs.cpu_ps_step}
-        if (n, p, cap) == calibration.get("overlap") and "measured_s" in row:
-            costs = dataclasses.replace(costs, overlap=overlap_from(
-                costs, n, layouts[p], row["measured_s"], rate_bits=testbed.rate_bits(cap),
-                burst=testbed.TBF_BURST_BYTES, wire_share=share))
-            row["calibrates"] = {"overlap": costs.overlap}
-        pred = predict(costs, n, layouts[p], rate_bits=testbed.rate_bits(cap) if cap else None,
-                       cores=costs.cores, burst=testbed.TBF_BURST_BYTES, wire_share=share)
-        row.update(predicted_s=pred.total, bottleneck=pred.bottleneck,
-                   terms=dataclasses.asdict(pred))
-        if "measured_s" in row:
-            row["error_rel"] = pred.total / row["measured_s"] - 1
-        rows.append(row)
+        costs = calibrated(costs, row, calibration)
+        rows.append(predicted(costs, row))
         log.info("N=%d P=%d cap=%s: measured %s ms, predicted %.1f ms (%s) (%.0f s)", n, p,
-                 cap or "none", _ms(row.get("measured_s")), 1000 * pred.total, pred.bottleneck,
-                 time.monotonic() - t)
+                 cap or "none", _ms(row.get("measured_s")), 1000 * rows[-1]["predicted_s"],
+                 rows[-1]["bottleneck"], time.monotonic() - t)
     return rows, costs
+
+
+def calibrated(costs: Costs, row: dict, calibration: dict) -> Costs:
+    """The costs with what `row` calibrates (calibration_points) taken from its measurement;
+    the row gains "calibrates". Rows must come in calibration_points' order.
+
+    t_sync and cpu_step from (1, 1, uncapped): its wall time less the modelled latency, its
+    CPU less the ps's work. t_ps_extra and cpu_ps_extra from (1, 2, uncapped): what a second
+    ps adds to that; split_ps_cpu from the uncapped 2-ps point with the most workers. The
+    overlap from the capped point with 1 ps and the most workers: the one that makes its
+    predicted link time the measured one. Every other point is a prediction.
+    """
+    if "measured_s" not in row:
+        return costs
+    point = (row["workers"], row["ps"], row["cap"])
+    layout, share = row["bytes_per_ps"], WIRE_SHARE[row.get("wire_dtype", "float32")]
+    if point == (1, 1, None):
+        bare = predict(costs, 1, layout, wire_share=share).latency - costs.t_sync
+        costs = dataclasses.replace(
+            costs, t_sync=max(0.0, row["measured_s"] - bare),
+            cpu_step=max(0.0, row["measured_cpu_s"] - costs.t_update - costs.t_accum))
+        row["calibrates"] = {"t_sync": costs.t_sync, "cpu_step": costs.cpu_step}
+    elif point == (1, 2, None) and costs.cpu_step:
+        bare = predict(costs, 1, layout, wire_share=share).latency - costs.t_ps_extra
+        costs = dataclasses.replace(
+            costs, t_ps_extra=max(0.0, row["measured_s"] - bare),
+            cpu_ps_extra=max(0.0, row["measured_cpu_s"] - costs.cpu_step - costs.t_update
+                             - costs.t_accum))
+        row["calibrates"] = {"t_ps_extra": costs.t_ps_extra, "cpu_ps_extra": costs.cpu_ps_extra}
+    elif point == calibration.get("second ps per worker") and costs.cpu_ps_extra:
+        costs = split_ps_cpu(costs, row["workers"], row["measured_cpu_s"])
+        row["calibrates"] = {"cpu_ps_extra": costs.cpu_ps_extra,
+                             "cpu_ps_step": costs.cpu_ps_step}
+    elif point == calibration.get("overlap"):
+        costs = dataclasses.replace(costs, overlap=overlap_from(
+            costs, row["workers"], layout, row["measured_s"],
+            rate_bits=testbed.rate_bits(row["cap"]), burst=testbed.TBF_BURST_BYTES,
+            wire_share=share))
+        row["calibrates"] = {"overlap": costs.overlap}
+    return costs
+
+
+def predicted(costs: Costs, row: dict) -> dict:
+    """`row` with the model's prediction for its point beside what was measured."""
+    pred = predict(costs, row["workers"], row["bytes_per_ps"],
+                   rate_bits=testbed.rate_bits(row["cap"]) if row["cap"] else None,
+                   cores=costs.cores, burst=testbed.TBF_BURST_BYTES,
+                   wire_share=WIRE_SHARE[row.get("wire_dtype", "float32")])
+    out = {**row, "predicted_s": pred.total, "bottleneck": pred.bottleneck,
+           "terms": dataclasses.asdict(pred)}
+    if "measured_s" in row:
+        out["error_rel"] = pred.total / row["measured_s"] - 1
+    return out
 
 
 def capped_cpu(floor: dict, total: int) -> float:
@@ -435,22 +475,24 @@ def capped_cpu(floor: dict, total: int) -> float:
 
 
 def recheck(result: dict, floor: dict) -> list[dict]:
-    """A sweep's rows (scaling.json) predicted again with this model, from the sweep's own
-    calibrated costs and cpu_capped from `floor` (measure's floor_s); no new runs."""
-    costs = Costs(**result["costs"])
+    """A sweep's rows (scaling.json) predicted again with this model, calibrated again from
+    the measured points (the sweep's own, and those of the sweep whose scaling.json it took as
+    --costs), with cpu_capped from `floor` (measure's floor_s); no new runs."""
+    rows, measured = [dict(r) for r in result["rows"]], result["measured"]
+    while "rows" in measured:  # --costs was a calibrating sweep's scaling.json
+        rows, measured = [dict(r) for r in measured["rows"]] + rows, measured["measured"]
+    costs = Costs(**measured["costs"])
     costs = dataclasses.replace(costs, cpu_capped=capped_cpu(floor, costs.bytes_total))
-    rows = []
-    for row in result["rows"]:
-        pred = predict(costs, row["workers"], row["bytes_per_ps"],
-                       rate_bits=testbed.rate_bits(row["cap"]) if row["cap"] else None,
-                       cores=costs.cores, burst=testbed.TBF_BURST_BYTES,
-                       wire_share=WIRE_SHARE[row.get("wire_dtype", "float32")])
-        again = {**row, "predicted_s": pred.total, "bottleneck": pred.bottleneck,
-                 "terms": dataclasses.asdict(pred)}
-        if "measured_s" in row:
-            again["error_rel"] = pred.total / row["measured_s"] - 1
-        rows.append(again)
-    return rows
+    calibration = calibration_points([(r["workers"], r["ps"], r["cap"]) for r in rows])
+    order = list(calibration.values())
+    rows.sort(key=lambda r: order.index((r["workers"], r["ps"], r["cap"]))
+              if (r["workers"], r["ps"], r["cap"]) in order else len(order))
+    again = []
+    for row in rows:
+        row.pop("calibrates", None)
+        costs = calibrated(costs, row, calibration)
+        again.append(predicted(costs, row))
+    return again
 
 
 def format_sweep(rows: Sequence[dict]) -> str:
@@ -605,10 +647,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         p.error(str(e))
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.command in ("plot", "recheck") and not (args.out / "scaling.json").is_file():
+        print(f"error: no {args.out / 'scaling.json'}: run the sweep first", file=sys.stderr)
+        return config_lib.EXIT_USAGE
     if args.command == "plot":
-        if not (args.out / "scaling.json").is_file():
-            print(f"error: no {args.out / 'scaling.json'}: run the sweep first", file=sys.stderr)
-            return config_lib.EXIT_USAGE
         return _plot(json.loads((args.out / "scaling.json").read_text())["rows"], args.out)
     if args.command == "recheck":
         result = json.loads((args.out / "scaling.json").read_text())

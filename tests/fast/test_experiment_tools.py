@@ -111,47 +111,63 @@ COSTS = scaling.Costs(t_single=0.005, t_update=0.001, t_accum=0.0002, t_rpc=0.00
 
 def test_the_model_on_one_machine_uncapped_is_cpu_bound_by_hand():
     p = scaling.predict(COSTS, 4, [1_000_000], cores=2)
-    # t_fb 0.004 + 12 RPCs 0.0012 + 2 MB 0.002 + ps (0.001 + 4 x 0.0002)
-    assert p.latency == pytest.approx(0.009)
-    assert p.link == 0.0
-    assert p.cpu == pytest.approx((4 * (0.004 + 0.002) + 0.0018) / 2)
-    assert (p.total, p.bottleneck) == (pytest.approx(0.0129), "cpu")
+    # fixed: t_fb 0.004 + 2 RPCs 0.0002 + 2 MB 0.002 + ps (0.001 + 4 x 0.0002)
+    assert p.latency == p.link == pytest.approx(0.008)
+    # The 3 other workers' CPU (4 steps of t_fb + floor and 3 more accumulations, beyond one
+    # worker's) shares the 2 cores with the step's own fixed part.
+    others = 4 * 0.006 + 0.0018 - (0.006 + 0.0012)
+    assert p.cpu == pytest.approx(0.008 + others / 2)
+    assert (p.total, p.bottleneck) == (pytest.approx(0.008 + others / 2), "cpu")
+    # One worker has nobody to compete with: its step is its latency.
+    alone = scaling.predict(COSTS, 1, [1_000_000], cores=2)
+    assert alone.total == pytest.approx(alone.latency)
+
+
+def test_cpu_the_other_workers_use_stretches_the_steps_own_cpu_part_beside_the_wire():
+    # T = W + fixed / (1 - o / T): the wire's part W unchanged, the fixed part slowed by the
+    # share o / T of the cores the others keep busy.
+    costs = scaling.dataclasses.replace(COSTS, cpu_step=0.02)
+    p = scaling.predict(costs, 4, [250_000] * 4, rate_bits=100e6, cores=2)
+    fixed, o = p.latency - 0.16, 3 * 0.02 / 2 + 3 * 0.0002 / 2
+    assert p.total - 0.16 == pytest.approx(fixed / (1 - o / p.total))
+    assert p.latency < p.total < p.latency + o
+    assert scaling.predict(costs, 4, [250_000] * 4, rate_bits=100e6).total == p.latency
 
 
 def test_the_model_at_a_cap_is_bound_by_the_ps_link_until_enough_ps_share_it():
     one = scaling.predict(COSTS, 4, [1_000_000], rate_bits=100e6)
-    assert one.link == pytest.approx(8 * 2 * 4 * 1e6 / 100e6)  # 4 pulls, then 4 pushes: 0.64
-    assert one.latency == pytest.approx(0.009 + 8 * 2e6 / 100e6)  # the worker's own link
+    fixed = 0.008  # as above: the link idles while it runs
+    assert one.link == pytest.approx(fixed + 8 * 2 * 4 * 1e6 / 100e6)  # 4 pulls, 4 pushes
+    assert one.latency == pytest.approx(fixed + 8 * 2e6 / 100e6)  # the worker's own link
     assert one.bottleneck == "link"
     two = scaling.predict(COSTS, 4, [500_000, 500_000], rate_bits=100e6)
-    assert (two.link, two.bottleneck) == (pytest.approx(0.32), "link")
+    assert (two.link, two.bottleneck) == (pytest.approx(0.0071 + 0.32), "link")
     four = scaling.predict(COSTS, 4, [250_000] * 4, rate_bits=100e6)
-    assert four.link == pytest.approx(0.16)
-    assert four.latency == pytest.approx(0.004 + 0.0012 + 0.002 + 0.16 + 0.0018 / 4)
+    assert four.latency == pytest.approx(0.004 + 0.0002 + 0.002 + 0.0018 / 4 + 0.16)
+    assert four.link == pytest.approx(four.latency)  # a ps link carries N B / P = B
     assert four.bottleneck == "latency"
     # A ps link carries N x B / P, a worker's B: past P = N more ps only shave the ps's work.
     assert scaling.ps_needed(COSTS, 4, 100e6) == 4
     # Half the goodput of the rate doubles every wire term.
     slow = scaling.predict(scaling.dataclasses.replace(COSTS, efficiency=0.5), 4, [1_000_000],
                            rate_bits=100e6)
-    assert slow.link == pytest.approx(2 * one.link)
+    assert slow.link - fixed == pytest.approx(2 * (one.link - fixed))
     # tbf's bucket lets each phase's first `burst` bytes through at once.
     bucket = scaling.predict(COSTS, 4, [1_000_000], rate_bits=100e6, burst=100_000)
-    assert bucket.link == pytest.approx(2 * 8 * (4e6 - 1e5) / 100e6)
-    assert bucket.latency == pytest.approx(0.009 + 2 * 8 * (1e6 - 1e5) / 100e6)
+    assert bucket.link == pytest.approx(fixed + 2 * 8 * (4e6 - 1e5) / 100e6)
+    assert bucket.latency == pytest.approx(fixed + 2 * 8 * (1e6 - 1e5) / 100e6)
 
 
 def test_each_ps_beyond_the_first_adds_its_calibrated_overhead():
     costs = scaling.dataclasses.replace(COSTS, t_ps_extra=0.005, cpu_ps_extra=0.003,
-                                        cpu_step=0.01)
+                                        cpu_ps_step=0.001, cpu_step=0.01)
     one = scaling.predict(costs, 4, [1_000_000], cores=2)
     three = scaling.predict(costs, 4, [1_000_000 / 3] * 3, cores=2)
     assert three.latency - one.latency == pytest.approx(2 * 0.005 - 0.0018 * 2 / 3)
-    assert one.cpu == pytest.approx((4 * 0.01 + 0.0018) / 2)
-    # Once per update, not once per worker: 2 extra ps, whatever N.
-    assert three.cpu == pytest.approx((4 * 0.01 + 2 * 0.003 + 0.0018) / 2)
-    eight = scaling.predict(costs, 8, [1_000_000 / 3] * 3, cores=2)
-    assert eight.cpu - three.cpu == pytest.approx(4 * (0.01 + 0.0002) / 2)
+    # What a ps costs once per update is in the one worker's step the others compete with;
+    # its share of each worker step is the others' too: 3 workers x 2 extra ps.
+    assert (three.cpu - three.latency) - (one.cpu - one.latency) == pytest.approx(
+        3 * 2 * 0.001 / 2)
 
 
 def test_a_full_duplex_ps_link_overlaps_pushes_with_pulls_as_far_as_calibrated():
@@ -160,14 +176,15 @@ def test_a_full_duplex_ps_link_overlaps_pushes_with_pulls_as_far_as_calibrated()
         return scaling.predict(scaling.dataclasses.replace(COSTS, overlap=overlap), 4,
                                [1_000_000], rate_bits=100e6, **kw).link
 
-    assert link(0.0) == pytest.approx(0.64)  # 4 pulls out, then 4 pushes in: in turn
-    assert link(1.0) == pytest.approx(0.32 + 0.08)  # side by side, but for the last push
-    assert link(0.25) == pytest.approx(0.64 - 0.25 * (0.32 - 0.08))
+    fixed = 0.008  # the rest of a step, while the link idles
+    assert link(0.0) == pytest.approx(fixed + 0.64)  # 4 pulls out, then 4 pushes in: in turn
+    assert link(1.0) == pytest.approx(fixed + 0.32 + 0.08)  # side by side, but the last push
+    assert link(0.25) == pytest.approx(fixed + 0.64 - 0.25 * (0.32 - 0.08))
     # bfloat16: half the bytes each way, pulls and pushes; the worker's own link too.
-    assert link(0.0, wire_share=0.5) == pytest.approx(0.16 + 0.16)
-    assert link(1.0, wire_share=0.5) == pytest.approx(0.16 + 0.04)
+    assert link(0.0, wire_share=0.5) == pytest.approx(fixed - 0.001 + 0.16 + 0.16)
+    assert link(1.0, wire_share=0.5) == pytest.approx(fixed - 0.001 + 0.16 + 0.04)
     half = scaling.predict(COSTS, 4, [1_000_000], rate_bits=100e6, wire_share=0.5)
-    assert half.latency == pytest.approx(0.004 + 0.0012 + 0.001 + 0.04 + 0.04 + 0.0018)
+    assert half.latency == pytest.approx(0.004 + 0.0002 + 0.001 + 0.04 + 0.04 + 0.0018)
     # The sweep's calibration finds the overlap that a measured time implies, where the link
     # is the bottleneck; elsewhere it keeps what it had.
     measured = link(0.3)
@@ -197,7 +214,8 @@ def test_the_second_ps_cpu_splits_into_per_update_and_per_worker_step_by_two_poi
     assert (split.cpu_ps_extra, split.cpu_ps_step) == (pytest.approx(0.007),
                                                        pytest.approx(0.002))
     six = scaling.predict(split, 6, [500_000] * 2, cores=2)
-    assert six.cpu == pytest.approx((0.06 + 0.0022 + 0.019) / 2)
+    # Beyond one worker's step (0.01 + 0.0012 + 0.009): 5 steps of 0.012, 5 accumulations.
+    assert six.cpu - six.latency == pytest.approx(5 * (0.01 + 0.002 + 0.0002) / 2)
     # No more than at 1 worker: all of it per update, as measured there.
     flat = scaling.split_ps_cpu(costs, 6, 0.06 + 0.0022 + 0.005)
     assert (flat.cpu_ps_extra, flat.cpu_ps_step) == (0.009, 0.0)
@@ -239,8 +257,10 @@ def test_the_sweep_plot_is_drawn_from_scaling_json_and_its_absence_is_named(tmp_
     pytest.importorskip("matplotlib")
     rows = [{"workers": n, "ps": 1, "cap": cap, "predicted_s": 0.01 * n, "measured_s": 0.011 * n}
             for n in (1, 2) for cap in (None, "200mbit")]
-    assert scaling.main(["plot", "--out", str(tmp_path)]) == 2
-    assert f"error: no {tmp_path / 'scaling.json'}: run the sweep first" in capsys.readouterr().err
+    for command in (["plot"], ["recheck", "--costs", str(tmp_path / "costs.json")]):
+        assert scaling.main([*command, "--out", str(tmp_path)]) == 2
+        assert f"error: no {tmp_path / 'scaling.json'}: run the sweep first" in \
+            capsys.readouterr().err
     (tmp_path / "scaling.json").write_text(json.dumps({"rows": rows}))
     assert scaling.main(["plot", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -255,8 +275,10 @@ def test_a_capped_link_charges_each_byte_moved_the_cpu_the_capped_floor_cost():
     costs = scaling.dataclasses.replace(COSTS, cpu_capped=1e-8)
     uncapped = scaling.predict(costs, 4, [500_000] * 2, cores=2).cpu
     capped = scaling.predict(costs, 4, [500_000] * 2, rate_bits=100e6, cores=2).cpu
-    assert capped - uncapped == pytest.approx(4 * 2 * 1_000_000 * 1e-8 / 2)
+    # The 3 workers beside one worker's step each move a pull and a push more.
+    assert capped - uncapped == pytest.approx(3 * 2 * 1_000_000 * 1e-8 / 2)
     half = scaling.predict(costs, 4, [500_000] * 2, rate_bits=100e6, cores=2, wire_share=0.5)
-    assert half.cpu - uncapped == pytest.approx(4 * 2 * 500_000 * 1e-8 / 2)
+    # (and the step's own per-byte cost halves: 2 x 500,000 bytes fewer at 1e-9)
+    assert half.cpu - uncapped == pytest.approx(3 * 2 * 500_000 * 1e-8 / 2 - 0.001)
     # Between hosts of their own (cores=None) there is no shared CPU to charge.
     assert scaling.predict(costs, 4, [500_000] * 2, rate_bits=100e6).cpu == 0.0
