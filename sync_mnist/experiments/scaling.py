@@ -474,10 +474,11 @@ def capped_cpu(floor: dict, total: int) -> float:
     return max(0.0, (floor["floor-capped"][1] - floor["floor-packed"][1]) / (2 * total))
 
 
-def recheck(result: dict, floor: dict) -> list[dict]:
+def recheck(result: dict, floor: dict) -> tuple[list[dict], Costs]:
     """A sweep's rows (scaling.json) predicted again with this model, calibrated again from
     the measured points (the sweep's own, and those of the sweep whose scaling.json it took as
-    --costs), with cpu_capped from `floor` (measure's floor_s); no new runs."""
+    --costs), with cpu_capped from `floor` (measure's floor_s); no new runs. Returns the rows
+    and the costs as calibrated again."""
     rows, measured = [dict(r) for r in result["rows"]], result["measured"]
     while "rows" in measured:  # --costs was a calibrating sweep's scaling.json
         rows, measured = [dict(r) for r in measured["rows"]] + rows, measured["measured"]
@@ -492,7 +493,7 @@ def recheck(result: dict, floor: dict) -> list[dict]:
         row.pop("calibrates", None)
         costs = calibrated(costs, row, calibration)
         again.append(predicted(costs, row))
-    return again
+    return again, costs
 
 
 def format_sweep(rows: Sequence[dict]) -> str:
@@ -654,7 +655,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _plot(json.loads((args.out / "scaling.json").read_text())["rows"], args.out)
     if args.command == "recheck":
         result = json.loads((args.out / "scaling.json").read_text())
-        print(format_sweep(recheck(result, json.loads(args.costs.read_text())["floor_s"])))
+        rows, costs = recheck(result, json.loads(args.costs.read_text())["floor_s"])
+        (args.out / "recheck.json").write_text(json.dumps(
+            {"costs": dataclasses.asdict(costs), "rows": rows}, indent=2) + "\n")
+        print(format_sweep(rows))
+        print(f"wrote {args.out / 'recheck.json'} (its costs: predict --costs)")
         return config_lib.EXIT_OK
     if args.command == "predict":
         costs = Costs(**json.loads(args.costs.read_text())["costs"])
