@@ -230,7 +230,7 @@ def restored(arrived: list[Arrived], grads_and_vars) -> list:
     The cast back comes after the copy, not in it: Grappler's arithmetic optimizer swaps an
     Identity that follows a widening cast with it, and in doing so moved the counts' wait
     from the gradient's arrival on the ps to a signal from the worker (the partition graphs
-    showed it; tests/test_partition.py checks the wait).
+    showed it; tests/inprocess/test_partition.py checks the wait).
     """
     grads = {}
     for a in arrived:
