@@ -2,7 +2,8 @@
 
     python -m sync_mnist.experiments.scaling measure --out scaling-results          # the costs (~1-2 min)
     python -m sync_mnist.experiments.scaling sweep --costs scaling-results/costs.json --out scaling-results
-    python -m sync_mnist.experiments.scaling predict --costs scaling-results/costs.json --workers 8,32,100
+    python -m sync_mnist.experiments.scaling recheck --costs scaling-results/costs.json --out scaling-results
+    python -m sync_mnist.experiments.scaling predict --costs scaling-results/recheck.json --workers 8,32,100
 
 `measure` takes the model's inputs on this machine (the benchmark's own runs, bench.py):
   t_single     one process: forward + backward + Adam at batch 100 (bench's `single` row)
@@ -610,7 +611,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="the cluster's --wire-dtype at every point (default: float32)")
     g = sub.add_parser("plot", help="OUT/scaling.png again, from OUT/scaling.json")
     c = sub.add_parser("recheck", help="OUT/scaling.json's points predicted again by this "
-                                       "model (no runs); with measure's costs.json")
+                                       "model, calibrated again (no runs); with measure's "
+                                       "costs.json; writes OUT/recheck.json")
     c.add_argument("--costs", type=Path, required=True,
                    help="costs.json from measure (its floors give cpu_capped)")
     r = sub.add_parser("predict", help="hosts of their own: 1 ps and the ps needed")
