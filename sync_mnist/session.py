@@ -193,11 +193,12 @@ class _ChiefSessionManager(tf1.train.SessionManager):
     it), and their local steps and counts would no longer match global_step.
     """
 
-    def __init__(self, *, model_missing: tf.Tensor, status: SessionStatus,
+    def __init__(self, *, model_missing: tf.Tensor, model_size: int, status: SessionStatus,
                  checkpoint_dir: str | None, timeout: float, ps_hosts: Sequence[str],
                  **kwargs):
         super().__init__(**kwargs)
         self._model_missing, self._status = model_missing, status
+        self._model_size = model_size
         self._checkpoint_dir = checkpoint_dir
         self._local_init = kwargs["local_init_op"]
         self._timeout, self._ps_hosts = timeout, tuple(ps_hosts)
@@ -213,7 +214,8 @@ class _ChiefSessionManager(tf1.train.SessionManager):
         options = tf1.RunOptions(timeout_in_ms=int(self._timeout * 1000))
         sess = tf1.Session(master, graph=self._model_missing.graph, config=kwargs.get("config"))
         try:
-            if not len(sess.run(self._model_missing, options=options)):
+            missing = sess.run(self._model_missing, options=options)
+            if not len(missing):
                 sess.run(self._local_init, options=options)
                 self._status.model = "continued"
                 return sess
@@ -222,27 +224,36 @@ class _ChiefSessionManager(tf1.train.SessionManager):
             raise
         close_bounded(sess.close, sess)
         restoring = bool(self._checkpoint_dir and tf.train.latest_checkpoint(self._checkpoint_dir))
-        if self._status.sessions and not restoring:
+        # Sync: some variables there and others not: a ps was restarted and lost its share,
+        # while another kept its own and the sync state beside it (accumulators, token
+        # queues). Initialising over that would mix the old state into the new updates; a
+        # chief restarted after the loss sees it so, as a fresh process.
+        partial = len(missing) < self._model_size
+        if (self._status.sessions or partial) and not restoring:
             # A restarted ps has lost the model. Initialising it afresh would silently start
             # training over under the workers' feet.
             raise ModelLost("the ps was restarted and has lost the model, and there is no "
-                            "checkpoint to restore it from (give the chief --logdir)")
+                            "checkpoint to restore it from (give the chief --logdir)" + (
+                                f"; {len(missing)} of its {self._model_size} variables are "
+                                f"missing, such as {missing[0].decode()}" if partial else ""))
         sess = super().prepare_session(master, **kwargs)
         self._status.model = "restored" if restoring else "initialised"
         return sess
 
 
 class _ChiefSessionCreator(tf1.train.ChiefSessionCreator, _Bounded):
-    def __init__(self, scaffold, master, config, *, checkpoint_dir, model_missing, status,
-                 prepare_timeout, ps_hosts):
+    def __init__(self, scaffold, master, config, *, checkpoint_dir, model_missing, model_size,
+                 status, prepare_timeout, ps_hosts):
         super().__init__(scaffold, master, config, checkpoint_dir=checkpoint_dir)
         self._model_missing, self._status_for_manager = model_missing, status
+        self._model_size = model_size
         self._prepare_timeout, self._ps_hosts_for_manager = prepare_timeout, ps_hosts
 
     def _get_session_manager(self):
         if self._session_manager is None:
             self._session_manager = _ChiefSessionManager(
-                model_missing=self._model_missing, status=self._status_for_manager,
+                model_missing=self._model_missing, model_size=self._model_size,
+                status=self._status_for_manager,
                 checkpoint_dir=self._checkpoint_dir, timeout=self._prepare_timeout,
                 ps_hosts=self._ps_hosts_for_manager,
                 local_init_op=self._scaffold.local_init_op,
@@ -314,6 +325,7 @@ def monitored_session(master: str, *, is_chief: bool, hooks: list, config: tf1.C
         creator = _ChiefSessionCreator(
             scaffold, master, config, checkpoint_dir=checkpoint_dir, status=status,
             model_missing=tf1.report_uninitialized_variables(everything),
+            model_size=len(everything),
             prepare_timeout=bound, ps_hosts=ps_hosts)
         if checkpoint_dir:
             hooks.append(_SharedCheckpointSaverHook(

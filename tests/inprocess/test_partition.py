@@ -279,3 +279,32 @@ def test_the_counts_wait_for_the_whole_gradient_to_reach_the_ps(traced, wire_dty
     transfers, missed = _counts_wait_for_every_gradient(traced[wire_dtype][0].partition_graphs)
     assert transfers == 2  # one packed gradient for each ps (sync.to_ps)
     assert missed == {c: [] for c in missed}
+
+
+def test_a_chief_refuses_to_initialise_a_model_one_ps_of_which_kept_its_share():
+    """ps 1 restarted empty while ps 0 kept its variables and the sync state beside them (the
+    accumulators, the token queues): a chief started then, as a fresh process, once
+    initialised over it, and the old pushes left on ps 0 joined the first update (chaos found
+    one averaging two gradients of one worker). With no checkpoint it is ModelLost."""
+    servers, spec = local_cluster(1, 2)
+    hosts = spec.as_dict()
+    layout = ClusterLayout(tuple(hosts["ps"]), tuple(hosts["worker"]))
+    config = TaskConfig(role="worker", index=0, cluster=layout,
+                        train=TrainConfig(train_steps=10, dataset="synthetic"))
+    graph = tf.Graph()
+    with graph.as_default():
+        g = worker.build_graph(config, dataset="synthetic", target=10)
+        on_ps0 = [v for v in tf1.global_variables() if v.device == "/job:ps/task:0"]
+        assert 0 < len(on_ps0) < len(tf1.global_variables())
+        with tf1.Session(servers[0].target) as sess:  # what ps 0 kept
+            sess.run([v.initializer for v in on_ps0], options=tf1.RunOptions(
+                timeout_in_ms=TIMEOUT_MS))
+        with pytest.raises(session.ModelLost) as lost:
+            session.monitored_session(
+                servers[0].target, is_chief=True, hooks=g.training.hooks,
+                config=session.session_config(layout.device_filters("worker", 0)), timeout=30,
+                transient=g.transient, status=session.SessionStatus())
+    assert str(lost.value).startswith("the ps was restarted and has lost the model, and there "
+                                      "is no checkpoint to restore it from (give the chief "
+                                      "--logdir); ")
+    assert " variables are missing, such as layer0/weights/part_1" in str(lost.value)
