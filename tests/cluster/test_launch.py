@@ -170,8 +170,17 @@ def test_a_frozen_worker_named_missing_is_killed_and_restarted_not_the_ones_that
     assert re.search(r"worker [02] exited with code 200 naming worker 1 as missing; worker 1 is "
                      r"still running: killing it and restarting it \(restart 1 of 3\)",
                      launcher.output), launcher.output
-    # Then the two that timed out waiting for it, each restarted once.
-    assert summary["restarts"] == {"worker 0": 1, "worker 1": 1, "worker 2": 1}
+    # Then the two that timed out waiting for it, each restarted once; but worker 2, if its
+    # 200 came only after the restarted chief had ended 0, is spent, not restarted (launch.py;
+    # seen once in a loaded make test: {"worker 0": 1, "worker 1": 1}).
+    restarts = summary["restarts"]
+    assert restarts["worker 1"] == 1 and set(restarts.values()) == {1}, restarts
+    assert set(restarts) in ({"worker 0", "worker 1", "worker 2"}, {"worker 0", "worker 1"}), \
+        restarts
+    spent = {"worker 2"} - set(restarts)
+    assert all(re.search(rf"{w} exited with code 200 after the chief had verified the run "
+                         "and ended: not restarted", launcher.output) for w in spent), \
+        launcher.output
     assert summary["synchronous"] is True
     assert len(summary["pids"]["worker 1"]) == 2 and not _alive(frozen)
 
