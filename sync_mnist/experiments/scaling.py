@@ -18,7 +18,8 @@
 The last three run in a testbed (testbed.py), so root is needed.
 
 The model (`predict`), per update, for N workers, P ps tasks and a link rate r (or none):
-  B            the trainable bytes every worker pulls each step (1.08 MB); B_p: those on ps p, as --ps P places them (one slice of every
+  B            the trainable bytes every worker pulls each step (1.08 MB); B_p: those on
+               ps p, as --ps P places them (one slice of every
                variable per ps, read from the real graph, `partition`)
   s            bytes each pull and each push moves per byte of the float32 variables: 1, or
                0.5 with --wire-dtype bfloat16 (wire_share); B and B_p below are s times
@@ -43,7 +44,8 @@ The model (`predict`), per update, for N workers, P ps tasks and a link rate r (
   wire(S)      = 8 (S - burst) / (r eff): S bytes through tbf at rate r, less the bucket
                (testbed.TBF_BURST_BYTES, 0 between real hosts) that refills in between
   work(N)      = N (cpu_step + (P - 1) cpu_ps_step [+ 2 B cpu_capped]) + (P - 1) cpu_ps_extra
-               + sum_p ps(p): CPU seconds per update of every task. cpu_step, a worker step's
+               + sum_p ps(p): CPU seconds per update of every task (only work(N) - work(1),
+               the other workers' share, enters T below). cpu_step, a worker step's
                CPU with the transport and the sync machinery, from the 1-worker point's CPU
                (less the ps's work); uncalibrated, t_fb + cpu_floor. What each ps beyond the
                first costs, from 1 worker and 2 ps, split into per update (cpu_ps_extra) and
@@ -172,24 +174,20 @@ def predict(costs: Costs, num_workers: int, bytes_per_ps: Sequence[int], *,
     # the link from the same token), so one direction waits for the other; overlap 1: only
     # the last worker's push cannot run beside a pull. The link idles while the rest runs.
     link = fixed + 2 * wire(n * busiest) - costs.overlap * (wire(n * busiest) - wire(busiest))
-    # Each ps beyond the first costs CPU once per update (its part of the update's RunGraph
-    # calls) and once per worker step (its partition of the step), each calibrated apart.
-    def work(workers: int) -> float:  # CPU seconds per update, every task
-        per_step = (costs.cpu_step or costs.t_fb + costs.cpu_floor) \
-            + more_ps * costs.cpu_ps_step
-        if rate_bits:  # every worker's pull and push, through capped links at both ends
-            per_step += 2 * total * costs.cpu_capped
-        return workers * per_step + more_ps * costs.cpu_ps_extra \
-            + (costs.t_update + workers * costs.t_accum)
+    # A worker step's CPU, with each further ps's share of it (cpu_ps_step; its once-per-
+    # update part, cpu_ps_extra, is in one worker's step like the rest of `fixed`).
+    per_step = (costs.cpu_step or costs.t_fb + costs.cpu_floor) + more_ps * costs.cpu_ps_step
+    if rate_bits:  # every worker's pull and push, through capped links at both ends
+        per_step += 2 * total * costs.cpu_capped
     if not cores:
         return Prediction(total=max(latency, link), latency=latency, link=link, cpu=0.0)
-    # On one machine the other workers' CPU, beyond what one worker's step needs, competes for
-    # the cores with the step's own CPU-bound part (`fixed`): at a share u of the cores busy
-    # with it, that part takes fixed / (1 - u), and u = others / (cores T). With the wire's
-    # part W = max(latency, link) - fixed, T = W + fixed / (1 - others / (cores T)): the larger
-    # root of T^2 - (W + o + fixed) T + W o = 0, o = others / cores. With no wire, T = fixed + o
-    # (the cores' bound); with no other work, T = W + fixed.
-    o = max(0.0, work(n) - work(1)) / cores
+    # On one machine the other N - 1 workers' steps (and their pushes into the accumulators)
+    # compete for the cores with the step's own CPU-bound part (`fixed`): at a share u of the
+    # cores busy with them, that part takes fixed / (1 - u), and u = o / T. With the wire's
+    # part W = max(latency, link) - fixed, T = W + fixed / (1 - o / T): the larger root of
+    # T^2 - (W + o + fixed) T + W o = 0. With no wire, T = fixed + o (the cores' bound); with
+    # no other work, T = W + fixed. What a ps costs once per update is in every T alike.
+    o = (n - 1) * (per_step + costs.t_accum) / cores
     w = max(latency, link) - fixed
     b = w + o + fixed
     total_s = (b + math.sqrt(b * b - 4 * w * o)) / 2
