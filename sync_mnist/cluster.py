@@ -96,10 +96,32 @@ class ClusterLayout:
 
         return tf.train.ClusterSpec(self.as_dict())
 
+    def server(self, role: str, index: int):
+        """This task's gRPC server, started (cli.py has checked its port: preflight.py)."""
+        import tensorflow as tf
+
+        return tf.distribute.Server(self.spec(), job_name=role, task_index=index,
+                                    config=server_config(), start=True)
+
     def device_filters(self, role: str, index: int) -> list[str]:
         # Distributed: a task only needs the ps tasks and itself. Without filters, every session
         # waits for every worker to be up, and a dead worker stalls the living ones at start-up.
         return ["/job:ps", f"/job:{role}/task:{index}"]
+
+
+def server_config():
+    """The ConfigProto a task's server starts with (its thread pools come from it): no spinning.
+
+    TensorFlow's Eigen pools spin for work before they sleep, which pays on an idle machine.
+    Here every ps and worker shares the cores, and a ps's threads spent about half its CPU
+    spinning between the RPCs of a step (perf, 4 ps and 4 workers on 2 cores), CPU its
+    neighbours needed. The benchmark's baselines start with the same (bench_tasks.py).
+    """
+    import tensorflow as tf
+
+    config = tf.compat.v1.ConfigProto()
+    config.experimental.disable_thread_spinning = True
+    return config
 
 
 def parse_address(address: str) -> tuple[str, int]:

@@ -28,8 +28,7 @@ POLL_SECS = 1.0  # the bound on each of the ps's own reads while it waits for do
 
 def start_server(config: TaskConfig):
     """This ps's gRPC server (a task started by cli.py has checked its port: preflight.py)."""
-    return tf.distribute.Server(config.cluster.spec(), job_name="ps", task_index=config.index,
-                                start=True)
+    return config.cluster.server("ps", config.index)
 
 
 def run_ps(config: TaskConfig, *, server=None) -> report.TaskResult:

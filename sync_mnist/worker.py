@@ -192,8 +192,7 @@ class WorkerRun:
     def start_server(self, server) -> None:
         config, i = self.config, self.config.index
         if server is None:
-            server = tf.distribute.Server(config.cluster.spec(), job_name="worker",
-                                          task_index=i, start=True)
+            server = config.cluster.server("worker", i)
         self.server = server
         self.tf_config = session.session_config(config.cluster.device_filters("worker", i))
 

@@ -89,8 +89,10 @@ def run_floor_ps(ps_hosts, worker_hosts) -> None:
     """A ps that only serves variables; bench.py kills it when the workers are done."""
     import tensorflow as tf
 
+    from sync_mnist.cluster import server_config
+
     cluster = tf.train.ClusterSpec({"ps": ps_hosts, "worker": worker_hosts})
-    tf.distribute.Server(cluster, job_name="ps", task_index=0, start=True)
+    tf.distribute.Server(cluster, job_name="ps", task_index=0, config=server_config(), start=True)
     log.info("serving")
     while True:
         time.sleep(3600)
@@ -106,9 +108,12 @@ def run_floor_worker(args, ps_hosts, worker_hosts) -> None:
     """
     import tensorflow as tf
 
+    from sync_mnist.cluster import server_config
+
     tf1 = tf.compat.v1
     cluster = tf.train.ClusterSpec({"ps": ps_hosts, "worker": worker_hosts})
-    server = tf.distribute.Server(cluster, job_name="worker", task_index=args.index, start=True)
+    server = tf.distribute.Server(cluster, job_name="worker", task_index=args.index,
+                                  config=server_config(), start=True)
     graph = tf.Graph()
     with graph.as_default():
         with tf1.device("/job:ps/task:0"):
@@ -145,6 +150,7 @@ def run_single(args) -> None:
     import tensorflow as tf
 
     from sync_mnist import model
+    from sync_mnist.cluster import server_config
 
     tf1 = tf.compat.v1
     shard = _shard(args, 1)
@@ -158,7 +164,7 @@ def run_single(args) -> None:
         train_op = model.make_optimizer("adam", args.learning_rate).minimize(
             outputs.loss, global_step)
         init = tf1.global_variables_initializer()
-    with tf1.Session(graph=graph) as sess:
+    with tf1.Session(graph=graph, config=server_config()) as sess:
         sess.run(init)
         log.info(READY)
         for step in range(1, args.steps + 1):
@@ -179,7 +185,14 @@ def run_mwms(args, worker_hosts) -> None:
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": worker_hosts},
                                           "task": {"type": "worker", "index": args.index}})
     import tensorflow as tf
+    from tensorflow.python.eager import context
 
+    from sync_mnist.cluster import server_config
+
+    # The same pools as the PS tasks' (cluster.server_config). No public API sets them for
+    # eager: tf.compat.v1.enable_eager_execution(config=...) leaves them as they were. The
+    # strategy's server takes its default session config from this context's.
+    context.context()._config = server_config()
     shard = _shard(args, len(worker_hosts))
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=tf.distribute.experimental.CommunicationImplementation.RING)
