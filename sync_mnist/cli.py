@@ -22,6 +22,7 @@ The model the chief saved (--export-dir, or LOGDIR/saved_model), in TensorFlow 2
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import logging
 import os
@@ -29,6 +30,7 @@ import resource
 import signal
 import sys
 import threading
+import time
 
 from sync_mnist import cluster as cluster_lib
 from sync_mnist import config as config_lib
@@ -314,6 +316,9 @@ def _peer_lost(error: Exception) -> bool:
 
 
 def _raise_interrupt(signum, frame):
+    if frame is not None and frame.f_code is _interrupt_again.__code__:
+        _deliver_again()  # raised in the hook, it would be lost as the first one was
+        return
     raise KeyboardInterrupt
 
 
@@ -321,11 +326,23 @@ def _interrupt_again(unraisable) -> None:
     """sys.unraisablehook: a stop whose KeyboardInterrupt landed in a destructor (a TensorFlow
     session's __del__ while the task unwinds, say) would be printed as "Exception ignored" and
     lost; it is delivered again instead, from another thread a moment later, so that it is
-    raised once the destructor has returned (a signal raised here would be handled here)."""
+    raised once the destructor has returned. If that moment comes while this hook still runs
+    (a loaded machine), _raise_interrupt sends it again rather than raise it here."""
     if unraisable.exc_type is KeyboardInterrupt:
-        threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        _deliver_again()
         return
     sys.__unraisablehook__(unraisable)
+
+
+def _deliver_again() -> None:
+    # Not threading.Timer: its start() waits for the thread, and the signal could come
+    # inside that wait, in threading's frames, where _raise_interrupt cannot tell it is in
+    # the hook.
+    def later():
+        time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    _thread.start_new_thread(later, ())
 
 
 if __name__ == "__main__":

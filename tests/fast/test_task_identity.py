@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import sys
+import types
 
 import pytest
 
@@ -247,3 +249,21 @@ def test_a_lost_peer_is_retryable_and_other_tensorflow_errors_are_not():
     assert cli._peer_lost(tf.errors.AbortedError(None, None, "Session handle not found"))
     assert not cli._peer_lost(tf.errors.InvalidArgumentError(None, None, "shape"))
     assert not cli._peer_lost(ValueError("a bug"))
+
+
+def test_a_stop_delivered_again_while_the_unraisable_hook_runs_is_sent_again_not_raised(
+        monkeypatch):
+    # Seen once under load (test_task_process's destructor test): the stop the hook sent
+    # again arrived while the hook itself still ran; raised there, it was lost like the first.
+    sent = []
+
+    def deliver_again():
+        sent.append(True)
+        if len(sent) == 1:  # it lands at once, in the hook's own frame (the caller's)
+            cli._raise_interrupt(signal.SIGTERM, sys._getframe(1))
+
+    monkeypatch.setattr(cli, "_deliver_again", deliver_again)
+    cli._interrupt_again(types.SimpleNamespace(exc_type=KeyboardInterrupt))
+    assert len(sent) == 2  # sent again, not raised and lost
+    with pytest.raises(KeyboardInterrupt):  # anywhere else it stops the task as always
+        cli._raise_interrupt(signal.SIGTERM, sys._getframe())
