@@ -316,7 +316,8 @@ def _peer_lost(error: Exception) -> bool:
 
 
 def _raise_interrupt(signum, frame):
-    if frame is not None and frame.f_code is _interrupt_again.__code__:
+    if frame is not None and frame.f_code in (_interrupt_again.__code__,
+                                              _deliver_again.__code__):
         _deliver_again()  # raised in the hook, it would be lost as the first one was
         return
     raise KeyboardInterrupt

@@ -251,19 +251,32 @@ def test_a_lost_peer_is_retryable_and_other_tensorflow_errors_are_not():
     assert not cli._peer_lost(ValueError("a bug"))
 
 
+
+
+def _landing_at_once(calls):
+    """A stand-in that records its calls and, on the first, has the stop land at once, in the
+    frame of whoever called it (as a signal would while that frame runs)."""
+    def land(*args):
+        calls.append(args)
+        if len(calls) == 1:
+            cli._raise_interrupt(signal.SIGTERM, sys._getframe(1))
+    return land
+
+
 def test_a_stop_delivered_again_while_the_unraisable_hook_runs_is_sent_again_not_raised(
         monkeypatch):
     # Seen once under load (test_task_process's destructor test): the stop the hook sent
-    # again arrived while the hook itself still ran; raised there, it was lost like the first.
+    # again arrived while the hook still ran; raised there, it was lost like the first one.
     sent = []
-
-    def deliver_again():
-        sent.append(True)
-        if len(sent) == 1:  # it lands at once, in the hook's own frame (the caller's)
-            cli._raise_interrupt(signal.SIGTERM, sys._getframe(1))
-
-    monkeypatch.setattr(cli, "_deliver_again", deliver_again)
+    monkeypatch.setattr(cli, "_deliver_again", _landing_at_once(sent))
     cli._interrupt_again(types.SimpleNamespace(exc_type=KeyboardInterrupt))
     assert len(sent) == 2  # sent again, not raised and lost
+
+
+def test_a_stop_that_lands_while_it_is_being_sent_again_is_sent_again_not_raised(monkeypatch):
+    started = []
+    monkeypatch.setattr(cli._thread, "start_new_thread", _landing_at_once(started))
+    cli._deliver_again()
+    assert len(started) == 2
     with pytest.raises(KeyboardInterrupt):  # anywhere else it stops the task as always
         cli._raise_interrupt(signal.SIGTERM, sys._getframe())
