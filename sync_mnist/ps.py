@@ -87,10 +87,19 @@ class _Watch:
         config = self.config
         first_wait = START_SECS + config.train.timeout
         others = [a for p, a in enumerate(config.cluster.ps_hosts) if p != config.index]
-        session.bounded_call(
-            lambda: _entries_waiting(self.sess, self.waiting, self.poll), first_wait,
-            f"ps {config.index}: waited {first_wait:g} s for the other ps "
-            f"({', '.join(others) or 'none'}) to answer")
+        what = (f"ps {config.index}: waited {first_wait:g} s for the other ps "
+                f"({', '.join(others) or 'none'}) to answer")
+        deadline = time.monotonic() + first_wait
+        # A poll cut short answers nothing (the queue is this ps's own, so only the session's
+        # wait for the other ps can make it wait): poll again, within the same bound.
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                session.bounded_call(lambda: self.sess.run(self.waiting, options=self.poll),
+                                     left, what)
+                return
+            except tf.errors.DeadlineExceededError:
+                continue
+        raise TaskTimeout(f"{what}; it did not answer")
 
     def until_every_worker_is_done(self) -> None:
         """Returns once every worker has reported done or been declared lost."""

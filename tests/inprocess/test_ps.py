@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 
+import pytest
 import tensorflow as tf
 
 from sync_mnist import protocol, ps, session
@@ -63,8 +65,8 @@ def test_the_ps_takes_every_waiting_done_entry_in_one_run(monkeypatch):
     thread.join(GUARD)
     assert not thread.is_alive(), f"the ps still waits {GUARD:g} s after {WORKERS} done entries"
     assert "error" not in outcome, outcome["error"]
-    # The first read answers that ps 0 is up; the second finds all 300, taken in one run.
-    assert polls == [WORKERS, WORKERS]
+    # Once ps 0 has answered (its own read), the first poll finds all 300, taken in one run.
+    assert polls == [WORKERS]
 
 
 def _ps_of_many_workers():
@@ -94,13 +96,50 @@ def test_a_ps_whose_sibling_never_comes_ends_within_its_bound(monkeypatch):
     # The ps's session spans every ps; its creation waited without end for a missing sibling,
     # before the no-progress watchdog had even started.
     monkeypatch.setattr(ps, "START_SECS", 1.0)
-    mine, absent = free_ports(2)  # nobody will listen on the sibling's port
-    layout = ClusterLayout((f"127.0.0.1:{mine}", f"127.0.0.1:{absent}"), ("127.0.0.1:1",))
-    config = TaskConfig(role="ps", index=0, cluster=layout,
-                        train=TrainConfig(train_steps=1, timeout=2.0))
-    server = ps.start_server(config)
-    thread, outcome = _serve(config, server)
-    thread.join(GUARD)
+    (mine,) = free_ports(1)
+    # The sibling's port is held, bound and not listening, so that no other test's server can
+    # take it: it once answered there, and the ps waited for its workers instead.
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        absent = held.getsockname()[1]
+        layout = ClusterLayout((f"127.0.0.1:{mine}", f"127.0.0.1:{absent}"), ("127.0.0.1:1",))
+        config = TaskConfig(role="ps", index=0, cluster=layout,
+                            train=TrainConfig(train_steps=1, timeout=2.0))
+        server = ps.start_server(config)
+        thread, outcome = _serve(config, server)
+        thread.join(GUARD)
     assert not thread.is_alive(), f"the ps still waits for its sibling after {GUARD:g} s"
     assert str(outcome.get("error")) == (
         f"ps 0: waited 3 s for the other ps (127.0.0.1:{absent}) to answer; it did not answer")
+
+
+class _Cut:
+    """A session whose first `cut` runs are cut short by their RunOptions' bound."""
+
+    def __init__(self, cut: int):
+        self.cut, self.runs = cut, 0
+
+    def run(self, fetch, options=None):
+        self.runs += 1
+        if self.runs <= self.cut:
+            raise tf.errors.DeadlineExceededError(None, None, "Timed out waiting for notification")
+        return 0
+
+
+def _watch(sess, timeout: float = 2.0):
+    layout = ClusterLayout(("127.0.0.1:1", "127.0.0.1:2"), ("127.0.0.1:3",))
+    config = TaskConfig(role="ps", index=0, cluster=layout,
+                        train=TrainConfig(train_steps=1, timeout=timeout))
+    return ps._Watch(config, sess, shared=None, waiting=None, take_done=None)
+
+
+def test_a_poll_cut_short_is_not_an_answer_from_the_other_ps(monkeypatch):
+    # A poll cut short answered nothing: the ps took it for the other ps's answer, went on to
+    # wait for its workers, and its watchdog then blamed them, not the missing ps.
+    monkeypatch.setattr(ps, "START_SECS", 0.0)
+    sess = _Cut(cut=3)
+    _watch(sess).wait_for_the_other_ps()
+    assert sess.runs == 4
+    with pytest.raises(TaskTimeout, match=r"^ps 0: waited 0.2 s for the other ps "
+                                          r"\(127.0.0.1:2\) to answer; it did not answer$"):
+        _watch(_Cut(cut=10**9), timeout=0.2).wait_for_the_other_ps()
