@@ -87,12 +87,9 @@ def _step_line(step: int, global_step: int) -> None:
 
 def run_floor_ps(ps_hosts, worker_hosts) -> None:
     """A ps that only serves variables; bench.py kills it when the workers are done."""
-    import tensorflow as tf
+    from sync_mnist.cluster import ClusterLayout
 
-    from sync_mnist.cluster import server_config
-
-    cluster = tf.train.ClusterSpec({"ps": ps_hosts, "worker": worker_hosts})
-    tf.distribute.Server(cluster, job_name="ps", task_index=0, config=server_config(), start=True)
+    ClusterLayout(tuple(ps_hosts), tuple(worker_hosts)).server("ps", 0)
     log.info("serving")
     while True:
         time.sleep(3600)
@@ -108,12 +105,10 @@ def run_floor_worker(args, ps_hosts, worker_hosts) -> None:
     """
     import tensorflow as tf
 
-    from sync_mnist.cluster import server_config
+    from sync_mnist.cluster import ClusterLayout
 
     tf1 = tf.compat.v1
-    cluster = tf.train.ClusterSpec({"ps": ps_hosts, "worker": worker_hosts})
-    server = tf.distribute.Server(cluster, job_name="worker", task_index=args.index,
-                                  config=server_config(), start=True)
+    server = ClusterLayout(tuple(ps_hosts), tuple(worker_hosts)).server("worker", args.index)
     graph = tf.Graph()
     with graph.as_default():
         with tf1.device("/job:ps/task:0"):

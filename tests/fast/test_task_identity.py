@@ -251,8 +251,6 @@ def test_a_lost_peer_is_retryable_and_other_tensorflow_errors_are_not():
     assert not cli._peer_lost(ValueError("a bug"))
 
 
-
-
 def _landing_at_once(calls):
     """A stand-in that records its calls and, on the first, has the stop land at once, in the
     frame of whoever called it (as a signal would while that frame runs)."""
