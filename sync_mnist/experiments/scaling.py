@@ -651,18 +651,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ("plot", "recheck") and not (args.out / "scaling.json").is_file():
         print(f"error: no {args.out / 'scaling.json'}: run the sweep first", file=sys.stderr)
         return config_lib.EXIT_USAGE
+    try:
+        costs_file = _read_json(args.costs, "floor_s" if args.command == "recheck" else "costs") \
+            if getattr(args, "costs", None) else None
+    except ValueError as e:
+        p.error(str(e))
     if args.command == "plot":
         return _plot(json.loads((args.out / "scaling.json").read_text())["rows"], args.out)
     if args.command == "recheck":
         result = json.loads((args.out / "scaling.json").read_text())
-        rows, costs = recheck(result, json.loads(args.costs.read_text())["floor_s"])
+        rows, costs = recheck(result, costs_file["floor_s"])
         (args.out / "recheck.json").write_text(json.dumps(
             {"costs": dataclasses.asdict(costs), "rows": rows}, indent=2) + "\n")
         print(format_sweep(rows))
         print(f"wrote {args.out / 'recheck.json'} (its costs: predict --costs)")
         return config_lib.EXIT_OK
     if args.command == "predict":
-        costs = Costs(**json.loads(args.costs.read_text())["costs"])
+        costs = Costs(**costs_file["costs"])
         print(format_predictions(costs, workers, args.rates.split(","),
                                  WIRE_SHARE[args.wire_dtype]))
         return config_lib.EXIT_OK
@@ -684,7 +689,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.command == "measure":
                 return config_lib.EXIT_OK
         else:
-            measured = json.loads(args.costs.read_text())
+            measured = costs_file
         costs = Costs(**measured["costs"])
         rows, costs = sweep(costs, _points(workers, ps, caps), args.steps, args.wire_dtype)
     except KeyboardInterrupt:
@@ -703,6 +708,21 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{result['load_average_at_end'][0]:.1f})")
     _plot(rows, args.out)
     return config_lib.EXIT_FAILED if any("error" in r for r in rows) else config_lib.EXIT_OK
+
+
+def _read_json(path: Path, key: str) -> dict:
+    """--costs's JSON, which must hold `key`; a ValueError naming the file and what is wrong."""
+    try:
+        found = json.loads(path.read_text())
+    except OSError as e:
+        raise ValueError(f"--costs {path}: {e.strerror}") from e
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--costs {path} is not JSON ({e})") from e
+    if not isinstance(found, dict) or key not in found:
+        wanted = "measure's costs.json" if key == "floor_s" else \
+            "measure's costs.json or a sweep's scaling.json"
+        raise ValueError(f"--costs {path} has no {key!r}: give {wanted}")
+    return found
 
 
 def _plot(rows: Sequence[dict], out: Path) -> int:

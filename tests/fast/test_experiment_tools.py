@@ -282,3 +282,19 @@ def test_a_capped_link_charges_each_byte_moved_the_cpu_the_capped_floor_cost():
     assert half.cpu - uncapped == pytest.approx(3 * 2 * 500_000 * 1e-8 / 2 - 0.001)
     # Between hosts of their own (cores=None) there is no shared CPU to charge.
     assert scaling.predict(costs, 4, [500_000] * 2, rate_bits=100e6).cpu == 0.0
+
+
+@pytest.mark.parametrize("command", [["sweep"], ["predict"], ["recheck"]])
+def test_a_costs_file_that_is_missing_or_wrong_is_named_not_a_traceback(command, tmp_path,
+                                                                       capsys):
+    (tmp_path / "scaling.json").write_text(json.dumps({"rows": []}))  # recheck reads it first
+    (tmp_path / "text.json").write_text("not json")
+    (tmp_path / "other.json").write_text(json.dumps({"rows": []}))
+    key = "floor_s" if command == ["recheck"] else "costs"
+    for name, message in (("absent.json", "No such file or directory"),
+                          ("text.json", "is not JSON"), ("other.json", f"has no {key!r}")):
+        with pytest.raises(SystemExit) as exit_:
+            scaling.main([*command, "--costs", str(tmp_path / name), "--out", str(tmp_path)])
+        assert exit_.value.code == 2
+        assert f"error: --costs {tmp_path / name}" in (err := capsys.readouterr().err)
+        assert message in err
