@@ -652,7 +652,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: no {args.out / 'scaling.json'}: run the sweep first", file=sys.stderr)
         return config_lib.EXIT_USAGE
     try:
-        costs_file = _read_json(args.costs, "floor_s" if args.command == "recheck" else "costs") \
+        costs_file = _read_costs(args.costs, "floor_s" if args.command == "recheck" else "costs") \
             if getattr(args, "costs", None) else None
     except ValueError as e:
         p.error(str(e))
@@ -710,7 +710,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return config_lib.EXIT_FAILED if any("error" in r for r in rows) else config_lib.EXIT_OK
 
 
-def _read_json(path: Path, key: str) -> dict:
+def _read_costs(path: Path, key: str) -> dict:
     """--costs's JSON, which must hold `key`; a ValueError naming the file and what is wrong."""
     try:
         found = json.loads(path.read_text())
