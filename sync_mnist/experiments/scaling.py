@@ -61,7 +61,8 @@ The model (`predict`), per update, for N workers, P ps tasks and a link rate r (
                T = fixed + o (the `cpu` term); with no other work, T = max(latency, link).
                The largest of latency, link and cpu names the bottleneck.
 `sweep` runs the real synchronous cluster (bench.run_one's steady window, synthetic data) in a
-testbed at each (N, P, cap) and prints the model's T next to the measured one.
+testbed at each (N, P, cap), --repeats times in rounds, and prints the model's T next to each
+point's median and spread.
 
 Exit codes: 0 done; 1 a run failed (its row says so); 2 bad arguments, or no testbed (root,
 ip, tc) for measure and sweep.
@@ -389,28 +390,46 @@ def split_ps_cpu(costs: Costs, num_workers: int, measured_cpu: float) -> Costs:
 
 
 def sweep(costs: Costs, points: Sequence[tuple[int, int, str | None]],
-          steps: int, wire_dtype: str = "float32") -> tuple[list[dict], Costs]:
-    """Measures each (N, P, cap) and sets the prediction beside it; returns the rows and the
-    costs as calibrated (`calibrated`, point by point, in calibration_points' order first)."""
+          steps: int, wire_dtype: str = "float32",
+          repeats: int = 1) -> tuple[list[dict], Costs]:
+    """Measures each (N, P, cap) `repeats` times and sets the prediction beside its median;
+    returns the rows and the costs as calibrated (`calibrated`, point by point, in
+    calibration_points' order first).
+
+    The runs go in rounds, every point once a round, so that the machine's drift over the
+    sweep falls on every point alike. A point whose run fails is not run again; its row keeps
+    the error (and the median of the runs before it, if any).
+    """
     calibration = calibration_points(points)
     order = list(calibration.values())
     points = sorted(points, key=lambda p: order.index(p) if p in order else len(order))
     layouts = {p: partition(p, 1)[0] for p in {p for _, p, _ in points}}
+    runs: dict[tuple, list[tuple[float, float]]] = {point: [] for point in points}
+    errors: dict[tuple, str] = {}
+    for round_ in range(1, repeats + 1):
+        for point in [pt for pt in points if pt not in errors]:
+            t = time.monotonic()
+            try:
+                runs[point].append(measure_point(*point, steps, wire_dtype))
+            except RuntimeError as e:
+                errors[point] = str(e)
+            log.info("round %d/%d N=%d P=%d cap=%s: %s ms (%.0f s)", round_, repeats,
+                     point[0], point[1], point[2] or "none",
+                     _ms(runs[point][-1][0]) if point not in errors else "failed",
+                     time.monotonic() - t)
     rows = []
-    for n, p, cap in points:
-        t = time.monotonic()
+    for point in points:
+        n, p, cap = point
         row = {"workers": n, "ps": p, "cap": cap, "bytes_per_ps": layouts[p],
                "wire_dtype": wire_dtype}
-        try:
-            row["measured_s"], row["measured_cpu_s"] = measure_point(n, p, cap, steps,
-                                                                     wire_dtype)
-        except RuntimeError as e:
-            row["error"] = str(e)
+        if runs[point]:
+            row["measured_s"] = statistics.median(s for s, _ in runs[point])
+            row["measured_cpu_s"] = statistics.median(c for _, c in runs[point])
+            row["runs_s"] = [s for s, _ in runs[point]]
+        if point in errors:
+            row["error"] = errors[point]
         costs = calibrated(costs, row, calibration)
         rows.append(predicted(costs, row))
-        log.info("N=%d P=%d cap=%s: measured %s ms, predicted %.1f ms (%s) (%.0f s)", n, p,
-                 cap or "none", _ms(row.get("measured_s")), 1000 * rows[-1]["predicted_s"],
-                 rows[-1]["bottleneck"], time.monotonic() - t)
     return rows, costs
 
 
@@ -496,12 +515,15 @@ def recheck(result: dict, floor: dict) -> tuple[list[dict], Costs]:
 
 
 def format_sweep(rows: Sequence[dict]) -> str:
-    lines = [f"{'workers':>7}{'ps':>4}{'cap':>9}{'measured ms':>13}{'predicted ms':>14}"
-             f"{'error':>8}  bottleneck"]
+    lines = [f"{'workers':>7}{'ps':>4}{'cap':>9}{'measured ms':>13}{'spread':>11}"
+             f"{'predicted ms':>14}{'error':>8}  bottleneck"]
     for r in rows:
         err = f"{100 * r['error_rel']:+.0f}%" if "error_rel" in r else "-"
+        runs = r.get("runs_s", [])
+        spread = f"{1000 * min(runs):.0f}-{1000 * max(runs):.0f}" if len(runs) > 1 else "-"
         lines.append(f"{r['workers']:>7}{r['ps']:>4}{r['cap'] or 'none':>9}"
-                     f"{_ms(r.get('measured_s')):>13}{1000 * r['predicted_s']:>14.1f}{err:>8}"
+                     f"{_ms(r.get('measured_s')):>13}{spread:>11}"
+                     f"{1000 * r['predicted_s']:>14.1f}{err:>8}"
                      f"  {r['bottleneck']}" + (f"  FAILED: {r['error']}" if 'error' in r
                                                else "") +
                      (f"  (calibrates {', '.join(r['calibrates'])})" if "calibrates" in r
@@ -607,6 +629,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="updates per point (default: 40: about 20 s a point)")
     s.add_argument("--wire-dtype", default="float32", choices=tuple(WIRE_SHARE),
                    help="the cluster's --wire-dtype at every point (default: float32)")
+    s.add_argument("--repeats", type=int, default=1,
+                   help="runs of each point, in rounds; the table gives each point's median "
+                        "and spread (default: 1)")
     g = sub.add_parser("plot", help="OUT/scaling.png again, from OUT/scaling.json")
     c = sub.add_parser("recheck", help="OUT/scaling.json's points predicted again by this "
                                        "model, calibrated again (no runs); with measure's "
@@ -645,6 +670,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError(f"worker and ps counts must be at least 1: {workers} {ps}")
         if args.command in ("measure", "sweep") and args.steps < 20:
             raise ValueError(f"--steps must be at least 20, got {args.steps}")
+        if args.command == "sweep" and args.repeats < 1:
+            raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
     except ValueError as e:
         p.error(str(e))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -691,7 +718,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             measured = costs_file
         costs = Costs(**measured["costs"])
-        rows, costs = sweep(costs, _points(workers, ps, caps), args.steps, args.wire_dtype)
+        rows, costs = sweep(costs, _points(workers, ps, caps), args.steps, args.wire_dtype,
+                            args.repeats)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return config_lib.EXIT_INTERRUPTED

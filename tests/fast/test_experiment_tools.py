@@ -206,6 +206,39 @@ def test_the_sweep_calibrates_on_the_points_that_can_tell_each_term():
         "latency", "second ps"]
 
 
+def test_the_sweep_runs_every_point_once_a_round_and_models_each_points_median(monkeypatch):
+    calibrating, capped = [(1, 1, None), (1, 2, None)], (2, 1, "200mbit")
+    walls = {(1, 1, None): [0.012, 0.010, 0.017], (1, 2, None): [0.020, 0.016, 0.017],
+             capped: [0.1, None]}  # None: its second run fails
+    calls = []
+
+    def measure_point(n, p, cap, steps, wire_dtype):
+        calls.append((n, p, cap))
+        wall = walls[(n, p, cap)][calls.count((n, p, cap)) - 1]
+        if wall is None:
+            raise RuntimeError("sync x2: exited 1")
+        return wall, 2 * wall
+
+    monkeypatch.setattr(scaling, "measure_point", measure_point)
+    monkeypatch.setattr(scaling, "partition", lambda p, n=1: ([MODEL_BYTES // p] * p, [6] * p))
+    rows, costs = scaling.sweep(COSTS, [capped, *calibrating], steps=20, repeats=3)
+    # Round by round, the calibrating points first; the failed point is not run again.
+    assert calls == [*calibrating, capped] * 2 + calibrating
+    by_point = {(r["workers"], r["ps"], r["cap"]): r for r in rows}
+    one = by_point[(1, 1, None)]
+    assert (one["measured_s"], one["measured_cpu_s"], one["runs_s"]) == (0.012, 0.024,
+                                                                         [0.012, 0.010, 0.017])
+    assert (by_point[capped]["runs_s"], by_point[capped]["error"]) == ([0.1],
+                                                                       "sync x2: exited 1")
+    # Calibrated from the medians: t_sync is what 1 worker on 1 ps takes beyond the model.
+    bare = scaling.predict(COSTS, 1, [MODEL_BYTES]).latency - COSTS.t_sync
+    assert costs.t_sync == pytest.approx(0.012 - bare)
+    table = scaling.format_sweep(rows).splitlines()
+    assert table[0].split()[4:6] == ["ms", "spread"]
+    assert [line.split()[3:5] for line in table[1:4]] == [["12.0", "10-17"], ["17.0", "16-20"],
+                                                          ["100.0", "-"]]
+
+
 def test_the_second_ps_cpu_splits_into_per_update_and_per_worker_step_by_two_points():
     costs = scaling.dataclasses.replace(COSTS, cpu_step=0.01, cpu_ps_extra=0.009)
     # At 6 workers: 6 x 0.01 steps + ps work 0.001 + 6 x 0.0002, and a second ps's
