@@ -31,7 +31,8 @@ The model (`predict`), per update, for N workers, P ps tasks and a link rate r (
                ps (the ps tasks in parallel), the ps's work, and a fixed overhead t_sync (the
                token, the counters, one RunGraph per task), calibrated on the 1-worker 1-ps
                uncapped wall time; each ps beyond the first adds t_ps_extra (its RunGraph
-               calls and the hops between ps tasks; calibrated on 1 worker, 2 ps)
+               calls and the hops between ps tasks; fitted over every 1-worker uncapped
+               point, a line through the origin against P - 1)
   latency      = fixed + 2 wire(B): one worker's step, its pull and push through its own link
                one after the other
   link         = fixed + 2 wire(N B_x) - overlap (wire(N B_x) - wire(B_x)), B_x = max_p B_p:
@@ -48,11 +49,12 @@ The model (`predict`), per update, for N workers, P ps tasks and a link rate r (
                the other workers' share, enters T below). cpu_step, a worker step's
                CPU with the transport and the sync machinery, from the 1-worker point's CPU
                (less the ps's work); uncalibrated, t_fb + cpu_floor. What each ps beyond the
-               first costs, from 1 worker and 2 ps, split into per update (cpu_ps_extra) and
-               per worker step (cpu_ps_step) by the uncapped 2-ps point with the most
-               workers. The bracket only where links are capped: moving a byte through a
-               tbf-capped link costs more CPU than through an uncapped one (both ends; the
-               capped floor against the packed one, both measured)
+               first costs, fitted like t_ps_extra, split into per update (cpu_ps_extra) and
+               per worker step (cpu_ps_step) by the same fit at the most workers run
+               uncapped on 1 ps and on more (`calibrate`). The bracket only where links are
+               capped: moving a byte through a tbf-capped link costs more CPU than through
+               an uncapped one (both ends; the capped floor against the packed one, both
+               measured)
   T(N, P, r)   = max(latency, link) between hosts of their own (cores=None). On ONE machine
                the other workers' CPU, o = (work(N) - work(1)) / cores, competes with the
                step's own CPU-bound part: at a share o / T of the cores busy, `fixed` takes
@@ -362,47 +364,16 @@ def measure_point(num_workers: int, num_ps: int, cap: str | None, steps: int,
     return _seconds_per_update(sample), sample.cpu_s / sample.updates
 
 
-def calibration_points(points: Sequence[tuple[int, int, str | None]]
-                       ) -> dict[str, tuple[int, int, str | None]]:
-    """{what a point calibrates: the point}, in the order they must run: (1, 1, uncapped),
-    (1, 2, uncapped), the uncapped 2-ps point with the most workers (how the second ps's CPU
-    splits into per update and per worker step), and the capped 1-ps point with the most
-    workers, at the sweep's first cap (the overlap); the last two where the sweep has one
-    with 2 workers or more."""
-    found = {"latency": (1, 1, None), "second ps": (1, 2, None)}
-    uncapped = [pt for pt in points if pt[1] == 2 and pt[2] is None and pt[0] > 1]
-    if uncapped:
-        found["second ps per worker"] = max(uncapped)
-    capped = [pt for pt in points if pt[1] == 1 and pt[2] and pt[0] > 1]
-    if capped:
-        found["overlap"] = max(pt for pt in capped if pt[2] == capped[0][2])
-    return found
-
-
-def split_ps_cpu(costs: Costs, num_workers: int, measured_cpu: float) -> Costs:
-    """cpu_ps_extra (from 1 worker) split into per update and per worker step, by the CPU per
-    update measured with `num_workers` and 2 ps (a line through the two points)."""
-    n = num_workers
-    at_n = measured_cpu - n * costs.cpu_step - (costs.t_update + n * costs.t_accum)
-    per_step = max(0.0, (at_n - costs.cpu_ps_extra) / (n - 1))
-    return dataclasses.replace(costs, cpu_ps_step=min(per_step, costs.cpu_ps_extra),
-                               cpu_ps_extra=max(0.0, costs.cpu_ps_extra - per_step))
-
-
 def sweep(costs: Costs, points: Sequence[tuple[int, int, str | None]],
           steps: int, wire_dtype: str = "float32",
           repeats: int = 1) -> tuple[list[dict], Costs]:
     """Measures each (N, P, cap) `repeats` times and sets the prediction beside its median;
-    returns the rows and the costs as calibrated (`calibrated`, point by point, in
-    calibration_points' order first).
+    returns the rows (the calibrating ones first) and the costs as calibrated (`calibrate`).
 
     The runs go in rounds, every point once a round, so that the machine's drift over the
     sweep falls on every point alike. A point whose run fails is not run again; its row keeps
     the error (and the median of the runs before it, if any).
     """
-    calibration = calibration_points(points)
-    order = list(calibration.values())
-    points = sorted(points, key=lambda p: order.index(p) if p in order else len(order))
     layouts = {p: partition(p, 1)[0] for p in {p for _, p, _ in points}}
     runs: dict[tuple, list[tuple[float, float]]] = {point: [] for point in points}
     errors: dict[tuple, str] = {}
@@ -428,48 +399,104 @@ def sweep(costs: Costs, points: Sequence[tuple[int, int, str | None]],
             row["runs_s"] = [s for s, _ in runs[point]]
         if point in errors:
             row["error"] = errors[point]
-        costs = calibrated(costs, row, calibration)
-        rows.append(predicted(costs, row))
-    return rows, costs
+        rows.append(row)
+    return _predicted_all(costs, rows)
 
 
-def calibrated(costs: Costs, row: dict, calibration: dict) -> Costs:
-    """The costs with what `row` calibrates (calibration_points) taken from its measurement;
-    the row gains "calibrates". Rows must come in calibration_points' order.
+def calibration_points(points: Sequence[tuple[int, int, str | None]]
+                       ) -> dict[str, list[tuple[int, int, str | None]]]:
+    """{the terms a set of points calibrates: those points} (see `calibrate`); a set only
+    where the sweep has its points. Uncapped: (1, 1) for t_sync and cpu_step; every 1-worker
+    point on more ps for t_ps_extra and cpu_ps_extra; the most workers N > 1 run on 1 ps and
+    on more for cpu_ps_step. Capped: the 1-ps point with the most workers at the sweep's first
+    cap for the overlap."""
+    uncapped = {(n, p) for n, p, cap in points if cap is None}
+    found = {}
+    if (1, 1) in uncapped:
+        found["t_sync, cpu_step"] = [(1, 1, None)]
+    more_ps = sorted(p for n, p in uncapped if n == 1 and p > 1)
+    if found and more_ps:
+        found["t_ps_extra, cpu_ps_extra"] = [(1, p, None) for p in [1, *more_ps]]
+        split = [n for n, p in uncapped if n > 1 and p > 1 and (n, 1) in uncapped]
+        if split:
+            n = max(split)
+            found["cpu_ps_step"] = sorted((n, p, None) for m, p in uncapped if m == n)
+    capped = [pt for pt in points if pt[1] == 1 and pt[2] and pt[0] > 1]
+    if capped:
+        found["overlap"] = [max(pt for pt in capped if pt[2] == capped[0][2])]
+    return found
 
-    t_sync and cpu_step from (1, 1, uncapped): its wall time less the modelled latency, its
-    CPU less the ps's work. t_ps_extra and cpu_ps_extra from (1, 2, uncapped): what a second
-    ps adds to that; split_ps_cpu from the uncapped 2-ps point with the most workers. The
-    overlap from the capped point with 1 ps and the most workers: the one that makes its
-    predicted link time the measured one. Every other point is a prediction.
+
+def _slope(pairs: Sequence[tuple[float, float]]) -> float:
+    """The least-squares slope of y against x through the origin."""
+    return sum(x * y for x, y in pairs) / sum(x * x for x, _ in pairs)
+
+
+def calibrate(costs: Costs, rows: Sequence[dict]) -> Costs:
+    """The costs with the calibrated terms taken from the rows' measurements (each row's median,
+    with --repeats), from the points calibration_points names; each such row gains
+    "calibrates", the terms it entered. Every other point is a prediction.
+
+    t_sync: (1, 1)'s wall time beyond the modelled latency; cpu_step: its CPU less the ps's
+    work. What each ps beyond the first adds, fitted over every 1-worker point (a line through
+    the origin against P - 1, not one difference, so that no single run sets it):
+    t_ps_extra from the wall time beyond the modelled latency, cpu_ps_extra from the CPU
+    beyond (1, 1)'s. The same fit of the CPU at the most workers N (beyond (N, 1)'s) gives
+    what an extra ps adds with N workers: cpu_ps_extra + N cpu_ps_step splits it into per
+    update and per worker step. The overlap: the one that makes the capped 1-ps point's
+    predicted link time its measured one.
     """
-    if "measured_s" not in row:
-        return costs
-    point = (row["workers"], row["ps"], row["cap"])
-    layout, share = row["bytes_per_ps"], WIRE_SHARE[row.get("wire_dtype", "float32")]
-    if point == (1, 1, None):
-        bare = predict(costs, 1, layout, wire_share=share).latency - costs.t_sync
+    points = calibration_points([(r["workers"], r["ps"], r["cap"]) for r in rows])
+    at = {(r["workers"], r["ps"], r["cap"]): r for r in rows if "measured_s" in r}
+    # A term one of whose runs failed stays as it was, and so do those that build on it (the
+    # sweep's exit code says a run failed).
+    needs = {"t_ps_extra, cpu_ps_extra": "t_sync, cpu_step",
+             "cpu_ps_step": "t_ps_extra, cpu_ps_extra"}
+    for term in list(points):
+        if any(pt not in at for pt in points[term]) or needs.get(term, term) not in points:
+            del points[term]
+    share = WIRE_SHARE[rows[0].get("wire_dtype", "float32")] if rows else 1.0
+
+    def bare(c: Costs, row: dict) -> float:  # 1 worker's modelled latency
+        return predict(c, 1, row["bytes_per_ps"], wire_share=share).latency
+
+    def mark(term: str) -> None:
+        for pt in points[term]:
+            at[pt].setdefault("calibrates", []).append(term)
+
+    if "t_sync, cpu_step" in points:
+        one = at[(1, 1, None)]
+        costs = dataclasses.replace(costs, t_sync=0.0)
         costs = dataclasses.replace(
-            costs, t_sync=max(0.0, row["measured_s"] - bare),
-            cpu_step=max(0.0, row["measured_cpu_s"] - costs.t_update - costs.t_accum))
-        row["calibrates"] = {"t_sync": costs.t_sync, "cpu_step": costs.cpu_step}
-    elif point == (1, 2, None) and costs.cpu_step:
-        bare = predict(costs, 1, layout, wire_share=share).latency - costs.t_ps_extra
+            costs, t_sync=max(0.0, one["measured_s"] - bare(costs, one)),
+            cpu_step=max(0.0, one["measured_cpu_s"] - costs.t_update - costs.t_accum))
+        mark("t_sync, cpu_step")
+    if "t_ps_extra, cpu_ps_extra" in points:
+        more = [at[pt] for pt in points["t_ps_extra, cpu_ps_extra"][1:]]
+        costs = dataclasses.replace(costs, t_ps_extra=0.0)
+        per_ps = _slope([(r["ps"] - 1, r["measured_cpu_s"] - one["measured_cpu_s"])
+                         for r in more])
         costs = dataclasses.replace(
-            costs, t_ps_extra=max(0.0, row["measured_s"] - bare),
-            cpu_ps_extra=max(0.0, row["measured_cpu_s"] - costs.cpu_step - costs.t_update
-                             - costs.t_accum))
-        row["calibrates"] = {"t_ps_extra": costs.t_ps_extra, "cpu_ps_extra": costs.cpu_ps_extra}
-    elif point == calibration.get("second ps per worker") and costs.cpu_ps_extra:
-        costs = split_ps_cpu(costs, row["workers"], row["measured_cpu_s"])
-        row["calibrates"] = {"cpu_ps_extra": costs.cpu_ps_extra,
-                             "cpu_ps_step": costs.cpu_ps_step}
-    elif point == calibration.get("overlap"):
+            costs, t_ps_extra=max(0.0, _slope([(r["ps"] - 1, r["measured_s"] - bare(costs, r))
+                                               for r in more])),
+            cpu_ps_extra=max(0.0, per_ps), cpu_ps_step=0.0)
+        mark("t_ps_extra, cpu_ps_extra")
+    if "cpu_ps_step" in points:
+        base, *more = [at[pt] for pt in points["cpu_ps_step"]]
+        n = base["workers"]
+        at_n = _slope([(r["ps"] - 1, r["measured_cpu_s"] - base["measured_cpu_s"])
+                       for r in more])
+        step = min(costs.cpu_ps_extra, max(0.0, (at_n - costs.cpu_ps_extra) / (n - 1)))
+        costs = dataclasses.replace(costs, cpu_ps_step=step,
+                                    cpu_ps_extra=costs.cpu_ps_extra - step)
+        mark("cpu_ps_step")
+    if "overlap" in points:
+        row = at[points["overlap"][0]]
         costs = dataclasses.replace(costs, overlap=overlap_from(
-            costs, row["workers"], layout, row["measured_s"],
+            costs, row["workers"], row["bytes_per_ps"], row["measured_s"],
             rate_bits=testbed.rate_bits(row["cap"]), burst=testbed.TBF_BURST_BYTES,
             wire_share=share))
-        row["calibrates"] = {"overlap": costs.overlap}
+        mark("overlap")
     return costs
 
 
@@ -502,16 +529,16 @@ def recheck(result: dict, floor: dict) -> tuple[list[dict], Costs]:
         rows, measured = [dict(r) for r in measured["rows"]] + rows, measured["measured"]
     costs = Costs(**measured["costs"])
     costs = dataclasses.replace(costs, cpu_capped=capped_cpu(floor, costs.bytes_total))
-    calibration = calibration_points([(r["workers"], r["ps"], r["cap"]) for r in rows])
-    order = list(calibration.values())
-    rows.sort(key=lambda r: order.index((r["workers"], r["ps"], r["cap"]))
-              if (r["workers"], r["ps"], r["cap"]) in order else len(order))
-    again = []
     for row in rows:
         row.pop("calibrates", None)
-        costs = calibrated(costs, row, calibration)
-        again.append(predicted(costs, row))
-    return again, costs
+    return _predicted_all(costs, rows)
+
+
+def _predicted_all(costs: Costs, rows: list[dict]) -> tuple[list[dict], Costs]:
+    """(the rows with their predictions, the calibrating ones first; the costs calibrated)."""
+    costs = calibrate(costs, rows)
+    rows = sorted(rows, key=lambda r: "calibrates" not in r)
+    return [predicted(costs, r) for r in rows], costs
 
 
 def format_sweep(rows: Sequence[dict]) -> str:

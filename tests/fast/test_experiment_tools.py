@@ -197,17 +197,61 @@ def test_a_full_duplex_ps_link_overlaps_pushes_with_pulls_as_far_as_calibrated()
 
 
 def test_the_sweep_calibrates_on_the_points_that_can_tell_each_term():
-    points = [(n, p, cap) for cap in (None, "200mbit", "100mbit") for p in (1, 2)
+    points = [(n, p, cap) for cap in (None, "200mbit", "100mbit") for p in (1, 2, 4)
               for n in (1, 2, 4, 6)]
     assert scaling.calibration_points(points) == {
-        "latency": (1, 1, None), "second ps": (1, 2, None),
-        "second ps per worker": (6, 2, None), "overlap": (6, 1, "200mbit")}
+        "t_sync, cpu_step": [(1, 1, None)],
+        "t_ps_extra, cpu_ps_extra": [(1, 1, None), (1, 2, None), (1, 4, None)],
+        "cpu_ps_step": [(6, 1, None), (6, 2, None), (6, 4, None)],
+        "overlap": [(6, 1, "200mbit")]}
     assert list(scaling.calibration_points([(1, 1, None), (1, 1, "200mbit")])) == [
-        "latency", "second ps"]
+        "t_sync, cpu_step"]
+    # Without 1 worker on 1 ps uncapped (a capped sweep, --costs from a calibrating one): only
+    # the overlap.
+    assert scaling.calibration_points([(1, 1, "200mbit"), (4, 1, "200mbit")]) == {
+        "overlap": [(4, 1, "200mbit")]}
+
+
+def _row(n, p, wall, cpu, cap=None):
+    return {"workers": n, "ps": p, "cap": cap, "bytes_per_ps": [1_000_000 // p] * p,
+            "measured_s": wall, "measured_cpu_s": cpu}
+
+
+def test_each_extra_ps_is_fitted_over_every_1_worker_point_and_split_by_the_most_workers():
+    bare = [scaling.predict(COSTS, 1, [1_000_000 // p] * p).latency for p in (1, 2, 4)]
+    # 1 worker: 2 ms of wall time beyond the model for 1 ps; then 4 and 5 ms more with 1 and
+    # 3 ps more: the line through the origin, (1 x 4 + 3 x 5) / (1 + 9) = 1.9 ms a ps.
+    # CPU 0.010 on 1 ps, then 0.009 and 0.027 more: (9 + 81) / 10 = 9 ms a ps.
+    # 6 workers: CPU 0.080 on 1 ps, 0.019 and 0.057 more: 19 ms a ps = 9 - b + 6 b, b = 2 ms.
+    rows = [_row(1, 1, bare[0] + 0.002, 0.010), _row(1, 2, bare[1] + 0.006, 0.019),
+            _row(1, 4, bare[2] + 0.007, 0.037), _row(6, 1, 0.05, 0.080),
+            _row(6, 2, 0.05, 0.099), _row(6, 4, 0.05, 0.137)]
+    costs = scaling.calibrate(COSTS, rows)
+    assert costs.t_sync == pytest.approx(0.002)
+    assert costs.cpu_step == pytest.approx(0.010 - 0.001 - 0.0002)
+    assert costs.t_ps_extra == pytest.approx(0.0019)
+    assert (costs.cpu_ps_extra, costs.cpu_ps_step) == (pytest.approx(0.007),
+                                                       pytest.approx(0.002))
+    assert [r["calibrates"] for r in rows] == [
+        ["t_sync, cpu_step", "t_ps_extra, cpu_ps_extra"], ["t_ps_extra, cpu_ps_extra"],
+        ["t_ps_extra, cpu_ps_extra"], ["cpu_ps_step"], ["cpu_ps_step"], ["cpu_ps_step"]]
+    six = scaling.predict(costs, 6, [500_000] * 2, cores=2)
+    # Beyond one worker's step: 5 steps of cpu_step + 1 ps's cpu_ps_step, 5 accumulations.
+    assert six.cpu - six.latency == pytest.approx(5 * (costs.cpu_step + 0.002 + 0.0002) / 2)
+    # No more than at 1 worker: all of it per update.
+    flat = [dict(r) for r in rows]
+    flat[4]["measured_cpu_s"], flat[5]["measured_cpu_s"] = 0.085, 0.095
+    flat = scaling.calibrate(COSTS, flat)
+    assert (flat.cpu_ps_extra, flat.cpu_ps_step) == (pytest.approx(0.009), 0.0)
+    # A calibrating run that failed leaves its terms, and those built on them, as they were.
+    failed = [dict(r) for r in rows]
+    del failed[1]["measured_s"]
+    kept = scaling.calibrate(scaling.dataclasses.replace(COSTS, t_ps_extra=0.5), failed)
+    assert (kept.t_sync, kept.t_ps_extra) == (pytest.approx(0.002), 0.5)
 
 
 def test_the_sweep_runs_every_point_once_a_round_and_models_each_points_median(monkeypatch):
-    calibrating, capped = [(1, 1, None), (1, 2, None)], (2, 1, "200mbit")
+    calibrating, capped = [(1, 1, None), (1, 2, None)], (1, 1, "200mbit")
     walls = {(1, 1, None): [0.012, 0.010, 0.017], (1, 2, None): [0.020, 0.016, 0.017],
              capped: [0.1, None]}  # None: its second run fails
     calls = []
@@ -222,8 +266,8 @@ def test_the_sweep_runs_every_point_once_a_round_and_models_each_points_median(m
     monkeypatch.setattr(scaling, "measure_point", measure_point)
     monkeypatch.setattr(scaling, "partition", lambda p, n=1: ([MODEL_BYTES // p] * p, [6] * p))
     rows, costs = scaling.sweep(COSTS, [capped, *calibrating], steps=20, repeats=3)
-    # Round by round, the calibrating points first; the failed point is not run again.
-    assert calls == [*calibrating, capped] * 2 + calibrating
+    # Round by round; the failed point is not run again.
+    assert calls == [capped, *calibrating] * 2 + calibrating
     by_point = {(r["workers"], r["ps"], r["cap"]): r for r in rows}
     one = by_point[(1, 1, None)]
     assert (one["measured_s"], one["measured_cpu_s"], one["runs_s"]) == (0.012, 0.024,
@@ -237,21 +281,6 @@ def test_the_sweep_runs_every_point_once_a_round_and_models_each_points_median(m
     assert table[0].split()[4:6] == ["ms", "spread"]
     assert [line.split()[3:5] for line in table[1:4]] == [["12.0", "10-17"], ["17.0", "16-20"],
                                                           ["100.0", "-"]]
-
-
-def test_the_second_ps_cpu_splits_into_per_update_and_per_worker_step_by_two_points():
-    costs = scaling.dataclasses.replace(COSTS, cpu_step=0.01, cpu_ps_extra=0.009)
-    # At 6 workers: 6 x 0.01 steps + ps work 0.001 + 6 x 0.0002, and a second ps's
-    # a + 6 b, where a + b = 0.009 at 1 worker: b = 0.002 gives 0.019.
-    split = scaling.split_ps_cpu(costs, 6, 0.06 + 0.0022 + 0.019)
-    assert (split.cpu_ps_extra, split.cpu_ps_step) == (pytest.approx(0.007),
-                                                       pytest.approx(0.002))
-    six = scaling.predict(split, 6, [500_000] * 2, cores=2)
-    # Beyond one worker's step (0.01 + 0.0012 + 0.009): 5 steps of 0.012, 5 accumulations.
-    assert six.cpu - six.latency == pytest.approx(5 * (0.01 + 0.002 + 0.0002) / 2)
-    # No more than at 1 worker: all of it per update, as measured there.
-    flat = scaling.split_ps_cpu(costs, 6, 0.06 + 0.0022 + 0.005)
-    assert (flat.cpu_ps_extra, flat.cpu_ps_step) == (0.009, 0.0)
 
 
 def test_the_model_refuses_nonsense():
