@@ -289,7 +289,7 @@ def run_one(plan: Plan, workdir: Path) -> dict:
             launcher.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             seen["hang"] = True
-    finally:
+    finally:  # also on Ctrl-C or SIGTERM (main): nothing of the run outlives the soak
         if resume is not None:
             resume.cancel()
             resume.function(*resume.args)  # nothing of the run stays stopped
@@ -297,10 +297,11 @@ def run_one(plan: Plan, workdir: Path) -> dict:
             _kill_group(launcher.proc.pid)
             launcher.proc.wait()
         launcher.sleep(5)  # the rest of its output
+        leftovers = _leftovers(marker, launcher.lines)
     seen["wall_s"] = round(time.monotonic() - started, 1)
     seen["code"] = launcher.proc.returncode
     seen["pids"] = launcher.pids()
-    seen["leftovers"] = _leftovers(marker, launcher.lines)
+    seen["leftovers"] = leftovers
     try:
         seen["summary"] = json.loads(summary_path.read_text())
     except (OSError, ValueError):
@@ -488,6 +489,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{args.timeout:g}, --train-steps {args.train_steps}, {WORKERS} workers", flush=True)
     records = []
     started = time.monotonic()
+    # SIGTERM unwinds like Ctrl-C, through run_one's finally, which stops the current run.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         with tempfile.TemporaryDirectory(prefix="sync-mnist-chaos-") as tmp:
             for plan in plans:
