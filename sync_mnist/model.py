@@ -183,26 +183,37 @@ def make_optimizer(name: str, learning_rate: float, *, decay_steps: int | None =
 
 
 class _Adam(tf1.train.AdamOptimizer):
-    """Adam whose update reads its two beta powers once, not once for each variable it applies.
+    """Adam whose update sends each ps one tensor of scalars, not six.
 
-    Sync: the powers live beside the first variable (on ps 0), and the stock update reads them
-    again in every slice's apply: with K ps, 12 reads of ps 0's for each other ps in every
-    update, each an RPC of its own. One read of each serves every slice (an update's applies
-    all read them before its end moves them on), so the values are the same.
+    Sync: the beta powers live beside the first variable (on ps 0), with the learning rate
+    when it decays (make_optimizer). The stock update reads each power, the rate and the
+    constants beta1, beta2 and epsilon (made where _prepare runs) in every slice's apply:
+    with K ps, six RPCs from ps 0 to each other ps in every update (and twelve more before
+    the powers were read once). Here ps 0 stacks the powers and the rate into one tensor,
+    each ps unstacks its copy once for all its slices, and the constants are made where each
+    slice is applied. The values are the same: an update's applies all read the powers
+    before its end moves them on.
     """
 
-    _powers_read = None
+    _scalars = None  # [beta1_power, beta2_power, learning_rate], on ps 0
+    _copies: dict = {}  # device: the unstacked copy of _scalars there
 
     def _prepare(self):
         super()._prepare()
-        self._powers_read = None
         powers = self._get_beta_accumulators()
         with tf1.device(powers[0].device):
-            self._powers_read = tuple(p.read_value() for p in powers)
+            self._scalars = tf.stack([p.read_value() for p in powers]
+                                     + [tf.cast(self._lr_t, tf.float32)])
+        self._copies = {}
 
-    def _get_beta_accumulators(self):
-        return self._powers_read or super()._get_beta_accumulators()
-
-    def _finish(self, update_ops, name_scope):
-        self._powers_read = None  # the end of the update moves the variables themselves on
-        return super()._finish(update_ops, name_scope)
+    def _resource_apply_dense(self, grad, var):
+        # Made under the apply's colocation with `var`: on var's ps.
+        if var.device not in self._copies:
+            self._copies[var.device] = tf.unstack(tf.identity(self._scalars))
+        beta1_power, beta2_power, lr = self._copies[var.device]
+        return tf.raw_ops.ResourceApplyAdam(
+            var=var.handle, m=self.get_slot(var, "m").handle, v=self.get_slot(var, "v").handle,
+            beta1_power=beta1_power, beta2_power=beta2_power, lr=lr,
+            beta1=tf.constant(self._beta1, tf.float32), beta2=tf.constant(self._beta2, tf.float32),
+            epsilon=tf.constant(self._epsilon, tf.float32), grad=grad,
+            use_locking=self._use_locking)

@@ -253,16 +253,33 @@ def test_a_step_moves_one_tensor_of_the_model_each_way_between_the_worker_and_ea
     assert pushes == pulls == {f"ps {p}": 1 for p in range(num_ps)}, crossing
 
 
-def test_the_update_reads_each_beta_power_once_whatever_the_number_of_ps():
-    """Adam's beta powers live on one ps; the stock update read them in every slice's apply,
-    12 reads (RPCs) more in each update for each ps beyond the first."""
-    graph, update = _worker_graph(4)
-    reads = [op for op in _ancestors(update) if op.type == "ReadVariableOp"
-             and "_power" in op.inputs[0].op.name]
-    # Each power: one read that every slice's apply shares, one for the update's end (on its
-    # own ps) to move it on. The stock update: 24 + 2 for 4 ps.
-    assert sorted(op.inputs[0].op.name for op in reads) == [
-        "beta1_power", "beta1_power", "beta2_power", "beta2_power"], reads
+@pytest.mark.parametrize("num_ps", [2, 4])
+def test_an_update_sends_each_other_ps_one_tensor_from_ps_0(num_ps):
+    """Adam's beta powers and the decaying rate live on ps 0 (beside global_step). The stock
+    update sent each other ps six tensors from there in every update (the two powers, the
+    rate, beta1, beta2, epsilon), each an RPC of its own; and before the powers were read
+    once, twelve more."""
+    graph, update = _worker_graph(num_ps)
+
+    def placed(op: tf.Operation) -> str:
+        # A colocated op has no device of its own, nor has a read of a resource variable:
+        # the placer puts each with its colocation group, or its resource.
+        while not op.device:
+            (group,) = op.colocation_groups()
+            target = graph.get_operation_by_name(group.decode()[len("loc:@"):])
+            if target is op:
+                assert op.type == "ReadVariableOp", f"{op.name} ({op.type}) is not placed"
+                target = op.inputs[0].op
+            op = target
+        return _task(op.device)
+
+    sent = {}  # ps: the tensors made on ps 0 that the update uses there
+    for op in _ancestors(update) | {update}:
+        for t in op.inputs:
+            if placed(t.op) == "ps 0" and placed(op) != "ps 0":
+                sent.setdefault(placed(op), set()).add(t.name)
+    assert {ps: len(names) for ps, names in sent.items()} == {
+        f"ps {p}": 1 for p in range(1, num_ps)}, sent
 
 
 def _ancestors(op: tf.Operation) -> set[tf.Operation]:
