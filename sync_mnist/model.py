@@ -196,7 +196,7 @@ class _Adam(tf1.train.AdamOptimizer):
     """
 
     _scalars = None  # [beta1_power, beta2_power, learning_rate], on ps 0
-    _copies: dict = {}  # device: the unstacked copy of _scalars there
+    _copies = None  # {device: the unstacked copy of _scalars there}, made anew by _prepare
 
     def _prepare(self):
         super()._prepare()
