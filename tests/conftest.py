@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import types
@@ -63,6 +64,74 @@ def pytest_collection_modifyitems(config, items):
     # The tests that start clusters first, the quick ones last: a long test handed out at the
     # end would run on alone while the other test processes sit idle.
     items.sort(key=_tier_rank)
+
+
+# A test marked own_process leaves a TensorFlow call that never returns in a thread it abandons:
+# the bound under test abandons it, and a task then ends its process (session.bounded_call).
+# Left in a test process that goes on to other tests, such a call can abort it later: CI saw
+# "Fatal Python error: Aborted" in an xdist test process, in the abandoned wait of test_ps.py's
+# ps for a sibling that never came, once its port was free for another test's server. So each
+# such test runs alone in a pytest process of its own, which ends with os._exit, as a task does.
+OWN_PROCESS = "SYNC_MNIST_OWN_PROCESS"  # set in that process
+OWN_PROCESS_SECS = 300.0
+_exit_status = pytest.ExitCode.INTERNAL_ERROR
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "own_process: run alone in a pytest process of its "
+                                       "own (tests/conftest.py, OWN_PROCESS)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """The test's body, for an own_process test: its pytest process of its own runs the test
+    whole, fixtures and all (this process sets up and tears down its cheap fixtures too)."""
+    if pyfuncitem.get_closest_marker("own_process") is None or os.environ.get(OWN_PROCESS):
+        return None
+    _in_own_process(pyfuncitem)
+    return True
+
+
+def _in_own_process(item) -> None:
+    """Runs the test `item` in a pytest process of its own; fails or skips as it did there."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", item.nodeid],
+        cwd=item.config.rootpath, env={**os.environ, OWN_PROCESS: "1"}, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        output, _ = child.communicate(timeout=OWN_PROCESS_SECS)
+    except subprocess.TimeoutExpired:
+        output = f"(no result within {OWN_PROCESS_SECS:g} s)"
+    finally:
+        _kill_group(child)
+    lines = output.strip().splitlines() or [""]
+    summary = lines[-1]  # "1 passed in 3.1s", "1 skipped in ...", ...
+    if child.returncode == pytest.ExitCode.OK and summary.startswith("1 skipped"):
+        pytest.skip(f"in its own process: {lines[-2]}")
+    if child.returncode != pytest.ExitCode.OK or not summary.startswith("1 passed"):
+        pytest.fail(f"in its own process, pytest ended {child.returncode}:\n{output}",
+                    pytrace=False)
+
+
+def _kill_group(child) -> None:
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    child.wait()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    global _exit_status
+    _exit_status = exitstatus
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    if os.environ.get(OWN_PROCESS):  # its report is written; the abandoned call goes with it
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(_exit_status))
 
 
 def _tier_rank(item) -> int:

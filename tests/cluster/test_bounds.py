@@ -3,7 +3,8 @@
 A "silent ps" is a socket that accepts TCP connections and never says a word: every probe of
 the port succeeds, but gRPC never gets an answer, so TensorFlow's session creation and first
 run wait without end. Each case runs in a thread the test can abandon, so a wait without a
-bound fails the test instead of hanging it.
+bound fails the test instead of hanging it; a case that abandons a call runs in a pytest process
+of its own (own_process, tests/conftest.py), which ends with it.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def _within_guard(call):
     return outcome.get("error"), outcome["seconds"]
 
 
+@pytest.mark.own_process
 def test_reporting_done_to_a_silent_ps_ends_within_the_timeout(silent_ps):
     ps, server = silent_ps
     graph = tf.Graph()
@@ -76,6 +78,7 @@ def test_reporting_done_to_a_silent_ps_ends_within_the_timeout(silent_ps):
 # A worker's polls for the chief's model each run an op on the ps; against a ps that does not
 # answer (a stopped process) the first one waited without end. Its bound covers its wait for
 # the chief (TIMEOUT) and a poll (TIMEOUT).
+@pytest.mark.own_process
 @pytest.mark.parametrize("is_chief, bound, awaited", [
     (True, TIMEOUT, "the chief: waited {bound:g} s for the ps ({ps}) to keep, restore or "
                     "initialise the model"),
@@ -115,6 +118,7 @@ class _WaitsOnThePs(tf1.train.SessionRunHook):
         session.run(self.take)
 
 
+@pytest.mark.own_process
 def test_a_hook_that_waits_on_the_ps_at_session_creation_ends_within_the_timeout():
     from procs import local_cluster
 
@@ -150,6 +154,7 @@ __import__("threading").Event().wait()
 """
 
 
+@pytest.mark.own_process
 def test_a_checkpoint_save_against_a_stopped_ps_ends_within_the_timeout(processes, tmp_path):
     import signal
     import sys
@@ -185,6 +190,7 @@ def test_a_checkpoint_save_against_a_stopped_ps_ends_within_the_timeout(processe
     assert seconds < timeout + 5
 
 
+@pytest.mark.own_process
 def test_a_done_report_the_ps_never_takes_after_a_verified_run_leaves_the_result_as_it_is(
         silent_ps, monkeypatch):
     # Seen in the chaos soak: the ps stopped (SIGSTOP) through the end of a run whose counters

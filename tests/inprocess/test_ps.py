@@ -92,6 +92,7 @@ def _report_every_worker_done(server) -> None:
             sess.run(enqueue, {entry: worker})
 
 
+@pytest.mark.own_process
 def test_a_ps_whose_sibling_never_comes_ends_within_its_bound(monkeypatch):
     # The ps's session spans every ps; its creation waited without end for a missing sibling,
     # before the no-progress watchdog had even started.
