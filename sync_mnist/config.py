@@ -91,6 +91,9 @@ class TaskTimeout(RuntimeError):
 class TrainConfig:
     """What every task of one cluster must agree on."""
 
+    # --model SPEC: a built-in model, pkg.module:NAME or file.py:NAME (model_spec.py resolves
+    # it in each task; every worker's must be the same model, variables and all).
+    model: str = "mlp"
     train_steps: int | None = None  # updates (global steps) to run; exclusive with epochs
     epochs: int | None = None  # passes over each worker's shard; exclusive with train_steps
     batch_size: int = 100  # examples per worker per step, as in the question
@@ -150,6 +153,8 @@ class TrainConfig:
                               f"{self.restart_grace}")
         if self.save_secs is not None and not self.save_secs > 0:
             raise ConfigError(f"--save-secs must be positive, got {self.save_secs}")
+        if not self.model:
+            raise ConfigError("--model must name a model, got an empty SPEC")
         _check_choice("--mode", self.mode, MODES)
         _check_choice("--optimizer", self.optimizer, OPTIMIZERS)
         _check_choice("--lr-decay", self.lr_decay, LR_DECAYS)

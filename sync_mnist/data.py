@@ -369,17 +369,26 @@ def load_test_split(dataset: Dataset, data_dir: str | os.PathLike | None = None,
     Raises:
         DataError: as `load_dataset`.
     """
-    if dataset.name == "mnist":
+    images, labels = load_test(dataset.name, data_dir, seed=seed)
+    return dataclasses.replace(dataset, test_images=images, test_labels=labels)
+
+
+def load_test(name: str, data_dir: str | os.PathLike | None = None, *,
+              seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The test split of `name` alone: uint8 images [m, 784] and int64 labels.
+
+    Raises:
+        DataError: as `load_dataset`.
+    """
+    if name == "mnist":
         fmt, paths, _ = _mnist_files(data_dir)
         if fmt == "npz":
             _, _, images, labels = _read_npz(paths[0])
         else:
             images, labels = _read_idx_pair(paths[2], paths[3])
-        images, labels = images.reshape(len(images), NUM_PIXELS), labels.astype(np.int64)
-    else:
-        full = load_dataset(dataset.name, data_dir, seed=seed)
-        images, labels = full.test_images, full.test_labels
-    return dataclasses.replace(dataset, test_images=images, test_labels=labels)
+        return images.reshape(len(images), NUM_PIXELS), labels.astype(np.int64)
+    full = load_dataset(name, data_dir, seed=seed)
+    return full.test_images, full.test_labels
 
 
 def _read_idx_pair(images_path: Path, labels_path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -532,6 +541,9 @@ def check_source(name: str, data_dir: str | os.PathLike | None = None) -> None:
 class Shard:
     """Worker `index` of `num_workers`: a disjoint, equal-length slice of the training set.
 
+    `images` may be any features: one numpy array, or a dict of them, all indexed along their
+    first axis like the labels (a model's train_input_fn returns them: sync_mnist.api).
+
     All workers permute the training indices with the same `seed` and cut the result
     into `num_workers` equal contiguous parts (the remainder of n / num_workers is
     dropped), so shards never overlap. The shard copies its own rows, so the full
@@ -540,7 +552,8 @@ class Shard:
     worker runs the same number of batches per epoch.
 
     Args:
-        images: training images (uint8), indexed along the first axis.
+        images: training features (the pixels, uint8), indexed along the first axis; or a
+            dict of such arrays.
         labels: training labels, same length.
         index: this worker's index, 0..num_workers-1.
         num_workers: number of workers sharing the data.
@@ -561,8 +574,11 @@ class Shard:
         batch_size: int,
         seed: int,
     ) -> None:
-        if len(images) != len(labels):
-            raise DataError(f"{len(images)} images but {len(labels)} labels")
+        columns = images if isinstance(images, dict) else {"": images}
+        for name, column in columns.items():
+            if len(column) != len(labels):
+                raise DataError(f"{len(column)} {f'rows of features[{name!r}]' if name else 'images'}"
+                                f" but {len(labels)} labels")
         if num_workers < 1:
             raise DataError(f"num_workers must be at least 1, got {num_workers}")
         if not 0 <= index < num_workers:
@@ -574,7 +590,7 @@ class Shard:
             raise DataError(f"batch size must be at least 1, got {batch_size}")
         if seed < 0:
             raise DataError(f"shard seed must be non-negative, got {seed}")
-        n = len(images)
+        n = len(labels)
         size = n // num_workers
         if batch_size > size:
             raise DataError(
@@ -587,7 +603,9 @@ class Shard:
         partition = np.random.default_rng(seed).permutation(n)
         self._indices = partition[index * size : (index + 1) * size]
         self._indices.flags.writeable = False
-        self._images = images[self._indices]  # a copy: only this worker's rows
+        # A copy: only this worker's rows.
+        self._images = ({k: v[self._indices] for k, v in images.items()}
+                        if isinstance(images, dict) else images[self._indices])
         self._labels = labels[self._indices]
         self._cached_epoch: tuple[int, np.ndarray] | None = None
 
@@ -618,7 +636,7 @@ class Shard:
         return self._cached_epoch[1]
 
     def batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        """Returns the batch for global step `step`: float32 images in [0, 1], labels.
+        """Returns the batch for global step `step`: its features (as stored) and labels.
 
         A pure function of `step` (the cache only saves recomputing an epoch's order),
         so a worker resuming at step k gets the batch it would have had.
@@ -627,14 +645,16 @@ class Shard:
             step: a non-negative step count.
 
         Returns:
-            `batch_size` images and their labels.
+            `batch_size` rows of the features (an array, or a dict of arrays) and labels.
         """
         if step < 0:
             raise DataError(f"step must be non-negative, got {step}")
         epoch, position = divmod(step, self.batches_per_epoch)
         start = position * self._batch_size
         chosen = self._epoch_positions(epoch)[start : start + self._batch_size]
-        return to_float(self._images[chosen]), self._labels[chosen]
+        features = ({k: v[chosen] for k, v in self._images.items()}
+                    if isinstance(self._images, dict) else self._images[chosen])
+        return features, self._labels[chosen]
 
 
 def _write_atomically(path: Path, payload: bytes) -> None:

@@ -1,11 +1,13 @@
 """The trained model as a SavedModel anyone can load: no devices, no training state.
 
 At the end of training the chief reads the trained weights from the ps (they live there, not
-on the chief), builds a fresh inference graph on no device with model.py's builders, loads the
-weights into it and saves that graph. Nothing of the cluster goes in: no ps device strings, no
-sync queues or accumulators, no optimizer slots, no counters.
+on the chief), builds a fresh graph of the model function in PREDICT mode on no device, loads
+the weights into it and saves that graph. Nothing of the cluster goes in: no ps device
+strings, no sync queues or accumulators, no optimizer slots, no counters.
 
-Signature `serving_default`:
+Signature `serving_default`: the inputs of the model's serving_input_fn (without one, the
+features as the training data has them), and the outputs of its ModelSpec's predictions. The
+MNIST models' (models/mnist.py):
   images         uint8 [None, 28, 28]: pixels 0-255 as in MNIST (a white digit on black)
   probabilities  float32 [None, 10]
   classes        int64 [None]
@@ -25,7 +27,7 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from sync_mnist import model
+from sync_mnist import api, placement
 
 tf1 = tf.compat.v1
 
@@ -36,28 +38,41 @@ CLASSES = "classes"
 IMAGE_SIZE = 28
 
 
-def model_variable_names() -> list[str]:
-    """Names of the model's variables, as model.build_logits creates them."""
+class _Serving:
+    def __init__(self, model: api.Model, params: dict, example: tuple):
+        """The model's PREDICT graph, on no device, in the current graph."""
+        if model.serving_input_fn is None:
+            features, _ = placement.placeholders(*example)
+            inputs = features if isinstance(features, dict) else {"features": features}
+        else:
+            inputs, features = model.serving_input_fn(dict(params))
+        spec = placement.build(model.model_fn, features, None, api.ModeKeys.PREDICT, params,
+                               num_ps=1, ps_job=None).spec
+        self.inputs, self.outputs = inputs, dict(spec.predictions)
+
+
+def variable_names(model: api.Model, params: dict, example: tuple) -> list[str]:
+    """Names of the variables of the model's PREDICT graph: what the SavedModel holds."""
     with tf.Graph().as_default() as graph:
-        model.build_logits(tf1.placeholder(tf.float32, [None, model.IMAGE_PIXELS]))
+        _Serving(model, params, example)
         return [v.op.name for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)]
 
 
-def read_weights(run: Callable, graph: tf.Graph) -> dict[str, np.ndarray]:
+def read_weights(run: Callable, graph: tf.Graph, names: list[str]) -> dict[str, np.ndarray]:
     """Reads the model's trained weights through a session of the training graph.
 
     Args:
       run: runs fetches in a session of `graph` (the chief's, with its bounded options); the
         variables live on the ps, so this is where their values cross to the chief.
       graph: the training graph, which holds the model's variables among many others.
+      names: the variables to read (variable_names).
 
     Returns:
-      {variable name: value} for exactly the variables of the inference graph, each whole: a
-      variable cut into one slice per ps (model.build_logits) is joined again here, so the
-      SavedModel is the same whatever the number of ps.
+      {variable name: value} for exactly `names`, each whole: a variable cut into one slice
+      per ps (placement.py) is joined again here, so the SavedModel is the same whatever the
+      number of ps.
     """
-    wholes = model.whole_variables(graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES))
-    names = model_variable_names()
+    wholes = placement.whole_variables(graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES))
     missing = [n for n in names if n not in wholes]
     if missing:
         raise ValueError(f"the training graph has no variable {missing[0]!r} to export")
@@ -65,8 +80,9 @@ def read_weights(run: Callable, graph: tf.Graph) -> dict[str, np.ndarray]:
     return {n: np.concatenate(slices, axis=0) for n, slices in zip(names, values)}
 
 
-def write_saved_model(weights: dict[str, np.ndarray], export_dir: Path) -> None:
-    """Saves the inference graph with `weights` to export_dir, replacing an earlier model.
+def write_saved_model(model: api.Model, params: dict, example: tuple,
+                      weights: dict[str, np.ndarray], export_dir: Path) -> None:
+    """Saves the model's PREDICT graph with `weights` to export_dir, replacing an earlier one.
 
     It is written next to export_dir first and moved into place, so export_dir never holds a
     half-written model.
@@ -76,12 +92,7 @@ def write_saved_model(weights: dict[str, np.ndarray], export_dir: Path) -> None:
     previous = export_dir.with_name(f".{export_dir.name}.previous-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     with tf.Graph().as_default() as graph:
-        images = tf1.placeholder(tf.uint8, [None, IMAGE_SIZE, IMAGE_SIZE], name=INPUT)
-        # The same scaling as the training data (data.py): uint8 / 255 in float32.
-        pixels = tf.reshape(tf.cast(images, tf.float32) / 255.0, [-1, model.IMAGE_PIXELS])
-        logits = model.build_logits(pixels)
-        probabilities = tf.nn.softmax(logits, name=PROBABILITIES)
-        classes = tf.argmax(logits, axis=1, output_type=tf.int64, name=CLASSES)
+        serving = _Serving(model, params, example)
         variables = graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
         with tf1.Session(graph=graph) as sess:
             # Feeding each variable's initial value initialises it to the trained weights.
@@ -91,8 +102,7 @@ def write_saved_model(weights: dict[str, np.ndarray], export_dir: Path) -> None:
             builder.add_meta_graph_and_variables(
                 sess, [tf1.saved_model.SERVING], clear_devices=True, strip_default_attrs=True,
                 signature_def_map={SIGNATURE: tf1.saved_model.predict_signature_def(
-                    inputs={INPUT: images},
-                    outputs={PROBABILITIES: probabilities, CLASSES: classes})})
+                    inputs=serving.inputs, outputs=serving.outputs)})
             builder.save()
     if export_dir.exists():
         export_dir.rename(previous)

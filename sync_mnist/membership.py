@@ -73,7 +73,8 @@ def build_membership(num_workers: int, settings: dict) -> Membership:
     return Membership(published, ready, last_push, finished, worker, value, mark)
 
 
-def settings(config: TaskConfig, dataset: str | None = None) -> dict:
+def settings(config: TaskConfig, dataset: str | None = None,
+             fingerprint: list[str] | None = None) -> dict:
     """What every task of one cluster must agree on, as published and compared.
 
     Host names are left out: one machine may rightly be `localhost` to itself and an address to
@@ -91,11 +92,16 @@ def settings(config: TaskConfig, dataset: str | None = None) -> dict:
                       lr_decay=train.lr_decay, wire_dtype=train.wire_dtype,
                       seed=train.seed, dataset=dataset,
                       # Sync: a worker without the target would never read the stop.
-                      eval_every=train.eval_every, target_accuracy=train.target_accuracy)
+                      eval_every=train.eval_every, target_accuracy=train.target_accuracy,
+                      # Sync: every worker trains the same model: its SPEC, and its variables
+                      # (placement.fingerprint), so another version of one file is caught too.
+                      model=train.model, model_variables=fingerprint)
     return values
 
 
 def _describe(key: str, value) -> str:
+    if key == "model_variables":
+        return "a model with other variables"
     if key == "workers":
         return f"{value} worker{'s' if value != 1 else ''} in --worker-hosts"
     if key == "ps":
@@ -114,10 +120,23 @@ def check_agreement(mine: dict, published: bytes | str, *, me: str, restarted_ch
     """
     theirs = json.loads(published)
     who = "the running cluster (published by its chief)" if restarted_chief else "the chief"
-    problems = [f"{me} has {_describe(key, value)} but {who} has {_value(theirs[key])}"
+    problems = [_variables_differ(me, value, theirs[key], who) if key == "model_variables" else
+                f"{me} has {_describe(key, value)} but {who} has {_value(theirs[key])}"
                 for key, value in mine.items() if key in theirs and theirs[key] != value]
     if problems:
         raise ConfigError("; ".join(problems))
+
+
+def _variables_differ(me: str, mine: list[str] | None, theirs: list[str] | None,
+                      who: str) -> str:
+    """'worker 1 has another model than the chief: its variable ... ' naming the first
+    variable (name, shape, dtype) that one has and the other has not."""
+    mine, theirs = mine or [], theirs or []
+    only_mine = sorted(set(mine) - set(theirs))
+    only_theirs = sorted(set(theirs) - set(mine))
+    return (f"{me} has another model than {who} (--model file or version): "
+            + "; ".join([f"{me} has variable {only_mine[0]}"] * bool(only_mine)
+                        + [f"{who} has variable {only_theirs[0]}"] * bool(only_theirs)))
 
 
 def probe(address: str) -> str | None:

@@ -27,26 +27,28 @@ class Progress:
         self._writer, self._target = writer, target
         self._since, self._last_logged = time.monotonic(), 0
 
-    def step(self, local: int, loss: float, accuracy: float) -> None:
+    def step(self, local: int, loss: float, train_metrics: dict[str, float]) -> None:
+        """Every --log-every steps: the loss and the model's train_metrics of this batch."""
         train = self._config.train
         if local % train.log_every:
             return
         now = time.monotonic()
         rate = train.batch_size * (local - self._last_logged) / max(now - self._since, 1e-9)
         self._since, self._last_logged = now, local
+        shown = "".join(f" {name}={float(value):.3f}" for name, value in train_metrics.items())
         try:
             counters = verdict_lib.Counters.read(self._side, self._state,
                                           options=tf1.RunOptions(timeout_in_ms=5000))
         except tf.errors.OpError:  # the ps is being restarted: the next line will have them
-            log.info("step=%d loss=%.4f accuracy=%.3f examples_per_sec=%.0f (counters "
-                     "unreadable: the ps is away)", local, loss, accuracy, rate)
+            log.info("step=%d loss=%.4f%s examples_per_sec=%.0f (counters unreadable: the ps "
+                     "is away)", local, loss, shown, rate)
             return
-        log.info("step=%d global_step=%d/%d loss=%.4f accuracy=%.3f examples_per_sec=%.0f "
-                 "contributions=%s", local, counters.global_step, self._target, loss, accuracy,
+        log.info("step=%d global_step=%d/%d loss=%.4f%s examples_per_sec=%.0f "
+                 "contributions=%s", local, counters.global_step, self._target, loss, shown,
                  rate, counters.accepted)
         if self._writer:
-            write_summaries(self._writer, counters, loss=loss, accuracy=accuracy,
-                             examples_per_sec=rate)
+            write_summaries(self._writer, counters, loss=loss, **train_metrics,
+                            examples_per_sec=rate)
 
 
 def contributions_so_far(side, state: sync.SharedState) -> str:

@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+from sync_mnist import models
 from sync_mnist import config as config_lib
 from sync_mnist.config import TrainConfig
 
@@ -56,7 +57,11 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_schedule_options(g) -> None:
-    """How long, in what batches, and how the model learns."""
+    """Which model, how long, in what batches, and how the model learns."""
+    g.add_argument("--model", default=models.DEFAULT, metavar="SPEC",
+                   help="the model to train: a built-in one (" + ", ".join(models.BUILT_IN)
+                        + "), a module's (pkg.module:NAME) or a file's (path/to/file.py:NAME), "
+                        f"NAME a sync_mnist.api.Model (default: {models.DEFAULT})")
     length = g.add_mutually_exclusive_group()
     length.add_argument("--train-steps", type=int,
                         help="updates (global steps) to train; in async mode, local steps per "
@@ -73,7 +78,8 @@ def _add_schedule_options(g) -> None:
                         "run (cosine), so the final weights are not those of one noisy step; "
                         "none: constant, as in the question (default: cosine)")
     g.add_argument("--optimizer", default="adam", choices=config_lib.OPTIMIZERS,
-                   help="base optimizer that SyncReplicasOptimizer wraps (default: adam)")
+                   help="base optimizer that SyncReplicasOptimizer wraps, for a model that "
+                        "leaves it to the command line (default: adam)")
     g.add_argument("--seed", type=int, default=0,
                    help="seed for initialisation, shard partition and shuffling (default: 0)")
 
@@ -151,7 +157,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
     """The validated TrainConfig of parsed add_training_options options."""
     epochs = args.epochs if args.epochs is not None or args.train_steps is not None \
         else DEFAULT_EPOCHS
-    return TrainConfig(train_steps=args.train_steps, epochs=epochs,
+    return TrainConfig(model=args.model, train_steps=args.train_steps, epochs=epochs,
                        batch_size=args.batch_size, learning_rate=args.learning_rate,
                        lr_decay=args.lr_decay,
                        optimizer=args.optimizer, seed=args.seed, dataset=args.dataset,

@@ -55,16 +55,18 @@ class Shared(NamedTuple):
     stop: early_stop.StopVars  # --target-accuracy: the update the cluster stops on
 
 
-def build_shared(config: TaskConfig, dataset: str | None = None) -> Shared:
+def build_shared(config: TaskConfig, dataset: str | None = None,
+                 fingerprint: list[str] | None = None) -> Shared:
     """The shared variables and queues, placed identically in every task's graph.
 
     Args:
       config: this task's configuration; the chief publishes its settings from it.
       dataset: the dataset name the settings carry (the chief's is compared by the others).
+      fingerprint: the model's variables (placement.fingerprint), compared alike.
     """
     n = config.cluster.num_workers
     state = sync.build_shared_state(n)  # Sync: on ps 0 (inside), as membership and the stop
-    members = membership.build_membership(n, membership.settings(config, dataset))
+    members = membership.build_membership(n, membership.settings(config, dataset, fingerprint))
     done_queues = [done_queue(p, n) for p in range(config.cluster.num_ps)]
     # Explicitly on ps 0 too, last: built whatever the flags, so every task's graph is the same.
     return Shared(state, members, done_queues, early_stop.build_stop_vars())

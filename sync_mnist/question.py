@@ -26,11 +26,11 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from sync_mnist import data, membership, ps, report, session, sync
+from sync_mnist import api, data, evaluation, membership, model_spec, ps, report, session
 from sync_mnist import verdict as verdict_lib
 from sync_mnist.config import START_SECS, TaskConfig
 from sync_mnist.metrics import Progress, contributions_so_far, write_summaries
-from sync_mnist.worker import build_graph, evaluate, load_shard
+from sync_mnist.worker import build_graph, load_shard, model_params
 
 tf1 = tf.compat.v1
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def _check_settings(config: TaskConfig, server) -> None:
     membership.check_agreement(mine, published, me=config.name, restarted_chief=False)
 
 
-def run_question_worker(config: TaskConfig, *, dataset: data.Dataset | None = None,
+def run_question_worker(config: TaskConfig, *, model: api.Model | None = None,
                         server=None) -> report.TaskResult:
     """One worker of the question's design; returns what the counters say happened."""
     started = time.monotonic()
@@ -91,13 +91,15 @@ def run_question_worker(config: TaskConfig, *, dataset: data.Dataset | None = No
         server = tf.distribute.Server(config.cluster.spec(), job_name="worker", task_index=i,
                                       start=True)
     # The question's stop rule: every worker runs its own epochs, whatever the others do.
-    dataset, shard, local_steps = load_shard(config, dataset)
-    q = _supervised_graph(config, dataset.name, local_steps)
+    model = model or model_spec.resolve(train.model)
+    shard, local_steps, description = load_shard(config, model)
+    example = shard.batch(0)
+    q = _supervised_graph(config, model, example, train.dataset, local_steps)
     result = report.TaskResult(role="worker", index=i, mode=train.mode, target_steps=local_steps,
-                               replicas_to_aggregate=train.aggregate(n), dataset=dataset.name,
-                               dataset_description=dataset.description)
+                               replicas_to_aggregate=train.aggregate(n), dataset=train.dataset,
+                               dataset_description=description, model=train.model)
     tf_config = session.session_config(config.cluster.device_filters("worker", i))
-    sess = _prepare_or_wait(config, server, q, tf_config, result, started, dataset.name,
+    sess = _prepare_or_wait(config, server, q, tf_config, result, started, train.dataset,
                             local_steps)
     side = tf1.Session(server.target, graph=q.graph, config=tf_config)
     # Not in the question: with --logdir the chief writes the counters as summaries, as in the
@@ -111,7 +113,13 @@ def run_question_worker(config: TaskConfig, *, dataset: data.Dataset | None = No
     result.record_counters(counters)
     result.synchronous, result.verdict = verdict.synchronous, verdict.line
     if config.is_chief:
-        result.test_accuracy, result.test_loss = evaluate(side, q.g, dataset, bounded)
+        params = model_params(config, model)
+        evaluator = evaluation.Evaluator(
+            model, params, example, num_ps=config.cluster.num_ps, worker=f"/job:worker/task:{i}",
+            target=server.target, tf_config=tf_config, ps_hosts=config.cluster.ps_hosts)
+        metrics, result.test_loss = evaluator(*model.eval_input_fn(params), bounded)
+        result.test_accuracy, result.test_metrics = metrics.get("accuracy"), metrics
+        evaluator.close()
     if writer:
         write_summaries(writer, counters, test_accuracy=result.test_accuracy)
         writer.close()
@@ -129,12 +137,14 @@ class _Supervised(NamedTuple):
     init_tokens: tf.Operation
 
 
-def _supervised_graph(config: TaskConfig, dataset: str, local_steps: int) -> _Supervised:
+def _supervised_graph(config: TaskConfig, model: api.Model, example: tuple, dataset: str,
+                      local_steps: int) -> _Supervised:
     """The fixed setup's graph with the stock R tokens, under the question's Supervisor."""
     graph = tf.Graph()
     with graph.as_default():
         tf1.set_random_seed(config.train.seed)
-        g = build_graph(config, num_tokens=-1, dataset=dataset, target=local_steps)
+        g = build_graph(config, model, example, num_tokens=-1, dataset=dataset,
+                        target=local_steps)
         optimizer = g.training.optimizer
         chief_queue_runner = optimizer.get_chief_queue_runner()
         init_tokens = optimizer.get_init_tokens_op()  # the default: R tokens, anyone's to take
@@ -166,7 +176,7 @@ def _prepare_or_wait(config: TaskConfig, server, q: _Supervised, tf_config,
              result.startup_s, sess.run(q.g.state.global_step), local_steps)
     # Not in the question: the same start-up check as the fixed setup, so that a task started
     # with other settings than the chief's says so instead of joining.
-    membership.check_agreement(membership.settings(config, dataset),
+    membership.check_agreement(membership.settings(config, dataset, q.g.fingerprint),
                                sess.run(q.g.members.published), me=config.name,
                                restarted_chief=False)
     if config.is_chief:
@@ -185,11 +195,11 @@ def _train_own_epochs(config: TaskConfig, sess, side, g, shard: data.Shard, loca
     try:
         while local < local_steps:
             x, y = shard.batch(local)
-            _, loss, accuracy = sess.run(
-                [g.training.train_op, g.outputs.loss, g.outputs.accuracy],
-                {g.images: x, g.labels: y}, options=bounded)
+            _, loss, train_metrics = sess.run(
+                [g.training.train_op, g.spec.loss, dict(g.spec.train_metrics)], g.feed(x, y),
+                options=bounded)
             local += 1
-            progress.step(local, loss, accuracy)
+            progress.step(local, loss, train_metrics)
     except tf.errors.DeadlineExceededError:
         result.blocked = True
         result.error = (f"worker {i}: blocked for {train.timeout:g} s on the token queue after "

@@ -61,7 +61,9 @@ class TaskResult:
     verdict: str | None = None
     test_accuracy: float | None = None  # chief only
     test_loss: float | None = None  # chief only: mean cross-entropy on the test digits
+    test_metrics: dict | None = None  # chief only: every eval_metric_ops value of the model
     dataset: str | None = None
+    model: str | None = None  # --model: the SPEC it was given
     dataset_description: str | None = None
     ready_at: float | None = None  # unix time the training session was ready
     finished_at: float | None = None  # unix time the last step returned
@@ -178,7 +180,8 @@ def _fmt(value, spec: str = "") -> str:
 # chief's own record (None where there is none).
 _READING_KEYS = ("global_step", "target_steps", "contributions", "pushed", "dropped", "verdict",
                  "solo_updates", "repeat_updates")
-_CHIEF_KEYS = ("mode", "test_accuracy", "test_loss", "dataset", "dataset_description",
+_CHIEF_KEYS = ("mode", "test_accuracy", "test_loss", "test_metrics", "dataset",
+               "dataset_description", "model",
                # time to accuracy: the chief's evaluations, and when the target was reached
                "target_accuracy", "time_to_target_s", "updates_to_target", "accuracy_at_target",
                "stop_step", "evaluations")

@@ -20,7 +20,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from sync_mnist import cluster as cluster_lib
-from sync_mnist import membership, model
+from sync_mnist import membership, placement
 from sync_mnist.config import ConfigError, TaskTimeout
 
 tf1 = tf.compat.v1
@@ -431,7 +431,7 @@ def check_checkpoint(logdir: Path, variables: Sequence[tf.Variable],
     A `checkpoint` file that TensorFlow cannot use (unparsable, or naming files that are not
     there, as after the directory moved: a TF1 Saver writes absolute paths) is refused too:
     TensorFlow would ignore it and silently train from scratch.
-    A variable cut into slices (one per ps: model.build_logits) is checked whole, under the
+    A variable cut into slices (one per ps: placement.py) is checked whole, under the
     name and shape the checkpoint holds it by, so a checkpoint of a cluster with another
     number of ps passes: it restores.
     """
@@ -455,7 +455,7 @@ def check_checkpoint(logdir: Path, variables: Sequence[tf.Variable],
     except (tf.errors.OpError, ValueError) as e:
         raise ConfigError(f"--logdir {logdir} holds a checkpoint that cannot be read "
                           f"({Path(path).name}): {first_line(e)}") from None
-    wholes = model.whole_variables(variables)
+    wholes = placement.whole_variables(variables)
     for name, whole in wholes.items():  # a shape that differs says more than a missing name
         if name in shapes and list(shapes[name]) != whole.shape:
             raise ConfigError(f"--logdir {logdir} holds a checkpoint of a different model: "

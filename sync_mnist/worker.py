@@ -15,17 +15,15 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from sync_mnist import cluster as cluster_lib
-from sync_mnist import (data, early_stop, export, membership, metrics, model, protocol, report,
-                        session, sync)
+from sync_mnist import (api, data, early_stop, evaluation, export, membership, metrics,
+                        model_spec, models, optimizers, placement, protocol, report, session,
+                        sync)
 from sync_mnist import verdict as verdict_lib
 from sync_mnist.config import START_SECS, TaskConfig, TaskTimeout
 from sync_mnist.session import SideSession
 
 tf1 = tf.compat.v1
 log = logging.getLogger(__name__)
-
-EVAL_BATCH = 1000  # test examples per evaluation run on the chief
-
 
 class StepCutShort(RuntimeError):
     """A training step ended in OutOfRangeError or StopIteration: a failure, never an end."""
@@ -47,10 +45,10 @@ def no_silent_end(me: str):
 
 
 class _Graph(NamedTuple):
-    images: tf.Tensor
+    features: object  # placeholders: one, or a dict of them, as the shard holds the features
     labels: tf.Tensor
-    outputs: model.ModelOutputs  # the training tower: weights pulled in --wire-dtype
-    evaluation: model.ModelOutputs  # the same model read in float32 (`outputs` in float32)
+    spec: api.ModelSpec  # the model function's TRAIN spec: its loss and train_metrics
+    fingerprint: list[str]  # Sync: the model's variables, compared with the chief's
     state: sync.SharedState
     training: sync.SyncTraining
     members: membership.Membership  # Sync: published settings, last pushes, the finish barrier
@@ -63,45 +61,59 @@ class _Graph(NamedTuple):
         """Variables on the ps that checkpoints leave out."""
         return self.members.transient + self.stop_vars.transient
 
+    def feed(self, features, labels) -> dict:
+        """The feed_dict of one batch."""
+        return {**placement.feed(self.features, features), self.labels: labels}
 
-def build_graph(config: TaskConfig, num_tokens: int = 0, dataset: str | None = None,
-                target: int | None = None) -> _Graph:
+
+def model_params(config: TaskConfig, model: api.Model) -> dict:
+    """The params a model's functions are given: its defaults, and the data options."""
+    train = config.train
+    return {**model.params, "dataset": train.dataset,
+            "data_dir": None if train.data_dir is None else str(train.data_dir),
+            "seed": train.seed}
+
+
+def build_graph(config: TaskConfig, model: api.Model, example: tuple, num_tokens: int = 0,
+                dataset: str | None = None, target: int | None = None,
+                fingerprint: list[str] | None = None) -> _Graph:
     """This worker's graph: variables on the ps tasks, computation on this worker.
 
-    num_tokens is 0 for the fixed setup; question.py passes -1, the stock default. `dataset`
-    (the resolved name) is published by the chief and compared by the others. `target` (the
-    run's length: updates in sync mode, local steps per worker in async mode) sets how long
-    the learning rate takes to decay with --lr-decay cosine.
+    `example` is a batch (features, labels) of the shard, for the placeholders' dtypes and
+    shapes. num_tokens is 0 for the fixed setup; question.py passes -1, the stock default.
+    `dataset` (the resolved name) and `fingerprint` (the model's variables) are published by
+    the chief and compared by the others. `target` (the run's length: updates in sync mode,
+    local steps per worker in async mode) sets how long the learning rate takes to decay with
+    --lr-decay cosine.
     """
     n, i = config.cluster.num_workers, config.index
-    shared = protocol.build_shared(config, dataset)  # Sync: first, placed as every task does
-    # Sync: between-graph replication. Variables go round-robin onto the ps tasks; every other
-    # op stays on this worker. The model comes first under this fresh setter, cut into one
-    # slice per ps (model.build_logits), so slice k of every variable lands on ps k: the bytes
-    # are split evenly, and identically in every task's graph.
+    train, params = config.train, model_params(config, model)
+    features, labels = placement.placeholders(*example)
+    recorded = placement.record(model.model_fn, features, labels, api.ModeKeys.TRAIN, params)
+    if fingerprint is None:
+        fingerprint = placement.fingerprint(recorded)
+    shared = protocol.build_shared(config, dataset, fingerprint)  # Sync: first, as every task
+    # Sync: between-graph replication. Variables go onto the ps tasks (the model's, cut into
+    # one slice per ps: placement.py); every other op stays on this worker.
     setter = tf1.train.replica_device_setter(worker_device=f"/job:worker/task:{i}",
                                              cluster=config.cluster.spec())
-    train = config.train
     # global_step counts updates in sync mode, and every worker's local steps in async mode.
     decay_steps = None if train.lr_decay == "none" or not target else (
         target * n if train.mode == "async" else target)
     with tf1.device(setter):
-        images = tf1.placeholder(tf.float32, [None, model.IMAGE_PIXELS], name="images")
-        labels = tf1.placeholder(tf.int64, [None], name="labels")
-        outputs = model.build_model(images, labels, slices=config.cluster.num_ps,
-                                    pull_dtype=train.wire_dtype)
-        # The chief evaluates, and reports accuracy for, the model as the ps holds it.
-        evaluation = outputs if train.wire_dtype == "float32" else model.build_model(
-            images, labels, slices=config.cluster.num_ps, reuse=True)
-        optimizer = model.make_optimizer(train.optimizer, train.learning_rate,
-                                         decay_steps=decay_steps,
-                                         global_step=shared.state.global_step)
+        built = placement.build(model.model_fn, features, labels, api.ModeKeys.TRAIN, params,
+                                num_ps=config.cluster.num_ps, wire_dtype=train.wire_dtype,
+                                recorded=recorded)
+        spec = built.spec
+        optimizer = spec.optimizer or optimizers.make_optimizer(
+            train.optimizer, train.learning_rate, decay_steps=decay_steps,
+            global_step=shared.state.global_step)
         # Sync: with --target-accuracy, each update may latch the stop (early_stop.py).
         target_accuracy = train.target_accuracy is not None
         latch = (lambda new_step: early_stop.latch(shared.stop, new_step)) \
             if target_accuracy and train.mode == "sync" else None
         training = sync.build_train_op(
-            outputs.loss, shared.state, optimizer,
+            spec.loss, shared.state, optimizer,
             worker_index=i, num_workers=n, replicas_to_aggregate=config.train.aggregate(n),
             is_chief=config.is_chief, mode=config.train.mode, num_tokens=num_tokens,
             last_push=shared.members.last_push, proof=config.train.proof, after_update=latch,
@@ -109,42 +121,40 @@ def build_graph(config: TaskConfig, num_tokens: int = 0, dataset: str | None = N
         stop = early_stop.build_stop_ops(shared.stop, training.train_op, train.mode) \
             if target_accuracy else None
     report_done = tf.group(*[q.enqueue(i) for q in shared.done_queues])
-    return _Graph(images, labels, outputs, evaluation, shared.state, training, shared.members,
+    return _Graph(features, labels, spec, fingerprint, shared.state, training, shared.members,
                   report_done, shared.stop, stop)
 
 
-def load_shard(config: TaskConfig, dataset: data.Dataset | None = None
-               ) -> tuple[data.Dataset, data.Shard, int]:
-    """The dataset, this worker's shard of it, and the steps to train: --train-steps, or
-    --epochs passes over the shard.
+def load_shard(config: TaskConfig, model: api.Model) -> tuple[data.Shard, int, str]:
+    """This worker's shard of the model's training data, the steps to train (--train-steps,
+    or --epochs passes over the shard), and a line that describes the data.
 
-    The dataset comes back without its training split (the shard holds this worker's rows)
-    and, except on the chief, without its test split, so a task keeps only what it uses.
+    Only the shard is kept: the whole training set is dropped once it is cut.
     """
     train = config.train
-    if dataset is None:
-        dataset = data.load_dataset(train.dataset, train.data_dir, seed=train.seed)
+    features, labels = model.train_input_fn(model_params(config, model))
     # Sync: a disjoint shard per worker, equal in length, so every worker runs as many batches.
-    shard = data.Shard(dataset.train_images, dataset.train_labels, index=config.index,
+    shard = data.Shard(features, labels, index=config.index,
                        num_workers=config.cluster.num_workers, batch_size=train.batch_size,
                        seed=train.seed)
-    log.info("dataset %s; this worker's shard: %s digits", dataset.description,
-             f"{shard.size:,}")
-    dataset = dataset.test_only() if config.is_chief else dataset.test_only().without_test()
-    return dataset, shard, train.train_steps or train.epochs * shard.batches_per_epoch
+    # A built-in model's data is --dataset; a model of the user's brings its own.
+    source = train.dataset if train.model in models.BUILT_IN else train.model
+    description = f"{source}: {len(labels):,} training examples"
+    log.info("dataset %s; this worker's shard: %s examples", description, f"{shard.size:,}")
+    return shard, train.train_steps or train.epochs * shard.batches_per_epoch, description
 
 
-def run_worker(config: TaskConfig, *, dataset: data.Dataset | None = None,
+def run_worker(config: TaskConfig, *, model: api.Model | None = None,
                server=None) -> report.TaskResult:
     """Trains this worker's shard to the end and returns its result record.
 
     Args:
       config: the task and training configuration.
-      dataset: data to train on; loaded from config.train when None (tests pass their own).
+      model: the model and its data; the one --model names when None (tests pass their own).
       server: an already started tf.distribute.Server for this task (tests); started if None.
     """
-    run = WorkerRun(config)
-    run.load_data(dataset)
+    run = WorkerRun(config, model)
+    run.load_data()
     run.start_server(server)
     run.make_graph()
     with run.join() as sess:
@@ -159,8 +169,10 @@ def run_worker(config: TaskConfig, *, dataset: data.Dataset | None = None,
 class WorkerRun:
     """One worker's run, phase by phase; each phase leaves what the next one needs on self."""
 
-    def __init__(self, config: TaskConfig):
+    def __init__(self, config: TaskConfig, model: api.Model | None = None):
         self.config, self.train_config = config, config.train
+        self.model = model or model_spec.resolve(config.train.model)
+        self.params = model_params(config, self.model)
         self.started = time.monotonic()
         self.bounded = tf1.RunOptions(timeout_in_ms=int(config.train.timeout * 1000))
         # Only the chief writes checkpoints and summaries (preflight.py has checked where).
@@ -168,26 +180,25 @@ class WorkerRun:
         self.export_dir = config.train.export_dir if config.is_chief else None
         self.result = report.TaskResult(role="worker", index=config.index,
                                         mode=config.train.mode,
-                                        replicas_to_aggregate=self._aggregate)
+                                        replicas_to_aggregate=self._aggregate,
+                                        model=config.train.model)
         self.verdict: verdict_lib.Verdict | None = None  # set by finish()
 
     @property
     def _aggregate(self) -> int:
         return self.train_config.aggregate(self.config.cluster.num_workers)
 
-    def load_data(self, dataset: data.Dataset | None) -> None:
+    def load_data(self) -> None:
         """Before the server: loading briefly holds the whole training set, and that peak should
         not add to the memory the server and the session take. While it trains, even the chief
-        holds only its shard: it reads the test digits after training (`finish`), unless it
-        evaluates during training (--eval-every)."""
-        self.test_later = (dataset is None and self.config.is_chief
-                           and self.train_config.eval_every is None)
-        self.dataset, self.shard, self.target = load_shard(self.config, dataset)
-        if self.test_later:
-            self.dataset = self.dataset.without_test()
+        holds only its shard: it reads the evaluation data when it first evaluates (`finish`,
+        or the first --eval-every evaluation)."""
+        self.shard, self.target, description = load_shard(self.config, self.model)
+        self.example = self.shard.batch(0)
+        self.eval_data = self.evaluator = None
         self.result.target_steps = self.target
-        self.result.dataset = self.dataset.name
-        self.result.dataset_description = self.dataset.description
+        self.result.dataset = self.train_config.dataset
+        self.result.dataset_description = description
 
     def start_server(self, server) -> None:
         config, i = self.config, self.config.index
@@ -200,7 +211,8 @@ class WorkerRun:
         self.graph = tf.Graph()
         with self.graph.as_default():
             tf1.set_random_seed(self.train_config.seed)
-            self.g = build_graph(self.config, dataset=self.dataset.name, target=self.target)
+            self.g = build_graph(self.config, self.model, self.example,
+                                 dataset=self.train_config.dataset, target=self.target)
             if self.logdir:
                 # A checkpoint of another model (say, of a cluster with another number of
                 # workers) would fail mid-restore with a long error: name the variable instead.
@@ -225,7 +237,7 @@ class WorkerRun:
         for p, address in enumerate(config.cluster.ps_hosts):
             cluster_lib.wait_reachable(address, f"ps {p}", startup_wait)
         chief_wait = startup_wait
-        mine = membership.settings(config, self.dataset.name)
+        mine = membership.settings(config, train.dataset, self.g.fingerprint)
         waiting_since = time.monotonic()
         if not config.is_chief:
             log.info("%s to initialise the model (polling every %g s, for at most %g s)",
@@ -251,6 +263,8 @@ class WorkerRun:
                 yield sess
         self.result.sessions = status.sessions
         self.side.close()
+        if self.evaluator is not None:
+            self.evaluator.close()
         if self.writer:
             tf1.summary.FileWriterCache.clear()  # closes, so the events file ends complete
 
@@ -304,7 +318,7 @@ class WorkerRun:
         progress = metrics.Progress(config, self.side, g.state, self.writer, self.target)
         steps_run = 0
         lockstep = train.mode == "sync" and self._aggregate == config.cluster.num_workers
-        fetches = [g.training.train_op, g.outputs.loss, g.outputs.accuracy]
+        fetches = [g.training.train_op, g.spec.loss, dict(g.spec.train_metrics)]
         if g.stop is not None:  # Sync: --target-accuracy: the stop step, read after the token
             fetches.append(g.stop.read)
         stop_step = last_token = early_stop.NONE
@@ -315,8 +329,8 @@ class WorkerRun:
             x, y = self.shard.batch(step)
             sessions = self.status.sessions
             try:
-                token, loss, accuracy, *stop = sess.run(fetches, {g.images: x, g.labels: y},
-                                                        options=self.bounded)
+                token, loss, train_metrics, *stop = sess.run(fetches, g.feed(x, y),
+                                                             options=self.bounded)
             except tf.errors.DeadlineExceededError:
                 raise TaskTimeout(
                     f"worker {i}: waited {train.timeout:g} s for an update after local step "
@@ -334,7 +348,7 @@ class WorkerRun:
                 log.warning("global_step went back from %d to %d: the ps was restored from "
                             "a checkpoint; training on from there", step + 1, token)
             steps_run += 1
-            progress.step(steps_run, loss, accuracy)
+            progress.step(steps_run, loss, train_metrics)
             last_token = int(token)
             if stop:
                 stop_step = int(stop[0])
@@ -368,6 +382,21 @@ class WorkerRun:
         result.train_s = time.monotonic() - train_started
         result.examples_per_sec = train.batch_size * local / max(result.train_s, 1e-9)
 
+    def evaluate(self) -> tuple[float | None, float]:
+        """The chief's evaluation: (its "accuracy" metric, if it has one, and its mean loss)
+        on the model's evaluation data, read and the evaluation graph built at the first call."""
+        if self.evaluator is None:
+            config = self.config
+            features, labels = self.model.eval_input_fn(self.params)
+            self.eval_data = (features, labels)
+            self.evaluator = evaluation.Evaluator(
+                self.model, self.params, self.example, num_ps=config.cluster.num_ps,
+                worker=f"/job:worker/task:{config.index}", target=self.server.target,
+                tf_config=self.tf_config, ps_hosts=config.cluster.ps_hosts)
+        self.test_metrics, loss = self.evaluator(*self.eval_data, self.bounded)
+        self.result.test_metrics = self.test_metrics
+        return self.test_metrics.get("accuracy"), loss
+
     def _evaluations(self) -> early_stop.ChiefEvaluations:
         """The chief's evaluations during training (--eval-every), and the stop at the target."""
         g, train = self.g, self.train_config
@@ -377,7 +406,7 @@ class WorkerRun:
 
         self.evaluations = early_stop.ChiefEvaluations(
             every=train.eval_every, target=train.target_accuracy,
-            evaluate=lambda: evaluate(self.side, g, self.dataset, self.bounded),
+            evaluate=self.evaluate,
             read_step=lambda: int(self.side.run(g.state.global_step, options=self.bounded)),
             request_stop=request_stop, writer=self.writer)
         return self.evaluations
@@ -411,22 +440,21 @@ class WorkerRun:
         if config.is_chief:
             if train.eval_every:
                 self.evaluations.record(result)
-            self.shard = None  # trained: make room for the test digits
-            if self.test_later:
-                self.dataset = data.load_test_split(self.dataset, train.data_dir, seed=train.seed)
+            self.shard = None  # trained: make room for the evaluation data
             with self._awaiting("to evaluate the model"):
-                result.test_accuracy, result.test_loss = evaluate(side, g, self.dataset,
-                                                                  self.bounded)
-            log.info("test_accuracy=%.4f test_loss=%.4f on %d test examples of %s",
-                     result.test_accuracy, result.test_loss, len(self.dataset.test_labels),
-                     self.dataset.name)
+                result.test_accuracy, result.test_loss = self.evaluate()
+            log.info("test_accuracy=%s test_loss=%.4f on %d evaluation examples (%s)",
+                     "-" if result.test_accuracy is None else f"{result.test_accuracy:.4f}",
+                     result.test_loss, len(self.eval_data[1]),
+                     " ".join(f"{k}={v:.4f}" for k, v in self.test_metrics.items()))
             if self.writer:
                 metrics.write_summaries(self.writer, counters,
                                         test_accuracy=result.test_accuracy)
             if self.export_dir:  # the weights evaluated just now, read while the ps serves
                 with self._awaiting("to read the trained weights for the export"):
                     self.weights = export.read_weights(
-                        lambda fetches: side.run(fetches, options=self.bounded), self.graph)
+                        lambda fetches: side.run(fetches, options=self.bounded), self.graph,
+                        export.variable_names(self.model, self.params, self.example))
 
     @contextlib.contextmanager
     def _awaiting(self, what: str):
@@ -447,7 +475,8 @@ class WorkerRun:
         write_error = None
         if self.export_dir:
             try:
-                export.write_saved_model(self.weights, self.export_dir)
+                export.write_saved_model(self.model, self.params, self.example, self.weights,
+                                         self.export_dir)
                 log.info("saved the trained model to %s", self.export_dir)
             except Exception as e:  # raised below, once the ps are not held up by it
                 write_error = e
@@ -533,17 +562,3 @@ def _rejoin(side: SideSession, g: _Graph, index: int, options,
         raise TaskTimeout(f"worker {index}: rejoining at global_step {step}, waited "
                           f"{timeout:g} s for the update my predecessor's last gradient "
                           "joined") from None
-
-
-def evaluate(side, g: _Graph, dataset: data.Dataset, options) -> tuple[float, float]:
-    """Accuracy and mean cross-entropy on the test split, EVAL_BATCH digits at a time."""
-    correct = total_loss = 0.0
-    for start in range(0, len(dataset.test_labels), EVAL_BATCH):
-        x = data.to_float(dataset.test_images[start:start + EVAL_BATCH])
-        y = dataset.test_labels[start:start + EVAL_BATCH]
-        accuracy, loss = side.run([g.evaluation.accuracy, g.evaluation.loss],
-                                  {g.images: x, g.labels: y}, options=options)
-        correct += accuracy * len(y)
-        total_loss += loss * len(y)
-    n = len(dataset.test_labels)
-    return float(correct / n), float(total_loss / n)

@@ -64,6 +64,7 @@ def _profile_against(out: Path, ps: str, worker_address: str, timed_steps: int,
 
     from sync_mnist import cluster as cluster_lib
     from sync_mnist import data, session, worker
+    from sync_mnist.models import mlp
     from sync_mnist.config import TaskConfig, TrainConfig
 
     tf1 = tf.compat.v1
@@ -79,7 +80,7 @@ def _profile_against(out: Path, ps: str, worker_address: str, timed_steps: int,
                        batch_size=100, seed=0)
     graph = tf.Graph()
     with graph.as_default():
-        g = worker.build_graph(config, dataset="synthetic")
+        g = worker.build_graph(config, mlp.MODEL, shard.batch(0), dataset="synthetic")
         optimizer = g.training.optimizer
         update_op = optimizer._chief_queue_runner.enqueue_ops[0]  # pylint: disable=protected-access
         init = [tf1.global_variables_initializer(), tf1.local_variables_initializer()]
@@ -88,7 +89,7 @@ def _profile_against(out: Path, ps: str, worker_address: str, timed_steps: int,
     sess.run(init)
     sess.run([optimizer.chief_init_op, optimizer.local_step_init_op])
     full = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE, output_partition_graphs=True)
-    fetches = [g.training.train_op, g.outputs.loss, g.outputs.accuracy]
+    fetches = [g.training.train_op, g.spec.loss, g.spec.train_metrics]
 
     def step(k: int, traced: bool):
         x, y = shard.batch(k)
@@ -98,7 +99,7 @@ def _profile_against(out: Path, ps: str, worker_address: str, timed_steps: int,
             run_metadata=meta["update"] if traced else None))
         update.start()
         began = time.perf_counter()
-        sess.run(fetches, {g.images: x, g.labels: y}, options=full if traced else None,
+        sess.run(fetches, g.feed(x, y), options=full if traced else None,
                  run_metadata=meta["worker"] if traced else None)
         took = time.perf_counter() - began
         update.join(60)

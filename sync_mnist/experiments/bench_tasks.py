@@ -76,9 +76,9 @@ def _shard(args, num_workers: int):
 
 
 def _model_shapes() -> list[list[int]]:
-    from sync_mnist import model
+    from sync_mnist.models import mlp
 
-    return model.variable_shapes()
+    return mlp.variable_shapes()
 
 
 def _step_line(step: int, global_step: int) -> None:
@@ -144,8 +144,9 @@ def run_single(args) -> None:
     """The same model, optimizer, batch and input path (feed_dict) in one plain process."""
     import tensorflow as tf
 
-    from sync_mnist import model
+    from sync_mnist import api, optimizers
     from sync_mnist.cluster import server_config
+    from sync_mnist.models import mlp
 
     tf1 = tf.compat.v1
     shard = _shard(args, 1)
@@ -153,18 +154,18 @@ def run_single(args) -> None:
     with graph.as_default():
         tf1.set_random_seed(args.seed)
         global_step = tf1.train.get_or_create_global_step()
-        images = tf1.placeholder(tf.float32, [None, model.IMAGE_PIXELS], name="images")
+        images = tf1.placeholder(tf.uint8, [None, 784], name="images")
         labels = tf1.placeholder(tf.int64, [None], name="labels")
-        outputs = model.build_model(images, labels)
-        train_op = model.make_optimizer("adam", args.learning_rate).minimize(
-            outputs.loss, global_step)
+        spec = mlp.model_fn(images, labels, api.ModeKeys.TRAIN, mlp.MODEL.params)
+        train_op = optimizers.make_optimizer("adam", args.learning_rate).minimize(
+            spec.loss, global_step)
         init = tf1.global_variables_initializer()
     with tf1.Session(graph=graph, config=server_config()) as sess:
         sess.run(init)
         log.info(READY)
         for step in range(1, args.steps + 1):
             x, y = shard.batch(step - 1)
-            sess.run([train_op, outputs.loss, outputs.accuracy], {images: x, labels: y})
+            sess.run([train_op, spec.loss, spec.train_metrics], {images: x, labels: y})
             if step % args.log_every == 0:
                 _step_line(step, step)
 
@@ -182,6 +183,7 @@ def run_mwms(args, worker_hosts) -> None:
     import tensorflow as tf
     from tensorflow.python.eager import context
 
+    from sync_mnist import data
     from sync_mnist.cluster import server_config
 
     # The same pools as the PS tasks' (cluster.server_config). No public API sets them for
@@ -237,11 +239,11 @@ def run_mwms(args, worker_hosts) -> None:
         return strategy.run(replica_step, args=(x, y))
 
     x, y = shard.batch(0)
-    train_step(tf.constant(x), tf.constant(y))  # traces and joins the collective: not timed
+    train_step(tf.constant(data.to_float(x)), tf.constant(y))  # traces and joins the collective: not timed
     log.info(READY)
     for step in range(1, args.steps + 1):
         x, y = shard.batch(step)
-        loss, accuracy = train_step(x, y)
+        loss, accuracy = train_step(data.to_float(x), y)
         loss, accuracy = loss.numpy(), accuracy.numpy()  # as sess.run hands back its fetches
         if step % args.log_every == 0:
             _step_line(step, step)

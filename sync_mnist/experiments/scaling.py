@@ -235,8 +235,9 @@ def partition(num_ps: int, num_workers: int = 1) -> tuple[list[int], list[int]]:
     import tensorflow as tf
 
     from sync_mnist import cluster as cluster_lib
-    from sync_mnist import tfcompat, worker
+    from sync_mnist import data, tfcompat, worker
     from sync_mnist.config import TaskConfig, TrainConfig
+    from sync_mnist.models import mlp
 
     tfcompat.graph_mode(verbose=False)
     # Without a session the optimizer's ops go unused, which TensorFlow reports at exit.
@@ -248,7 +249,9 @@ def partition(num_ps: int, num_workers: int = 1) -> tuple[list[int], list[int]]:
                         train=TrainConfig(train_steps=10, dataset="synthetic"))
     nbytes, tensors = [0] * num_ps, [0] * num_ps
     with tf.Graph().as_default():
-        worker.build_graph(config, dataset="synthetic")
+        dataset = data.make_synthetic(0)
+        worker.build_graph(config, mlp.MODEL, (dataset.train_images[:1], dataset.train_labels[:1]),
+                           dataset="synthetic")
         for v in tf.compat.v1.trainable_variables():
             p = tf.DeviceSpec.from_string(v.device).task
             nbytes[p] += v.shape.num_elements() * v.dtype.size
@@ -265,12 +268,13 @@ def measure_ps_work(reps: int = ACCUM_REPS) -> tuple[float, float]:
     import numpy as np
     import tensorflow as tf
 
-    from sync_mnist import model, tfcompat
+    from sync_mnist import tfcompat
+    from sync_mnist.models import mlp
 
     tfcompat.graph_mode(verbose=False)
     tf.get_logger().setLevel(logging.CRITICAL)  # as in partition: graph_mode resets it
     tf1 = tf.compat.v1
-    shapes = model.variable_shapes()
+    shapes = mlp.variable_shapes()
     with tf.Graph().as_default() as graph:
         params = [tf1.get_variable(f"w{k}", s) for k, s in enumerate(shapes)]
         grads = [tf.constant(np.random.default_rng(k).normal(size=s).astype("float32"))

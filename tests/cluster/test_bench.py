@@ -164,16 +164,15 @@ def test_without_proof_the_graph_has_no_counters_but_still_trains():
     """--bench-no-proof: no who-accumulator and no counting ops; the same token-valued step."""
     import tensorflow as tf
 
-    from sync_mnist import model, sync
+    import mlp_graph
+    from sync_mnist import optimizers, sync
 
     def ops_of(proof):
         graph = tf.Graph()
         with graph.as_default():
             state = sync.build_shared_state(2)
-            images = tf.compat.v1.placeholder(tf.float32, [None, model.IMAGE_PIXELS])
-            labels = tf.compat.v1.placeholder(tf.int64, [None])
-            loss = model.build_model(images, labels).loss
-            training = sync.build_train_op(loss, state, model.make_optimizer("adam", 0.001),
+            loss = mlp_graph.variables().spec.loss
+            training = sync.build_train_op(loss, state, optimizers.make_optimizer("adam", 0.001),
                                            worker_index=0, num_workers=2,
                                            replicas_to_aggregate=2, is_chief=True, proof=proof)
             assert training.train_op.dtype == tf.int64  # the token: the global step

@@ -18,8 +18,11 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
+import mlp_graph
+import sync_mnist.api as sm
 from procs import ENV, ROOT, Processes, local_cluster, read_json
-from sync_mnist import cli, export, inference, model, options, preflight
+from sync_mnist import cli, export, inference, options, placement, preflight
+from sync_mnist.models import mlp
 from sync_mnist.config import ConfigError
 
 tf1 = tf.compat.v1
@@ -84,23 +87,32 @@ def exported(tmp_path_factory):
     with tf.Graph().as_default() as graph:
         with tf1.device(tf1.train.replica_device_setter(worker_device="/job:worker/task:0",
                                                         cluster=cluster)):
-            images = tf1.placeholder(tf.float32, [None, model.IMAGE_PIXELS])
-            labels = tf1.placeholder(tf.int64, [None])
-            outputs = model.build_model(images, labels)
-            step = tf1.train.AdamOptimizer(0.01).minimize(outputs.loss)
-        probabilities = tf.nn.softmax(outputs.logits)
+            images, labels = placement.placeholders(*mlp_graph.EXAMPLE)
+            spec = placement.build(mlp.model_fn, images, labels, sm.ModeKeys.TRAIN,
+                                   mlp.MODEL.params, num_ps=1).spec
+            step = tf1.train.AdamOptimizer(0.01).minimize(spec.loss)
+            with tf1.variable_scope(tf1.get_variable_scope(), reuse=True):
+                probabilities = mlp.model_fn(images, None, sm.ModeKeys.PREDICT,
+                                             mlp.MODEL.params).predictions["probabilities"]
         with tf1.Session(worker.target) as sess:
             sess.run(tf1.global_variables_initializer())
             for _ in range(5):
-                sess.run(step, {images: rng.random((20, model.IMAGE_PIXELS), np.float32),
+                sess.run(step, {images: rng.integers(0, 256, (20, 784), np.uint8),
                                 labels: rng.integers(0, 10, 20)})
-            weights = export.read_weights(sess.run, graph)
-            expected = sess.run(probabilities,
-                                {images: probe.reshape(8, -1).astype(np.float32) / 255})
+            weights = export.read_weights(sess.run, graph, _names())
+            expected = sess.run(probabilities, {images: probe.reshape(8, -1)})
     # The variables really were on the ps: what the export must leave behind.
     assert all(v.device.startswith("/job:ps") for v in graph.get_collection("variables"))
-    export.write_saved_model(weights, out / "model")
+    _write(weights, out / "model")
     return out / "model", probe, expected
+
+
+def _names() -> list[str]:
+    return export.variable_names(mlp.MODEL, mlp.MODEL.params, mlp_graph.EXAMPLE)
+
+
+def _write(weights, export_dir) -> None:
+    export.write_saved_model(mlp.MODEL, mlp.MODEL.params, mlp_graph.EXAMPLE, weights, export_dir)
 
 
 def test_saved_model_holds_the_inference_graph_only_with_no_devices(exported):
@@ -114,7 +126,7 @@ def test_saved_model_holds_the_inference_graph_only_with_no_devices(exported):
                       "ConditionalAccumulator", "SparseSoftmaxCrossEntropyWithLogits"}
     names = {name for name, _ in tf.train.list_variables(str(model_dir / "variables" /
                                                              "variables"))}
-    assert names == set(export.model_variable_names())  # no slots, no global_step, no counters
+    assert names == set(_names())  # no slots, no global_step, no counters
     signature = meta.signature_def["serving_default"]
     assert set(signature.inputs) == {"images"} and set(signature.outputs) == {"probabilities",
                                                                               "classes"}
@@ -137,9 +149,8 @@ def test_a_second_export_replaces_the_first(exported, tmp_path):
     weights = {name: np.zeros(shape, np.float32) for name, shape in
                tf.train.list_variables(str(model_dir / "variables" / "variables"))}
     target = tmp_path / "model"
-    export.write_saved_model(weights, target)
-    export.write_saved_model(dict(weights, **{"layer2/biases": np.arange(10, dtype=np.float32)}),
-                             target)
+    _write(weights, target)
+    _write(dict(weights, **{"layer2/biases": np.arange(10, dtype=np.float32)}), target)
     out = _clean_tf2(target, probe, tmp_path)
     assert list(out["classes"]) == [9] * 8  # only the second model's biases say 9
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.npz", "model", "out.npz"]
@@ -301,8 +312,7 @@ def test_a_short_run_on_the_complete_mnist_is_synchronous_and_learns(trained):
     assert summary["synchronous"] is True
     assert summary["contributions"] == [STEPS] * 3
     assert summary["dataset"] == "mnist"
-    assert summary["dataset_description"] == ("mnist: the complete MNIST shipped with "
-                                              "sync_mnist (60,000 train / 10,000 test digits)")
+    assert summary["dataset_description"] == "mnist: 60,000 training examples"
     assert summary["test_accuracy"] >= 0.88  # chance is 0.10; a broken input pipeline stays low
     assert 0 < summary["test_loss"] < 0.5
     assert all(t["peak_rss_mb"] > 100 for t in summary["tasks"])

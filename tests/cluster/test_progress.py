@@ -30,7 +30,7 @@ def test_a_workers_progress_line_parses_into_its_figures(monkeypatch, caplog):
     config = SimpleNamespace(train=SimpleNamespace(log_every=20, batch_size=100))
     meter = metrics.Progress(config, side=None, state=None, writer=None, target=2000)
     with caplog.at_level(logging.INFO, logger="sync_mnist.worker"):
-        meter.step(20, loss=0.25, accuracy=0.9)
+        meter.step(20, loss=0.25, train_metrics={"accuracy": 0.9})
     [record] = caplog.records
 
     reading = progress.parse(_task_line(record, "worker 2"))

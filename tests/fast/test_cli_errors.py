@@ -424,7 +424,7 @@ def _required_options(text: str) -> set[str]:
     return set(re.findall(r"--[\w-]+", usage))
 
 
-TRAINING_OPTIONS = {"--train-steps", "--epochs", "--batch-size", "--learning-rate", "--lr-decay",
+TRAINING_OPTIONS = {"--model", "--train-steps", "--epochs", "--batch-size", "--learning-rate", "--lr-decay",
                     "--optimizer", "--seed", "--dataset", "--data-dir", "--logdir",
                     "--save-steps", "--save-secs", "--timeout", "--mode",
                     "--replicas-to-aggregate", "--setup", "--log-every", "--summary-json",
@@ -464,8 +464,8 @@ def test_task_help_states_the_real_defaults(capsys):
         else:
             assert stated == action.default, name
         checked += 1
-    assert checked == 13  # batch-size, learning-rate, lr-decay, optimizer, seed, dataset,
-    # save-steps, timeout, mode, setup, log-every, restart-grace, wire-dtype
+    assert checked == 14  # model, batch-size, learning-rate, lr-decay, optimizer, seed,
+    # dataset, save-steps, timeout, mode, setup, log-every, restart-grace, wire-dtype
     assert entries["--ps-hosts"].endswith("(default: TF_CONFIG if set, else localhost:2222)")
     assert "1/K of the model's bytes" in entries["--ps-hosts"]  # how the bytes are split
     assert entries["--worker-hosts"].endswith(

@@ -329,12 +329,24 @@ def test_shards_of_the_real_training_set_are_disjoint_and_equal():
     assert [s.batches_per_epoch for s in shards] == [200] * 3
     union = np.concatenate([s.indices for s in shards])
     assert len(np.unique(union)) == 60000
-    # Each shard's batch is the rows its indices name, as float32 in [0, 1].
+    # Each shard's batch is the rows its indices name, as stored (the model scales them).
     images, labels = shards[1].batch(201)  # epoch 1, second batch
     rows = shards[1].epoch_order(1)[100:200]
     np.testing.assert_array_equal(labels, ds.train_labels[rows])
-    np.testing.assert_array_equal(images, ds.train_images[rows].astype(np.float32) / 255)
-    assert images.dtype == np.float32
+    np.testing.assert_array_equal(images, ds.train_images[rows])
+    assert images.dtype == np.uint8
+
+
+def test_a_shard_of_dict_features_cuts_every_column_alike():
+    labels = np.arange(12, dtype=np.int64)
+    features = {"a": np.arange(12) * 10, "b": np.arange(24).reshape(12, 2)}
+    shard = data.Shard(features, labels, index=1, num_workers=2, batch_size=3, seed=4)
+    x, y = shard.batch(1)
+    np.testing.assert_array_equal(x["a"], y * 10)
+    np.testing.assert_array_equal(x["b"][:, 0], y * 2)
+    with pytest.raises(data.DataError, match=r"11 rows of features\['b'\] but 12 labels"):
+        data.Shard({"a": features["a"], "b": features["b"][:11]}, labels, index=0,
+                   num_workers=2, batch_size=3, seed=4)
 
 
 def test_worker_data_keeps_only_the_shard_and_the_chiefs_test_set():
@@ -357,9 +369,9 @@ def _indexed(n):
     return images, np.arange(n) % 10
 
 
-def _index_of(float_images):
-    """The indices back from a batch, which comes as float32 pixels / 255."""
-    return np.rint(float_images[:, 0] * 255).astype(int)
+def _index_of(images):
+    """The indices back from a batch, which comes as stored (uint8)."""
+    return images[:, 0].astype(int)
 
 
 def _shards(n, num_workers, batch_size, seed=0):

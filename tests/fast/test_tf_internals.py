@@ -170,9 +170,9 @@ def test_deprecation_switch_exists():
 
 
 def test_a_slice_names_the_variable_it_cuts():
-    from sync_mnist import model
+    from sync_mnist import placement
 
-    # model.whole_variables reads Variable._save_slice_info, as tf1.train.Saver does, to save
+    # placement.whole_variables reads Variable._save_slice_info, as tf1.train.Saver does, to save
     # and check a partitioned variable whole; a renamed attribute would make every slice look
     # like a variable of its own, and a checkpoint of another number of ps look foreign.
     with tf.Graph().as_default():
@@ -181,4 +181,4 @@ def test_a_slice_names_the_variable_it_cuts():
         info = slices[1]._save_slice_info  # pylint: disable=protected-access
         assert (info.full_name, info.full_shape, info.var_offset) == ("w", [10, 3], [4, 0]), (
             "Variable._save_slice_info")
-        assert model.whole_variables(slices[::-1]) == {"w": model.Whole([10, 3], slices)}
+        assert placement.whole_variables(slices[::-1]) == {"w": placement.Whole([10, 3], slices)}

@@ -8,9 +8,11 @@ from __future__ import annotations
 import pytest
 import tensorflow as tf
 
-from sync_mnist import model, preflight, session
+from sync_mnist import preflight, session
 from sync_mnist.cluster import ClusterLayout
 from sync_mnist.config import ConfigError, TaskConfig
+
+import mlp_graph
 
 tf1 = tf.compat.v1
 
@@ -95,7 +97,7 @@ def test_a_chief_refuses_a_checkpoint_already_past_its_planned_updates(tmp_path)
     # Before: the chief resumed at global_step 10, trained nothing, and the verdict said
     # "global_step 10 != 4 planned": exit 3 (not synchronous) for what is bad input.
     from procs import local_cluster
-    from sync_mnist import data, worker
+    from sync_mnist import worker
     from sync_mnist.config import TrainConfig
 
     servers, spec = local_cluster(1)
@@ -104,7 +106,7 @@ def test_a_chief_refuses_a_checkpoint_already_past_its_planned_updates(tmp_path)
     def chief(train_steps: int) -> worker.WorkerRun:
         run = worker.WorkerRun(TaskConfig(role="worker", index=0, cluster=layout, train=TrainConfig(
             train_steps=train_steps, dataset="synthetic", logdir=tmp_path, timeout=30.0)))
-        run.load_data(data.make_synthetic(0))
+        run.load_data()
         return run
 
     # The chief's own model, at global_step 10, saved as a checkpoint in its --logdir.
@@ -124,7 +126,7 @@ def test_a_chief_refuses_a_checkpoint_already_past_its_planned_updates(tmp_path)
 
 def _save_model(path, slices: int, hidden=(256, 256)):
     with tf.Graph().as_default():
-        model.build_logits(tf1.placeholder(tf.float32, [None, 784]), hidden, slices=slices)
+        mlp_graph.variables(hidden, slices=slices)
         with tf1.Session() as sess:
             sess.run(tf1.global_variables_initializer())
             tf1.train.Saver().save(sess, str(path / "model.ckpt"))
@@ -136,10 +138,10 @@ def test_check_checkpoint_takes_a_sliced_variable_whole(tmp_path, saved_slices, 
     # passes with another (test_partition.py restores it).
     _save_model(tmp_path, saved_slices)
     with tf.Graph().as_default():
-        model.build_logits(tf1.placeholder(tf.float32, [None, 784]), slices=slices)
+        mlp_graph.variables(slices=slices)
         session.check_checkpoint(tmp_path, tf1.global_variables())
     with tf.Graph().as_default():  # another model is still named, whole
-        model.build_logits(tf1.placeholder(tf.float32, [None, 784]), (128, 256), slices=slices)
+        mlp_graph.variables((128, 256), slices=slices)
         with pytest.raises(ConfigError) as raised:
             session.check_checkpoint(tmp_path, tf1.global_variables())
     assert str(raised.value) == (f"--logdir {tmp_path} holds a checkpoint of a different model: "

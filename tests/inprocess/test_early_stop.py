@@ -16,7 +16,7 @@ import types
 
 import pytest
 
-from sync_mnist import data, early_stop, report
+from sync_mnist import early_stop, report
 from sync_mnist.cluster import ClusterLayout, free_ports
 from sync_mnist.config import ConfigError, TaskConfig, TrainConfig
 
@@ -110,12 +110,12 @@ def _step_and_update_ops(flags: dict) -> tuple[dict, dict]:
     """The ops a normal step and the chief's update run, from the real graph: {name: type}."""
     import tensorflow as tf
 
-    from sync_mnist import worker
+    import mlp_graph
 
     config = TaskConfig(role="worker", index=0, cluster=ClusterLayout(("p:1",), ("w0:1", "w1:1")),
                         train=TrainConfig(train_steps=5, **flags))
     with tf.Graph().as_default():
-        g = worker.build_graph(config, dataset="synthetic")
+        g = mlp_graph.build_graph(config, dataset="synthetic")
         runner = g.training.optimizer.get_chief_queue_runner()
 
         def closure(fetches):
@@ -127,7 +127,7 @@ def _step_and_update_ops(flags: dict) -> tuple[dict, dict]:
                     todo += [t.op for t in op.inputs] + list(op.control_inputs)
             return seen
 
-        step = closure([g.training.train_op, g.outputs.loss, g.outputs.accuracy])
+        step = closure([g.training.train_op, g.spec.loss, g.spec.train_metrics["accuracy"]])
         update = closure(runner.enqueue_ops)
         return step, {name: t for name, t in update.items() if name not in step}
 
@@ -163,7 +163,6 @@ def _run_cluster(num_workers: int, **train_kwargs) -> types.SimpleNamespace:
     layout = ClusterLayout((f"localhost:{ports[0]}",),
                            tuple(f"localhost:{p}" for p in ports[1:]))
     train = TrainConfig(dataset="synthetic", timeout=30.0, log_every=10, **train_kwargs)
-    dataset = data.make_synthetic(train.seed)
     servers = {("ps", 0): tf.distribute.Server(layout.spec(), job_name="ps", task_index=0)}
     for i in range(num_workers):
         servers["worker", i] = tf.distribute.Server(layout.spec(), job_name="worker",
@@ -176,8 +175,7 @@ def _run_cluster(num_workers: int, **train_kwargs) -> types.SimpleNamespace:
             if role == "ps":
                 outcome[role, index] = ps.run_ps(config, server=servers[role, index])
             else:
-                outcome[role, index] = worker.run_worker(config, dataset=dataset,
-                                                         server=servers[role, index])
+                outcome[role, index] = worker.run_worker(config, server=servers[role, index])
         except BaseException as e:  # reported below, in the test's thread
             outcome[role, index] = e
 

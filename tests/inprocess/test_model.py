@@ -5,31 +5,45 @@ Each test builds in a fresh tf.Graph() with no cluster (graph mode is on: see co
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from sync_mnist import model
+import sync_mnist.api as sm
+from sync_mnist import optimizers
+from sync_mnist.models import mlp, mnist
+
+import mlp_graph
 
 tf1 = tf.compat.v1
 
 LAYER_SHAPES = [[784, 256], [256], [256, 256], [256], [256, 10], [10]]
 
 
+class _Outputs(NamedTuple):
+    logits: tf.Tensor
+    loss: tf.Tensor
+    accuracy: tf.Tensor
+
+
 def _build(seed: int = 0):
+    """The MLP's logits, and its TRAIN spec's loss and accuracy, on uint8 pixels."""
     graph = tf.Graph()
     with graph.as_default():
         tf1.set_random_seed(seed)
-        images = tf1.placeholder(tf.float32, [None, model.IMAGE_PIXELS])
+        images = tf1.placeholder(tf.uint8, [None, mnist.IMAGE_PIXELS])
         labels = tf1.placeholder(tf.int64, [None])
-        outputs = model.build_model(images, labels)
-    return graph, images, labels, outputs
+        logits = mlp.logits(mnist.pixels(images))
+        spec = mnist.classify(logits, labels, sm.ModeKeys.TRAIN, sm)
+    return graph, images, labels, _Outputs(logits, spec.loss, spec.train_metrics["accuracy"])
 
 
 def _batch(size: int = 20):
     rng = np.random.RandomState(0)
-    images = rng.uniform(0.0, 1.0, (size, model.IMAGE_PIXELS)).astype(np.float32)
-    labels = (np.arange(size) % model.NUM_CLASSES).astype(np.int64)
+    images = rng.randint(0, 256, (size, mnist.IMAGE_PIXELS)).astype(np.uint8)
+    labels = (np.arange(size) % mnist.NUM_CLASSES).astype(np.int64)
     return images, labels
 
 
@@ -72,7 +86,7 @@ def test_glorot_init_keeps_weights_small_and_biases_zero():
 def test_a_few_sgd_steps_on_a_fixed_batch_reduce_the_loss():
     graph, images, labels, outputs = _build()
     with graph.as_default():
-        train = model.make_optimizer("sgd", 0.05).minimize(outputs.loss)
+        train = optimizers.make_optimizer("sgd", 0.05).minimize(outputs.loss)
         init = tf1.global_variables_initializer()
     feed = dict(zip((images, labels), _batch()))
     with tf1.Session(graph=graph) as sess:
@@ -118,7 +132,7 @@ def test_make_optimizer_builds_the_named_optimizer(name, cls, after_two_steps):
     graph = tf.Graph()
     with graph.as_default():
         x = tf1.get_variable("x", initializer=0.0)
-        optimizer = model.make_optimizer(name, 0.5)
+        optimizer = optimizers.make_optimizer(name, 0.5)
         step = optimizer.minimize(2.0 * x)
         init = tf1.global_variables_initializer()
     assert isinstance(optimizer, cls)
@@ -131,7 +145,7 @@ def test_make_optimizer_builds_the_named_optimizer(name, cls, after_two_steps):
 
 def test_make_optimizer_rejects_an_unknown_name():
     with pytest.raises(ValueError) as raised:
-        model.make_optimizer("rmsprop", 0.1)
+        optimizers.make_optimizer("rmsprop", 0.1)
     assert str(raised.value) == "unknown optimizer 'rmsprop'"
 
 
@@ -143,7 +157,7 @@ def test_cosine_decay_falls_from_the_rate_to_zero_over_the_run():
     with graph.as_default():
         x = tf1.get_variable("x", initializer=0.0)
         global_step = tf1.train.get_or_create_global_step()
-        step = model.make_optimizer("sgd", 0.5, decay_steps=4, global_step=global_step
+        step = optimizers.make_optimizer("sgd", 0.5, decay_steps=4, global_step=global_step
                                     ).minimize(2.0 * x, global_step=global_step)
         init = tf1.global_variables_initializer()
     with tf1.Session(graph=graph) as sess:
@@ -158,7 +172,6 @@ MODEL_BYTES = 4 * sum(int(np.prod(shape)) for shape in LAYER_SHAPES)  # 1,077,28
 
 def _placement(num_ps: int, index: int) -> dict[str, tuple[str, int]]:
     """{variable: (device, bytes)} in worker `index`'s graph of a cluster with num_ps ps."""
-    from sync_mnist import worker
     from sync_mnist.cluster import ClusterLayout
     from sync_mnist.config import TaskConfig, TrainConfig
 
@@ -167,7 +180,7 @@ def _placement(num_ps: int, index: int) -> dict[str, tuple[str, int]]:
                                               ("w0:1", "w1:1", "w2:1")),
                         train=TrainConfig(train_steps=1))
     with tf.Graph().as_default():
-        worker.build_graph(config, dataset="synthetic")
+        mlp_graph.build_graph(config, dataset="synthetic")
         return {v.op.name: (v.device, v.shape.num_elements() * v.dtype.size)
                 for v in tf1.global_variables()}
 
@@ -196,7 +209,6 @@ def test_the_ps_tasks_share_the_models_bytes_evenly(num_ps):
 
 
 def test_the_update_runs_on_the_ps_alone_and_the_sync_state_on_ps_0():
-    from sync_mnist import worker
     from sync_mnist.cluster import ClusterLayout
     from sync_mnist.config import TaskConfig, TrainConfig
 
@@ -204,7 +216,7 @@ def test_the_update_runs_on_the_ps_alone_and_the_sync_state_on_ps_0():
                         cluster=ClusterLayout(("p0:1", "p1:1"), ("w0:1", "w1:1")),
                         train=TrainConfig(train_steps=10))
     with tf.Graph().as_default():
-        g = worker.build_graph(config, dataset="synthetic", target=10)
+        g = mlp_graph.build_graph(config, dataset="synthetic", target=10)
         shared = {v.op.name: v.device for v in tf1.global_variables()
                   if v.op.name == "global_step" or v.op.name.startswith("sync_")}
         (update,) = g.training.optimizer.get_chief_queue_runner().enqueue_ops
@@ -218,7 +230,6 @@ def test_the_update_runs_on_the_ps_alone_and_the_sync_state_on_ps_0():
 
 def _worker_graph(num_ps: int):
     """(graph, the chief's update op) of worker 0 of 2 workers and num_ps ps."""
-    from sync_mnist import worker
     from sync_mnist.cluster import ClusterLayout
     from sync_mnist.config import TaskConfig, TrainConfig
 
@@ -227,7 +238,7 @@ def _worker_graph(num_ps: int):
                                               ("w0:1", "w1:1")))
     graph = tf.Graph()
     with graph.as_default():
-        g = worker.build_graph(config, dataset="synthetic", target=10)
+        g = mlp_graph.build_graph(config, dataset="synthetic", target=10)
         (update,) = g.training.optimizer.get_chief_queue_runner().enqueue_ops
     return graph, update
 

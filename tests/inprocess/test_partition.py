@@ -15,7 +15,9 @@ import pytest
 import tensorflow as tf
 
 from procs import local_cluster
-from sync_mnist import data, export, model, session, worker
+import mlp_graph
+from sync_mnist import data, evaluation, export, placement, session, worker
+from sync_mnist.models import mlp
 from sync_mnist.cluster import ClusterLayout
 from sync_mnist.config import TaskConfig, TrainConfig
 from sync_mnist.experiments.bench_profile import wire_bytes
@@ -29,7 +31,7 @@ class _Chief:
     """Worker 0 of a 1-worker cluster with `num_ps` ps, whose chief keeps `logdir`."""
 
     def __init__(self, num_ps: int, logdir=None, wire_dtype: str = "float32"):
-        servers, spec = local_cluster(1, num_ps)
+        self.servers, spec = servers, _ = local_cluster(1, num_ps)
         hosts = spec.as_dict()
         layout = ClusterLayout(tuple(hosts["ps"]), tuple(hosts["worker"]))
         self.config = TaskConfig(role="worker", index=0, cluster=layout, train=TrainConfig(
@@ -41,7 +43,7 @@ class _Chief:
         self.status = session.SessionStatus()
         with self.graph.as_default():
             tf1.set_random_seed(num_ps)  # another start for each K: only a restore equals them
-            self.g = worker.build_graph(self.config, dataset="synthetic", target=100)
+            self.g = mlp_graph.build_graph(self.config, dataset="synthetic", target=100)
             self.kept = [v for v in tf1.global_variables()
                          if all(v is not t for t in self.g.transient)]
             if logdir:  # as worker.WorkerRun.make_graph checks it
@@ -61,20 +63,39 @@ class _Chief:
 
     def _feed(self):
         x, y = self.shard.batch(getattr(self, "token", 0))
-        return {self.g.images: x, self.g.labels: y}
+        return self.g.feed(x, y)
 
     def values(self) -> dict[str, np.ndarray]:
         """Every checkpointed variable, whole: the model, Adam's slots, global_step."""
-        wholes = model.whole_variables(self.kept)
+        wholes = placement.whole_variables(self.kept)
         read = self.sess.run({name: w.slices for name, w in wholes.items()},
                              options=self.options)
         return {name: parts[0] if len(parts) == 1 else np.concatenate(parts)
                 for name, parts in read.items()}
 
     def export(self, export_dir) -> None:
-        export.write_saved_model(export.read_weights(
-            lambda fetches: self.sess.run(fetches, options=self.options), self.graph),
-            export_dir)
+        params = worker.model_params(self.config, mlp.MODEL)
+        export.write_saved_model(mlp.MODEL, params, mlp_graph.EXAMPLE, self.weights(), export_dir)
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """The model's variables as the export reads them from the ps."""
+        params = worker.model_params(self.config, mlp.MODEL)
+        return export.read_weights(
+            lambda fetches: self.sess.run(fetches, options=self.options), self.graph,
+            export.variable_names(mlp.MODEL, params, mlp_graph.EXAMPLE))
+
+    def evaluate(self, x, y) -> float:
+        """The chief's evaluation loss of the batch (evaluation.Evaluator)."""
+        evaluator = evaluation.Evaluator(
+            mlp.MODEL, worker.model_params(self.config, mlp.MODEL), mlp_graph.EXAMPLE,
+            num_ps=self.config.cluster.num_ps, worker="/job:worker/task:0",
+            target=self.servers[0].target,
+            tf_config=session.session_config(self.config.cluster.device_filters("worker", 0)),
+            ps_hosts=())
+        try:
+            return evaluator(x, y, self.options)[1]
+        finally:
+            evaluator.close()
 
     def close(self) -> None:
         self.sess.close()  # the chief's CheckpointSaverHook saves at the end
@@ -142,7 +163,8 @@ def test_the_export_is_the_same_whatever_the_number_of_ps(resumed):
     assert (one / "saved_model.pb").read_bytes() == (two / "saved_model.pb").read_bytes()
     names = sorted(name for name, _ in tf.train.list_variables(str(one / "variables" /
                                                                    "variables")))
-    assert names == sorted(export.model_variable_names())  # whole: no part_0, part_1
+    assert names == sorted(export.variable_names(mlp.MODEL, mlp.MODEL.params,
+                                                 mlp_graph.EXAMPLE))  # whole: no part_0, _1
     for name in names:
         values = [tf.train.load_variable(str(d / "variables" / "variables"), name)
                   for d in (one, two)]
@@ -198,16 +220,15 @@ def test_with_bfloat16_the_layers_train_on_rounded_weights_and_the_chief_evaluat
     try:
         for _ in range(3):
             chief.step()
-        weights = export.read_weights(
-            lambda fetches: chief.sess.run(fetches, options=chief.options), chief.graph)
+        weights = chief.weights()
         feed = chief._feed()
-        trained, evaluated = chief.sess.run([chief.g.outputs.loss, chief.g.evaluation.loss],
-                                            feed, options=chief.options)
+        trained = chief.sess.run(chief.g.spec.loss, feed, options=chief.options)
+        evaluated = chief.evaluate(feed[chief.g.features], feed[chief.g.labels])
     finally:
         chief.close()
 
     def loss(rounded: bool) -> float:  # the MLP in numpy, from the ps's float32 variables
-        x = feed[chief.g.images]
+        x = feed[chief.g.features].astype(np.float32) / 255
         for layer in range(3):
             w, b = (weights[f"layer{layer}/{n}"] for n in ("weights", "biases"))
             if rounded:
@@ -293,7 +314,7 @@ def test_a_chief_refuses_to_initialise_a_model_one_ps_of_which_kept_its_share():
                         train=TrainConfig(train_steps=10, dataset="synthetic"))
     graph = tf.Graph()
     with graph.as_default():
-        g = worker.build_graph(config, dataset="synthetic", target=10)
+        g = mlp_graph.build_graph(config, dataset="synthetic", target=10)
         on_ps0 = [v for v in tf1.global_variables() if v.device == "/job:ps/task:0"]
         assert 0 < len(on_ps0) < len(tf1.global_variables())
         with tf1.Session(servers[0].target) as sess:  # what ps 0 kept

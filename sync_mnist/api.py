@@ -1,0 +1,150 @@
+"""The public API: your model, trained synchronously by this package.
+
+A model is one `Model`: a model function in the shape of an Estimator's `model_fn`, and input
+functions that return numpy arrays. The package owns everything distribution adds: where the
+variables live (split evenly over the ps tasks), the optimizer's `SyncReplicasOptimizer`, the
+counters that prove each update averaged one gradient from each worker, the sessions, the
+bounded waits, checkpoints, evaluation and the SavedModel. A model function knows nothing of
+ps tasks or workers.
+
+    import tensorflow as tf
+    import sync_mnist.api as sm
+    tf1 = tf.compat.v1
+
+    def model_fn(features, labels, mode, params):
+        logits = ...  # built with tf1.get_variable (or tf1.layers with tf-keras)
+        predictions = {"classes": tf.argmax(logits, 1)}
+        if mode == sm.ModeKeys.PREDICT:
+            return sm.ModelSpec(mode, predictions=predictions)
+        loss = tf1.losses.sparse_softmax_cross_entropy(labels, logits)
+        if mode == sm.ModeKeys.TRAIN:
+            return sm.ModelSpec(mode, loss=loss, optimizer=tf1.train.AdamOptimizer(1e-3))
+        return sm.ModelSpec(mode, loss=loss, eval_metric_ops={
+            "accuracy": tf1.metrics.accuracy(labels, predictions["classes"])})
+
+    MODEL = sm.Model(model_fn, train_input_fn=..., eval_input_fn=..., params={...})
+
+and `sync-mnist-cluster --model path/to/file.py:MODEL`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+
+
+class ModeKeys:
+    """The modes a model function is called in (the values tf.estimator.ModeKeys had)."""
+
+    TRAIN = "train"
+    EVAL = "eval"
+    PREDICT = "infer"
+
+
+MODES = (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT)
+
+
+class ContractError(ValueError):
+    """A model breaks the contract of this module; the message names what and where."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """What a model function returns: `tf.estimator.EstimatorSpec`, with an optimizer in place
+    of a train op. Checked on construction, as EstimatorSpec was.
+
+    Attributes:
+      mode: the mode the model function was called in.
+      predictions: PREDICT: a dict of tensors, the SavedModel's outputs.
+      loss: TRAIN and EVAL: a float scalar, the mean over the batch.
+      optimizer: TRAIN: the base optimizer (AdamOptimizer, say), or None for the one the
+        command line names (--optimizer, --learning-rate, --lr-decay). The package wraps it
+        in SyncReplicasOptimizer and builds the train op; a model function must not.
+      train_metrics: TRAIN: float scalars of the batch, logged beside the loss every
+        --log-every steps and written as summaries.
+      eval_metric_ops: EVAL: {name: (value, update_op)}, as tf1.metrics.* return them; the
+        update ops run once per evaluation batch, the values are read at the end.
+      train_op: refused: see `optimizer`. It is a field so that the refusal can say so.
+    """
+
+    mode: str
+    predictions: Mapping[str, tf.Tensor] | None = None
+    loss: tf.Tensor | None = None
+    optimizer: tf1.train.Optimizer | None = None
+    train_metrics: Mapping[str, tf.Tensor] = dataclasses.field(default_factory=dict)
+    eval_metric_ops: Mapping[str, tuple] = dataclasses.field(default_factory=dict)
+    train_op: Any = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ContractError(f"ModelSpec: mode {self.mode!r} is not one of {', '.join(MODES)}")
+        if self.train_op is not None:
+            raise ContractError(
+                "ModelSpec: train_op is refused: return the base optimizer as optimizer=... "
+                "(or none, for --optimizer); sync_mnist wraps it in SyncReplicasOptimizer and "
+                "builds the train op itself")
+        if isinstance(self.optimizer, tf1.train.SyncReplicasOptimizer):
+            raise ContractError(
+                "ModelSpec: the optimizer is a SyncReplicasOptimizer: return the optimizer it "
+                "wraps; sync_mnist wraps it (with its own tokens and counters)")
+        if self.optimizer is not None and not isinstance(self.optimizer, tf1.train.Optimizer):
+            raise ContractError(f"ModelSpec: optimizer must be a tf.compat.v1.train.Optimizer, "
+                                f"got {type(self.optimizer).__name__}")
+        if self.mode == ModeKeys.PREDICT:
+            if not isinstance(self.predictions, Mapping) or not self.predictions:
+                raise ContractError("ModelSpec(PREDICT): predictions must be a non-empty dict "
+                                    f"of tensors, got {self.predictions!r}")
+        else:
+            _check_scalar("loss", self.loss)
+        for name, metric in dict(self.train_metrics).items():
+            _check_scalar(f"train_metrics[{name!r}]", metric)
+        for name, pair in dict(self.eval_metric_ops).items():
+            if not (isinstance(pair, tuple) and len(pair) == 2):
+                raise ContractError(f"ModelSpec: eval_metric_ops[{name!r}] must be a pair "
+                                    "(value, update_op), as tf1.metrics.* return")
+
+
+def _check_scalar(what: str, value) -> None:
+    if not isinstance(value, tf.Tensor):
+        raise ContractError(f"ModelSpec: {what} must be a tensor, got {type(value).__name__}")
+    if not value.dtype.is_floating or value.shape.rank != 0:
+        raise ContractError(f"ModelSpec: {what} must be a float scalar, got {value.dtype.name} "
+                            f"of shape {value.shape}")
+
+
+# input_fn(params) -> (features, labels): numpy arrays, features one array or a dict of them,
+# all of one length along the first axis.
+InputFn = Callable[[Mapping[str, Any]], tuple]
+# serving_input_fn(params) -> (inputs, features): inputs a dict of placeholders (the
+# SavedModel's signature), features what the model function takes, made from them.
+ServingInputFn = Callable[[Mapping[str, Any]], tuple]
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """A model and its data, as `--model SPEC` names it.
+
+    Attributes:
+      model_fn: model_fn(features, labels, mode, params) -> ModelSpec. Called once per graph
+        and mode: every worker's training graph (TRAIN), the chief's evaluation graph (EVAL),
+        the SavedModel's graph (PREDICT, labels None).
+      train_input_fn: train_input_fn(params) -> (features, labels), the whole training set as
+        numpy arrays. Every worker calls it and keeps a disjoint shard of its own, of equal
+        length on every worker, in an order drawn from --seed.
+      eval_input_fn: eval_input_fn(params) -> (features, labels), the evaluation set. Only
+        the chief calls it, after training (or at the first --eval-every evaluation).
+      serving_input_fn: serving_input_fn(params) -> (inputs, features), for the SavedModel;
+        None: the signature takes the features as the training data has them.
+      params: the defaults of the `params` the functions are given; --param KEY=VALUE
+        overrides them.
+    """
+
+    model_fn: Callable
+    train_input_fn: InputFn
+    eval_input_fn: InputFn
+    serving_input_fn: ServingInputFn | None = None
+    params: Mapping[str, Any] = dataclasses.field(default_factory=dict)

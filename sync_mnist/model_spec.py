@@ -1,0 +1,85 @@
+"""`--model SPEC`: a built-in model's name, a module (`pkg.module:NAME`) or a file
+(`path/to/file.py:NAME`), resolved to a sync_mnist.api.Model.
+
+Every way it can fail is bad input (ConfigError, exit 2) with one line naming the SPEC and
+the problem; an exception raised by the user's own code while it loads is shown below that
+line, with its traceback, since that is where its cause is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+import traceback
+from pathlib import Path
+
+from sync_mnist import api, models
+from sync_mnist.config import ConfigError
+
+
+def resolve(spec: str) -> api.Model:
+    """The Model that `spec` names; ConfigError naming it otherwise."""
+    target = models.BUILT_IN.get(spec, spec)
+    where, sep, name = target.rpartition(":")
+    if not sep or not where or not name:
+        raise ConfigError(f"--model {spec!r} is neither a built-in model "
+                          f"({', '.join(models.BUILT_IN)}) nor MODULE:NAME or FILE.py:NAME")
+    module = _load_file(spec, Path(where)) if where.endswith(".py") else _import(spec, where)
+    if not hasattr(module, name):
+        raise ConfigError(f"--model {spec!r}: {where} has no name {name!r}")
+    model = getattr(module, name)
+    if not isinstance(model, api.Model):
+        raise ConfigError(f"--model {spec!r}: {name} is a {type(model).__name__}, not a "
+                          "sync_mnist.api.Model")
+    return model
+
+
+def _load_file(spec: str, path: Path):
+    if not path.is_file():
+        raise ConfigError(f"--model {spec!r}: no such file {path}")
+    # A name of its own per path, so two model files named alike do not replace each other.
+    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+    module_name = f"sync_mnist_user_model_{path.stem}_{digest}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    loader_spec = importlib.util.spec_from_file_location(module_name, path)
+    if loader_spec is None:
+        raise ConfigError(f"--model {spec!r}: {path} cannot be loaded as Python")
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[module_name] = module
+    try:
+        loader_spec.loader.exec_module(module)
+    except BaseException as e:
+        del sys.modules[module_name]
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise ConfigError(f"--model {spec!r}: {path} raised {type(e).__name__} while it "
+                          f"loaded: {e}\n{user_traceback(e)}") from None
+    return module
+
+
+def _import(spec: str, module_name: str):
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and module_name.startswith(e.name):
+            raise ConfigError(f"--model {spec!r}: no module named {e.name!r}") from None
+        raise ConfigError(f"--model {spec!r}: {module_name} raised {type(e).__name__} while "
+                          f"it loaded: {e}\n{user_traceback(e)}") from None
+    except Exception as e:
+        raise ConfigError(f"--model {spec!r}: {module_name} raised {type(e).__name__} while "
+                          f"it loaded: {e}\n{user_traceback(e)}") from None
+
+
+def user_traceback(error: BaseException) -> str:
+    """The traceback of `error`, from the first frame outside this package on."""
+    frames = traceback.extract_tb(error.__traceback__)
+    package = str(Path(__file__).resolve().parent)
+    first = next((k for k, f in enumerate(frames)
+                  if not f.filename.startswith(package) and "importlib" not in f.filename),
+                 0)
+    lines = traceback.format_list(frames[first:])
+    lines += traceback.format_exception_only(type(error), error)
+    return "Traceback (most recent call last):\n" + "".join(lines).rstrip()

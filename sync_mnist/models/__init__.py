@@ -1,0 +1,10 @@
+"""The built-in models, each written against sync_mnist.api exactly as a user writes theirs.
+
+`--model NAME` picks one of BUILT_IN; `--model pkg.module:NAME` or `--model file.py:NAME` names
+a user's `sync_mnist.api.Model` (sync_mnist/model_spec.py loads it).
+"""
+
+BUILT_IN = {
+    "mlp": "sync_mnist.models.mlp:MODEL",  # the question's MLP 784-256-256-10
+}
+DEFAULT = "mlp"
