@@ -34,6 +34,8 @@ from typing import Any, Callable, Mapping
 
 import tensorflow as tf
 
+from sync_mnist.config import ConfigError
+
 tf1 = tf.compat.v1
 
 
@@ -48,8 +50,14 @@ class ModeKeys:
 MODES = (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT)
 
 
-class ContractError(ValueError):
-    """A model breaks the contract of this module; the message names what and where."""
+class ContractError(ConfigError):
+    """A model breaks the contract of this module: bad input (exit 2). The message is one line
+    naming what and where; `details` (the user's own traceback, where their code raised) is
+    shown below it."""
+
+    def __init__(self, message: str, details: str | None = None):
+        super().__init__(message)
+        self.details = details
 
 
 @dataclasses.dataclass(frozen=True)

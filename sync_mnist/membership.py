@@ -73,14 +73,15 @@ def build_membership(num_workers: int, settings: dict) -> Membership:
     return Membership(published, ready, last_push, finished, worker, value, mark)
 
 
-def settings(config: TaskConfig, dataset: str | None = None,
-             fingerprint: list[str] | None = None) -> dict:
+def settings(config: TaskConfig, dataset: str | None = None, model: dict | None = None
+             ) -> dict:
     """What every task of one cluster must agree on, as published and compared.
 
     Host names are left out: one machine may rightly be `localhost` to itself and an address to
     the others. A ps compares the cluster size, which shapes the variables it holds, and the
     setup, which decides its life (a done-queue, or the question's server.join()); the
-    training settings do not touch it, and it knows no dataset.
+    training settings do not touch it, and it knows no dataset. `model` is a worker's
+    model_settings: the model's params and its variables.
     """
     train, n = config.train, config.cluster.num_workers
     values = {"workers": n, "ps": config.cluster.num_ps, "setup": train.setup}
@@ -93,15 +94,22 @@ def settings(config: TaskConfig, dataset: str | None = None,
                       seed=train.seed, dataset=dataset,
                       # Sync: a worker without the target would never read the stop.
                       eval_every=train.eval_every, target_accuracy=train.target_accuracy,
-                      # Sync: every worker trains the same model: its SPEC, and its variables
-                      # (placement.fingerprint), so another version of one file is caught too.
-                      model=train.model, model_variables=fingerprint)
-    return values
+                      # Sync: every worker trains the same model: its SPEC, its params and its
+                      # variables, so another version of one file is caught too.
+                      model=train.model, **(model or model_settings(None, None)))
+    # As published: what JSON cannot hold (a tuple, a path) compares as the chief's reads back.
+    return json.loads(json.dumps(values, sort_keys=True, default=repr))
+
+
+def model_settings(params: dict | None, fingerprint: list[str] | None) -> dict:
+    """The model's part of the settings: its params, and its variables as 'name shape dtype'
+    (placement.fingerprint)."""
+    return {"model_params": params, "model_variables": fingerprint}
 
 
 def _describe(key: str, value) -> str:
-    if key == "model_variables":
-        return "a model with other variables"
+    if key == "model_params":
+        return f"model params {_value(value)}"
     if key == "workers":
         return f"{value} worker{'s' if value != 1 else ''} in --worker-hosts"
     if key == "ps":
@@ -110,6 +118,8 @@ def _describe(key: str, value) -> str:
 
 
 def _value(value) -> str:
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True)
     return "none (the default)" if value is None else str(value)
 
 

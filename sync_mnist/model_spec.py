@@ -15,17 +15,34 @@ import sys
 import traceback
 from pathlib import Path
 
-from sync_mnist import api, models
+from sync_mnist import models
 from sync_mnist.config import ConfigError
 
 
-def resolve(spec: str) -> api.Model:
-    """The Model that `spec` names; ConfigError naming it otherwise."""
-    target = models.BUILT_IN.get(spec, spec)
-    where, sep, name = target.rpartition(":")
-    if not sep or not where or not name:
+def check(spec: str) -> None:
+    """What can be checked of `spec` without importing it (the launcher, before any task
+    starts): its form, and that its file or its module's top package exists."""
+    where, name = _parse(spec)
+    if where.endswith(".py"):
+        if not Path(where).is_file():
+            raise ConfigError(f"--model {spec!r}: no such file {where}")
+    elif importlib.util.find_spec(where.split(".")[0]) is None:
+        raise ConfigError(f"--model {spec!r}: no module named {where.split('.')[0]!r}")
+
+
+def _parse(spec: str) -> tuple[str, str]:
+    where, sep, name = models.BUILT_IN.get(spec, spec).rpartition(":")
+    if not sep or not where or not name.isidentifier():
         raise ConfigError(f"--model {spec!r} is neither a built-in model "
                           f"({', '.join(models.BUILT_IN)}) nor MODULE:NAME or FILE.py:NAME")
+    return where, name
+
+
+def resolve(spec: str):
+    """The sync_mnist.api.Model that `spec` names; ConfigError naming it otherwise."""
+    from sync_mnist import api  # imports TensorFlow: not for `check`
+
+    where, name = _parse(spec)
     module = _load_file(spec, Path(where)) if where.endswith(".py") else _import(spec, where)
     if not hasattr(module, name):
         raise ConfigError(f"--model {spec!r}: {where} has no name {name!r}")
@@ -55,8 +72,7 @@ def _load_file(spec: str, path: Path):
         del sys.modules[module_name]
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
-        raise ConfigError(f"--model {spec!r}: {path} raised {type(e).__name__} while it "
-                          f"loaded: {e}\n{user_traceback(e)}") from None
+        raise _raised(spec, str(path), e) from None
     return module
 
 
@@ -66,11 +82,17 @@ def _import(spec: str, module_name: str):
     except ModuleNotFoundError as e:
         if e.name and module_name.startswith(e.name):
             raise ConfigError(f"--model {spec!r}: no module named {e.name!r}") from None
-        raise ConfigError(f"--model {spec!r}: {module_name} raised {type(e).__name__} while "
-                          f"it loaded: {e}\n{user_traceback(e)}") from None
+        raise _raised(spec, module_name, e) from None
     except Exception as e:
-        raise ConfigError(f"--model {spec!r}: {module_name} raised {type(e).__name__} while "
-                          f"it loaded: {e}\n{user_traceback(e)}") from None
+        raise _raised(spec, module_name, e) from None
+
+
+def _raised(spec: str, where: str, error: BaseException):
+    from sync_mnist import api
+
+    text = " ".join(str(error).split())
+    return api.ContractError(f"--model {spec!r}: {where} raised {type(error).__name__} while it "
+                             f"loaded{': ' + text if text else ''}", user_traceback(error))
 
 
 def user_traceback(error: BaseException) -> str:

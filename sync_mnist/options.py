@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from sync_mnist import models
+from sync_mnist import model_spec, models
 from sync_mnist import config as config_lib
 from sync_mnist.config import TrainConfig
 
@@ -157,6 +157,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
     """The validated TrainConfig of parsed add_training_options options."""
     epochs = args.epochs if args.epochs is not None or args.train_steps is not None \
         else DEFAULT_EPOCHS
+    model_spec.check(args.model)
     return TrainConfig(model=args.model, train_steps=args.train_steps, epochs=epochs,
                        batch_size=args.batch_size, learning_rate=args.learning_rate,
                        lr_decay=args.lr_decay,
@@ -228,6 +229,9 @@ class LogFormatter(logging.Formatter):
 def usage_error(error: Exception) -> int:
     """Says `error: ...` in one line on stderr; returns the usage exit code."""
     print(f"error: {first_line(error)}", file=sys.stderr)
+    details = getattr(error, "details", None)  # a model's own traceback (api.ContractError)
+    if details:
+        print(details, file=sys.stderr)
     return config_lib.EXIT_USAGE
 
 

@@ -87,7 +87,7 @@ def call(model_fn: Callable, features, labels, mode: str, params) -> api.ModelSp
     except Exception as e:
         from sync_mnist.model_spec import user_traceback
         raise api.ContractError(f"the model function raised {type(e).__name__} in mode "
-                                f"{mode!r}: {e}\n{user_traceback(e)}") from None
+                                f"{mode!r}: {_one_line(e)}", user_traceback(e)) from None
     if not isinstance(spec, api.ModelSpec):
         raise api.ContractError(f"the model function returned {type(spec).__name__} in mode "
                                 f"{mode!r}, not a sync_mnist.api.ModelSpec")
@@ -95,6 +95,10 @@ def call(model_fn: Callable, features, labels, mode: str, params) -> api.ModelSp
         raise api.ContractError(f"the model function was called in mode {mode!r} and returned "
                                 f"a ModelSpec of mode {spec.mode!r}")
     return spec
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
 
 
 def build(model_fn: Callable, features, labels, mode: str, params: Mapping[str, Any], *,

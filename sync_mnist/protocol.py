@@ -56,17 +56,17 @@ class Shared(NamedTuple):
 
 
 def build_shared(config: TaskConfig, dataset: str | None = None,
-                 fingerprint: list[str] | None = None) -> Shared:
+                 model: dict | None = None) -> Shared:
     """The shared variables and queues, placed identically in every task's graph.
 
     Args:
       config: this task's configuration; the chief publishes its settings from it.
       dataset: the dataset name the settings carry (the chief's is compared by the others).
-      fingerprint: the model's variables (placement.fingerprint), compared alike.
+      model: the model's params and variables (membership.model_settings), compared alike.
     """
     n = config.cluster.num_workers
     state = sync.build_shared_state(n)  # Sync: on ps 0 (inside), as membership and the stop
-    members = membership.build_membership(n, membership.settings(config, dataset, fingerprint))
+    members = membership.build_membership(n, membership.settings(config, dataset, model))
     done_queues = [done_queue(p, n) for p in range(config.cluster.num_ps)]
     # Explicitly on ps 0 too, last: built whatever the flags, so every task's graph is the same.
     return Shared(state, members, done_queues, early_stop.build_stop_vars())

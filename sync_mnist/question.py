@@ -30,7 +30,7 @@ from sync_mnist import api, data, evaluation, membership, model_spec, ps, report
 from sync_mnist import verdict as verdict_lib
 from sync_mnist.config import START_SECS, TaskConfig
 from sync_mnist.metrics import Progress, contributions_so_far, write_summaries
-from sync_mnist.worker import build_graph, load_shard, model_params
+from sync_mnist.worker import build_graph, input_data, load_shard, model_params
 
 tf1 = tf.compat.v1
 log = logging.getLogger(__name__)
@@ -117,7 +117,8 @@ def run_question_worker(config: TaskConfig, *, model: api.Model | None = None,
         evaluator = evaluation.Evaluator(
             model, params, example, num_ps=config.cluster.num_ps, worker=f"/job:worker/task:{i}",
             target=server.target, tf_config=tf_config, ps_hosts=config.cluster.ps_hosts)
-        metrics, result.test_loss = evaluator(*model.eval_input_fn(params), bounded)
+        metrics, result.test_loss = evaluator(
+            *input_data("eval_input_fn", model.eval_input_fn, params), bounded)
         result.test_accuracy, result.test_metrics = metrics.get("accuracy"), metrics
         evaluator.close()
     if writer:
@@ -176,7 +177,7 @@ def _prepare_or_wait(config: TaskConfig, server, q: _Supervised, tf_config,
              result.startup_s, sess.run(q.g.state.global_step), local_steps)
     # Not in the question: the same start-up check as the fixed setup, so that a task started
     # with other settings than the chief's says so instead of joining.
-    membership.check_agreement(membership.settings(config, dataset, q.g.fingerprint),
+    membership.check_agreement(membership.settings(config, dataset, q.g.model_settings),
                                sess.run(q.g.members.published), me=config.name,
                                restarted_chief=False)
     if config.is_chief:

@@ -102,6 +102,12 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
       SyncTraining with the op to run each step and the hooks the session needs.
     """
     grads_and_vars = optimizer.compute_gradients(loss)
+    if all(g is None for g, _ in grads_and_vars):
+        from sync_mnist.api import ContractError
+        raise ContractError(f"the loss ({loss.name}) depends on none of the model's "
+                            f"{len(grads_and_vars)} trainable variables: nothing to train")
+    # A variable the loss does not depend on (a frozen layer) has no gradient to aggregate.
+    grads_and_vars = [(g, v) for g, v in grads_and_vars if g is not None]
     if mode == "async":
         return _async_train_op(grads_and_vars, state, optimizer, worker_index, wire_dtype)
     who, local_step = _who_and_local_step(state, num_workers, proof)

@@ -12,6 +12,7 @@ import logging
 import time
 from typing import NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from sync_mnist import cluster as cluster_lib
@@ -48,7 +49,7 @@ class _Graph(NamedTuple):
     features: object  # placeholders: one, or a dict of them, as the shard holds the features
     labels: tf.Tensor
     spec: api.ModelSpec  # the model function's TRAIN spec: its loss and train_metrics
-    fingerprint: list[str]  # Sync: the model's variables, compared with the chief's
+    model_settings: dict  # Sync: the model's params and variables, compared with the chief's
     state: sync.SharedState
     training: sync.SyncTraining
     members: membership.Membership  # Sync: published settings, last pushes, the finish barrier
@@ -75,14 +76,13 @@ def model_params(config: TaskConfig, model: api.Model) -> dict:
 
 
 def build_graph(config: TaskConfig, model: api.Model, example: tuple, num_tokens: int = 0,
-                dataset: str | None = None, target: int | None = None,
-                fingerprint: list[str] | None = None) -> _Graph:
+                dataset: str | None = None, target: int | None = None) -> _Graph:
     """This worker's graph: variables on the ps tasks, computation on this worker.
 
     `example` is a batch (features, labels) of the shard, for the placeholders' dtypes and
     shapes. num_tokens is 0 for the fixed setup; question.py passes -1, the stock default.
-    `dataset` (the resolved name) and `fingerprint` (the model's variables) are published by
-    the chief and compared by the others. `target` (the run's length: updates in sync mode,
+    `dataset` (the resolved name) and the model's params and variables are published by the
+    chief and compared by the others. `target` (the run's length: updates in sync mode,
     local steps per worker in async mode) sets how long the learning rate takes to decay with
     --lr-decay cosine.
     """
@@ -90,9 +90,8 @@ def build_graph(config: TaskConfig, model: api.Model, example: tuple, num_tokens
     train, params = config.train, model_params(config, model)
     features, labels = placement.placeholders(*example)
     recorded = placement.record(model.model_fn, features, labels, api.ModeKeys.TRAIN, params)
-    if fingerprint is None:
-        fingerprint = placement.fingerprint(recorded)
-    shared = protocol.build_shared(config, dataset, fingerprint)  # Sync: first, as every task
+    model_settings = membership.model_settings(params, placement.fingerprint(recorded))
+    shared = protocol.build_shared(config, dataset, model_settings)  # Sync: first, as all tasks
     # Sync: between-graph replication. Variables go onto the ps tasks (the model's, cut into
     # one slice per ps: placement.py); every other op stays on this worker.
     setter = tf1.train.replica_device_setter(worker_device=f"/job:worker/task:{i}",
@@ -105,6 +104,9 @@ def build_graph(config: TaskConfig, model: api.Model, example: tuple, num_tokens
                                 num_ps=config.cluster.num_ps, wire_dtype=train.wire_dtype,
                                 recorded=recorded)
         spec = built.spec
+        if not tf1.trainable_variables():
+            raise api.ContractError("the model function made no trainable variables: nothing "
+                                    "to train")
         optimizer = spec.optimizer or optimizers.make_optimizer(
             train.optimizer, train.learning_rate, decay_steps=decay_steps,
             global_step=shared.state.global_step)
@@ -121,8 +123,36 @@ def build_graph(config: TaskConfig, model: api.Model, example: tuple, num_tokens
         stop = early_stop.build_stop_ops(shared.stop, training.train_op, train.mode) \
             if target_accuracy else None
     report_done = tf.group(*[q.enqueue(i) for q in shared.done_queues])
-    return _Graph(features, labels, spec, fingerprint, shared.state, training, shared.members,
+    return _Graph(features, labels, spec, model_settings, shared.state, training, shared.members,
                   report_done, shared.stop, stop)
+
+
+def input_data(what: str, input_fn, params: dict) -> tuple:
+    """input_fn(params), checked: (features, labels), numpy arrays of one length (features an
+    array or a dict of them). Raises api.ContractError naming what is wrong."""
+    try:
+        value = input_fn(dict(params))
+    except Exception as e:
+        raise api.ContractError(f"{what} raised {type(e).__name__}: "
+                                f"{' '.join(str(e).split()) or '-'}",
+                                model_spec.user_traceback(e)) from None
+    if not (isinstance(value, tuple) and len(value) == 2):
+        raise api.ContractError(f"{what} returned {type(value).__name__}, not a pair "
+                                "(features, labels) of numpy arrays")
+    features, labels = value
+    columns = features if isinstance(features, dict) else {"": features}
+    for name, column in [*columns.items(), ("labels", labels)]:
+        where = "labels" if name == "labels" else f"features[{name!r}]" if name else "features"
+        if not isinstance(column, np.ndarray) or column.ndim < 1:
+            raise api.ContractError(f"{what} returned {where} as {type(column).__name__}"
+                                    f"{f' of shape {column.shape}' if hasattr(column, 'shape') else ''}"
+                                    ", not a numpy array with a first axis of examples")
+        if len(column) != len(labels):
+            raise api.ContractError(f"{what} returned {len(column)} rows of {where} but "
+                                    f"{len(labels)} labels")
+    if len(labels) == 0:
+        raise api.ContractError(f"{what} returned no examples")
+    return features, labels
 
 
 def load_shard(config: TaskConfig, model: api.Model) -> tuple[data.Shard, int, str]:
@@ -132,7 +162,8 @@ def load_shard(config: TaskConfig, model: api.Model) -> tuple[data.Shard, int, s
     Only the shard is kept: the whole training set is dropped once it is cut.
     """
     train = config.train
-    features, labels = model.train_input_fn(model_params(config, model))
+    features, labels = input_data("train_input_fn", model.train_input_fn,
+                                  model_params(config, model))
     # Sync: a disjoint shard per worker, equal in length, so every worker runs as many batches.
     shard = data.Shard(features, labels, index=config.index,
                        num_workers=config.cluster.num_workers, batch_size=train.batch_size,
@@ -237,7 +268,7 @@ class WorkerRun:
         for p, address in enumerate(config.cluster.ps_hosts):
             cluster_lib.wait_reachable(address, f"ps {p}", startup_wait)
         chief_wait = startup_wait
-        mine = membership.settings(config, train.dataset, self.g.fingerprint)
+        mine = membership.settings(config, train.dataset, self.g.model_settings)
         waiting_since = time.monotonic()
         if not config.is_chief:
             log.info("%s to initialise the model (polling every %g s, for at most %g s)",
@@ -387,8 +418,7 @@ class WorkerRun:
         on the model's evaluation data, read and the evaluation graph built at the first call."""
         if self.evaluator is None:
             config = self.config
-            features, labels = self.model.eval_input_fn(self.params)
-            self.eval_data = (features, labels)
+            self.eval_data = input_data("eval_input_fn", self.model.eval_input_fn, self.params)
             self.evaluator = evaluation.Evaluator(
                 self.model, self.params, self.example, num_ps=config.cluster.num_ps,
                 worker=f"/job:worker/task:{config.index}", target=self.server.target,

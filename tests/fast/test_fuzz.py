@@ -105,8 +105,14 @@ HOSTS = mostly(st.lists(st.integers(1, 65535), min_size=1, max_size=4, unique=Tr
     st.one_of(st.lists(HOST_ENTRY, max_size=5).map(",".join), TEXT))
 PATH = st.one_of(st.sampled_from(["runs/x", "", ".", "/", "a b"]), TEXT)
 
+# --model SPEC: built-in names, modules and files, and what is near them.
+MODEL = mostly(st.sampled_from(["mlp", "sync_mnist.models.mlp:MODEL", "MLP", "mlp:", ":MODEL",
+                                "examples/your_model/my_model.py:MODEL", "my_model.py",
+                                "examples/your_model/my_model.py:1x", "no_package.m:MODEL",
+                                "sync_mnist:MODEL", "a.py:b.py:M", "/:M"]), TEXT)
+
 TRAINING_OPTIONS = {
-    "--train-steps": COUNT, "--epochs": COUNT, "--batch-size": COUNT,
+    "--model": MODEL, "--train-steps": COUNT, "--epochs": COUNT, "--batch-size": COUNT,
     "--learning-rate": numbers("0.001", "0.5", "1e-4"), "--lr-decay": choice("cosine", "none"),
     "--optimizer": choice("adam", "sgd", "momentum"), "--seed": SMALL,
     "--dataset": choice("mnist", "synthetic"), "--data-dir": PATH, "--logdir": PATH,
@@ -271,8 +277,9 @@ def test_fuzz_task_command_line(argv):
     assert_layout_is_valid(task.cluster, task.role, task.index)
     assert_train_is_valid(task.train, task.cluster.num_workers)
     train = task.train  # the values given are the values used
-    assert (train.batch_size, train.learning_rate, train.timeout, train.seed, train.mode) == \
-        (args.batch_size, args.learning_rate, args.timeout, args.seed, args.mode)
+    assert (train.batch_size, train.learning_rate, train.timeout, train.seed, train.mode,
+            train.model) == (args.batch_size, args.learning_rate, args.timeout, args.seed,
+                             args.mode, args.model)
     assert task.summary_json == args.summary_json
 
 

@@ -1,0 +1,134 @@
+"""A model of the user's own, in a file outside the repository, through the real command line:
+under the launcher with a worker killed and restarted, with TF_CONFIG alone, and every way a
+model can be bad input (exit 2, one line, the user's traceback below it).
+
+The model file is the documented example (examples/your_model/my_model.py), copied to the
+test's temporary directory as a user would keep it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+
+from tensorflow.core.protobuf import saved_model_pb2
+
+from procs import ROOT, operator_tf_config, processes_mentioning, read_json, run_task_process
+from sync_mnist.cluster import free_ports
+from sync_mnist.config import EXIT_OK, EXIT_USAGE
+
+BOUND = 240  # seconds a small cluster run may take on a loaded 2-core machine
+EXAMPLE = ROOT / "examples" / "your_model" / "my_model.py"
+
+
+def _model_file(tmp_path) -> str:
+    path = tmp_path / "elsewhere" / "my_model.py"
+    path.parent.mkdir()
+    shutil.copy(EXAMPLE, path)
+    return f"{path}:MODEL"
+
+
+def test_a_model_file_trains_verified_and_a_killed_worker_rejoins(processes, tmp_path):
+    spec, steps = _model_file(tmp_path), 150
+    launcher = processes.launcher(
+        "--model", spec, "--base-port", "0", "--isolate", "off", "--workers", "2",
+        "--train-steps", str(steps), "--log-every", "10", "--timeout", "60",
+        "--max-restarts", "1", "--logdir", str(tmp_path / "logdir"),
+        "--summary-json", str(tmp_path / "cluster.json"))
+    pid = int(launcher.wait_for_line(r"started worker 1 \(pid (\d+)\)", BOUND)[1])
+    launcher.wait_for_line(r"\[worker 1\] step=20 ", BOUND)
+    os.kill(pid, signal.SIGKILL)
+
+    assert launcher.wait(BOUND) == EXIT_OK, launcher.output
+    launcher.wait_for_line(r"worker 1 exited with code -9; restarting it", 1)
+    summary = read_json(tmp_path / "cluster.json")
+    assert summary["synchronous"] is True, summary["verdict"]
+    assert summary["contributions"] == [steps, steps]
+    assert summary["model"] == spec
+    # The model's own metric, on its own evaluation data (4 classes: chance is 0.25).
+    assert summary["test_metrics"]["accuracy"] == summary["test_accuracy"] > 0.9
+    # The SavedModel serves the model's own predictions, from its features as trained.
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((tmp_path / "logdir" / "saved_model" / "saved_model.pb").read_bytes())
+    signature = saved.meta_graphs[0].signature_def["serving_default"]
+    assert set(signature.inputs) == {"features"}
+    assert set(signature.outputs) == {"classes", "probabilities"}
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_a_model_file_trains_verified_with_tf_config_alone(processes, tmp_path):
+    model, steps = _model_file(tmp_path), 20
+    ports = iter(free_ports(3))
+    spec = {"worker": [f"127.0.0.1:{next(ports)}" for _ in range(2)],
+            "ps": [f"127.0.0.1:{next(ports)}"]}
+    command = [sys.executable, "-m", "sync_mnist", "--model", model, "--train-steps",
+               str(steps), "--timeout", "60", "--log-every", "10"]
+    pods = {f"{job}-{i}": processes.start(
+        ["env", f"TF_CONFIG={operator_tf_config(spec, job, i)}", *command, "--summary-json",
+         str(tmp_path / f"{job}-{i}.json")], f"{job}-{i}")
+        for job in ("worker", "ps") for i in range(len(spec[job]))}
+    for name, pod in pods.items():
+        assert pod.wait(BOUND) == EXIT_OK, pod.output
+    chief = read_json(tmp_path / "worker-0.json")
+    assert chief["synchronous"] is True and chief["contributions"] == [steps, steps]
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def _worker_alone(tmp_path, model: str) -> tuple[int, list[str]]:
+    """A worker of a cluster that does not exist: it fails on the model before it waits for
+    anyone. (exit code, its stderr lines)."""
+    ps, w0, w1 = free_ports(3)
+    code, _, err, _ = run_task_process(
+        ["--role", "worker", "--index", "1", "--ps-hosts", f"127.0.0.1:{ps}", "--worker-hosts",
+         f"127.0.0.1:{w0},127.0.0.1:{w1}", "--model", model, "--train-steps", "5",
+         "--timeout", "5"], timeout=120)
+    return code, err.strip().splitlines()
+
+
+def test_a_model_function_that_raises_is_bad_input_with_its_traceback(tmp_path):
+    path = tmp_path / "broken.py"
+    path.write_text(EXAMPLE.read_text().replace(
+        '    logits = tf.matmul(features, weights) + biases',
+        '    logits = tf.matmul(features, weights) + biases\n'
+        '    scale = params["scale"]'))
+    code, lines = _worker_alone(tmp_path, f"{path}:MODEL")
+    assert code == EXIT_USAGE, lines
+    # The one line, then the user's traceback below it, and nothing after.
+    at = lines.index("error: the model function raised KeyError in mode 'train': 'scale'")
+    assert lines[at + 1] == "Traceback (most recent call last):"
+    assert f'File "{path}", line ' in "\n".join(lines[at:]) and lines[-1] == "KeyError: 'scale'"
+    assert "placement.py" not in "\n".join(lines[at:])
+
+
+def test_a_worker_with_another_version_of_the_model_exits_2_naming_the_difference(
+        processes, tmp_path):
+    first = _model_file(tmp_path)
+    other = tmp_path / "other" / "my_model.py"
+    other.parent.mkdir()
+    other.write_text(EXAMPLE.read_text().replace('"classes": 4', '"classes": 5'))
+    ports = free_ports(3)
+    hosts = ["--ps-hosts", f"127.0.0.1:{ports[0]}", "--worker-hosts",
+             f"127.0.0.1:{ports[1]},127.0.0.1:{ports[2]}", "--train-steps", "1000",
+             "--timeout", "30"]
+    processes.task("ps", 0, *hosts, "--model", first)
+    processes.task("worker", 0, *hosts, "--model", first)
+    stranger = processes.task("worker", 1, *hosts, "--model", f"{other}:MODEL")
+    assert stranger.wait(BOUND) == EXIT_USAGE, stranger.output
+    error = stranger.wait_for_line(r"error: .*", 1).string
+    assert f"worker 1 has --model {other}:MODEL but the chief has {first}" in error
+    assert "worker 1 has model params {" in error and '"classes": 5' in error
+    assert error.endswith("worker 1 has another model than the chief (--model file or "
+                          "version): worker 1 has variable biases [5] float32; the chief has "
+                          "variable biases [4] float32"), error
+
+
+def test_the_launcher_refuses_a_model_file_that_does_not_exist_before_starting_tasks(
+        processes, tmp_path):
+    launcher = processes.launcher("--model", f"{tmp_path}/nope.py:MODEL", "--base-port", "0",
+                                  "--isolate", "off")
+    assert launcher.wait(60) == EXIT_USAGE, launcher.output
+    assert launcher.lines[-1] == (f"error: --model '{tmp_path}/nope.py:MODEL': no such file "
+                                  f"{tmp_path}/nope.py"), launcher.output
+    assert not [line for line in launcher.lines if "started" in line]
