@@ -11,16 +11,14 @@ stops the run, every worker ends on the same update, the ps counters still verif
 from __future__ import annotations
 
 import json
-import threading
-import types
 
 import pytest
 
+from inprocess_cluster import run_cluster
 from sync_mnist import early_stop, report
-from sync_mnist.cluster import ClusterLayout, free_ports
+from sync_mnist.cluster import ClusterLayout
 from sync_mnist.config import ConfigError, TaskConfig, TrainConfig
 
-GUARD = 120.0  # seconds for a whole in-process run; past it a task is taken to be stuck
 
 
 # ------------------------------------------------------------------ pure parts, no TensorFlow
@@ -153,51 +151,11 @@ def test_without_the_flags_neither_the_step_nor_the_update_touches_the_stop():
 # ------------------------------------------------------------------ in-process clusters
 
 
-def _run_cluster(num_workers: int, **train_kwargs) -> types.SimpleNamespace:
-    """1 ps + num_workers workers, each a thread running the real task; their results."""
-    import tensorflow as tf
-
-    from sync_mnist import ps, worker
-
-    ports = free_ports(num_workers + 1)
-    layout = ClusterLayout((f"localhost:{ports[0]}",),
-                           tuple(f"localhost:{p}" for p in ports[1:]))
-    train = TrainConfig(dataset="synthetic", timeout=30.0, log_every=10, **train_kwargs)
-    servers = {("ps", 0): tf.distribute.Server(layout.spec(), job_name="ps", task_index=0)}
-    for i in range(num_workers):
-        servers["worker", i] = tf.distribute.Server(layout.spec(), job_name="worker",
-                                                    task_index=i)
-    outcome: dict = {}
-
-    def run(role, index):
-        config = TaskConfig(role=role, index=index, cluster=layout, train=train)
-        try:
-            if role == "ps":
-                outcome[role, index] = ps.run_ps(config, server=servers[role, index])
-            else:
-                outcome[role, index] = worker.run_worker(config, server=servers[role, index])
-        except BaseException as e:  # reported below, in the test's thread
-            outcome[role, index] = e
-
-    threads = [threading.Thread(target=run, args=key, daemon=True) for key in servers]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(GUARD)
-    stuck = [key for key, t in zip(servers, threads) if t.is_alive()]
-    assert not stuck, f"still running after {GUARD:g} s: {stuck}"
-    errors = {key: value for key, value in outcome.items() if isinstance(value, BaseException)}
-    assert not errors, errors
-    return types.SimpleNamespace(
-        ps=outcome["ps", 0], chief=outcome["worker", 0],
-        workers=[outcome["worker", i] for i in range(num_workers)])
-
-
 def test_lockstep_cluster_stops_on_the_update_after_the_first_evaluation_reaching_the_target(
         tmp_path):
     # At the default learning rate the synthetic data is above 60% after 2 updates and near
     # 100% after 6: evaluations every 2 updates, a target of 99%.
-    run = _run_cluster(3, train_steps=400, eval_every=2, target_accuracy=0.99,
+    run = run_cluster(3, train_steps=400, eval_every=2, target_accuracy=0.99,
                        logdir=tmp_path / "logdir")
     chief, points = run.chief, run.chief.evaluations
     accuracies = [p[2] for p in points]
@@ -235,7 +193,7 @@ def _scalars(logdir, tag):
 
 def test_a_target_never_reached_leaves_the_planned_run_as_it_was():
     # At a learning rate of 1e-4 the synthetic data is near 60% after 10 updates, 90% after 20.
-    run = _run_cluster(2, train_steps=20, eval_every=10, target_accuracy=0.99,
+    run = run_cluster(2, train_steps=20, eval_every=10, target_accuracy=0.99,
                        learning_rate=1e-4)
     points = run.chief.evaluations
     assert [p[0] for p in points] == [10, 20]
@@ -249,7 +207,7 @@ def test_a_target_never_reached_leaves_the_planned_run_as_it_was():
 
 
 def test_backup_worker_cluster_stops_every_worker_on_one_update():
-    run = _run_cluster(3, train_steps=400, eval_every=10, target_accuracy=0.9,
+    run = run_cluster(3, train_steps=400, eval_every=10, target_accuracy=0.9,
                        replicas_to_aggregate=2)
     chief = run.chief
     assert chief.updates_to_target is not None and chief.stop_step < 400
@@ -264,7 +222,7 @@ def test_backup_worker_cluster_stops_every_worker_on_one_update():
 
 
 def test_async_cluster_stops_every_worker_soon_after_the_target():
-    run = _run_cluster(2, train_steps=400, eval_every=10, target_accuracy=0.9, mode="async")
+    run = run_cluster(2, train_steps=400, eval_every=10, target_accuracy=0.9, mode="async")
     chief = run.chief
     assert chief.updates_to_target is not None
     for w in run.workers:
