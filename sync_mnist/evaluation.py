@@ -19,6 +19,22 @@ tf1 = tf.compat.v1
 EVAL_BATCH = 1000  # examples per evaluation run on the chief
 
 
+ACCURACY = "accuracy"  # the metric --eval-every and --target-accuracy read
+
+
+def check_accuracy_metric(model: api.Model, params: dict, example: tuple) -> None:
+    """Raises ContractError unless the model's EVAL spec has the metric "accuracy" (built in a
+    scratch graph: every worker checks, so that none trains a run its chief cannot judge)."""
+    with tf.Graph().as_default():
+        tf1.train.get_or_create_global_step()
+        features, labels = placement.placeholders(*example)
+        spec = placement.call(model.model_fn, features, labels, api.ModeKeys.EVAL, params)
+    if ACCURACY not in spec.eval_metric_ops:
+        raise api.ContractError(
+            f"--eval-every and --target-accuracy read the model's eval metric {ACCURACY!r}, "
+            f"and its eval_metric_ops have {', '.join(map(repr, spec.eval_metric_ops)) or 'none'}")
+
+
 class Evaluator:
     """Evaluates the model on (features, labels): its loss and its eval_metric_ops."""
 

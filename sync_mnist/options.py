@@ -65,10 +65,14 @@ def _add_schedule_options(g) -> None:
     length = g.add_mutually_exclusive_group()
     length.add_argument("--train-steps", type=int,
                         help="updates (global steps) to train; in async mode, local steps per "
-                             f"worker (default: --epochs {DEFAULT_EPOCHS})")
+                             f"worker (default: --epochs {DEFAULT_EPOCHS}; "
+                             + ", ".join(f"{n} for --model {m}"
+                                         for m, n in models.DEFAULT_EPOCHS.items()) + ")")
     length.add_argument("--epochs", type=int,
                         help="passes over each worker's shard (default: "
-                             f"{DEFAULT_EPOCHS} unless --train-steps is given)")
+                             f"{DEFAULT_EPOCHS} unless --train-steps is given; "
+                             + ", ".join(f"{n} for --model {m}"
+                                         for m, n in models.DEFAULT_EPOCHS.items()) + ")")
     g.add_argument("--batch-size", type=int, default=100,
                    help="examples per worker per step (default: 100)")
     g.add_argument("--learning-rate", type=float, default=0.001,
@@ -156,7 +160,7 @@ def whole_number(text: str) -> int:
 def train_config(args: argparse.Namespace) -> TrainConfig:
     """The validated TrainConfig of parsed add_training_options options."""
     epochs = args.epochs if args.epochs is not None or args.train_steps is not None \
-        else DEFAULT_EPOCHS
+        else models.DEFAULT_EPOCHS.get(args.model, DEFAULT_EPOCHS)
     model_spec.check(args.model)
     return TrainConfig(model=args.model, train_steps=args.train_steps, epochs=epochs,
                        batch_size=args.batch_size, learning_rate=args.learning_rate,

@@ -49,6 +49,9 @@ class Recorded(NamedTuple):
 class Built(NamedTuple):
     spec: api.ModelSpec
     variables: list[tf.Variable]  # the model's trainable variables (their slices, if cut)
+    state: dict[str, tf.Variable]  # its non-trainable ones by name (moving statistics, say)
+    ops: set[str]  # names of the ops the model function made (audit.py)
+    update_ops: list  # what it added to UPDATE_OPS
 
 
 def record(model_fn: Callable, features, labels, mode: str, params: Mapping[str, Any]
@@ -86,8 +89,11 @@ def call(model_fn: Callable, features, labels, mode: str, params) -> api.ModelSp
         raise
     except Exception as e:
         from sync_mnist.model_spec import user_traceback
+        hint = (": a trainable variable is handed to the model function as its value, read "
+                "from the ps; only the optimizer writes it" if isinstance(e, AttributeError)
+                and "has no attribute 'assign" in str(e) else "")
         raise api.ContractError(f"the model function raised {type(e).__name__} in mode "
-                                f"{mode!r}: {_one_line(e)}", user_traceback(e)) from None
+                                f"{mode!r}: {_one_line(e)}{hint}", user_traceback(e)) from None
     if not isinstance(spec, api.ModelSpec):
         raise api.ContractError(f"the model function returned {type(spec).__name__} in mode "
                                 f"{mode!r}, not a sync_mnist.api.ModelSpec")
@@ -116,11 +122,16 @@ def build(model_fn: Callable, features, labels, mode: str, params: Mapping[str, 
     """
     if recorded is None:
         recorded = record(model_fn, features, labels, mode, params)
+    graph = tf1.get_default_graph()
+    first = len(graph.get_operations())
+    updates = len(graph.get_collection(tf1.GraphKeys.UPDATE_OPS))
     getter = _Getter(num_ps, tf.as_dtype(wire_dtype), ps_job)
     getter.create_first([r for r in recorded if r.trainable])
     with tf1.variable_scope(tf1.get_variable_scope(), custom_getter=getter):
         spec = call(model_fn, features, labels, mode, params)
-    return Built(spec, getter.trainable)
+    return Built(spec, getter.trainable, getter.state,
+                 {op.name for op in graph.get_operations()[first:]},
+                 graph.get_collection(tf1.GraphKeys.UPDATE_OPS)[updates:])
 
 
 class _Getter:
@@ -128,6 +139,7 @@ class _Getter:
         self.num_ps, self.wire_dtype, self.ps_job = num_ps, wire_dtype, ps_job
         self.values: dict[str, tf.Tensor] = {}  # full name -> what the model is handed
         self.trainable: list[tf.Variable] = []
+        self.state: dict[str, tf.Variable] = {}
 
     def device(self, op) -> str:
         """Sync: slice k on ps k; a whole variable on the ps its name hashes to."""
@@ -180,6 +192,7 @@ class _Getter:
         with tf1.device(self.device):
             v = getter(name, *args, **kwargs)
         if not trainable:
+            self.state[v.op.name] = v
             return v
         self._pull([(name, list(v) if partitioner else [v])])
         return self.values[name]

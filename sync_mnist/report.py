@@ -257,7 +257,7 @@ def closing_lines(s: dict) -> str:
     exit_lag = "-" if s["exit_lag_s"] is None else f"{s['exit_lag_s']:.2f} s"
     verdict = s["verdict"] or "no verdict (training did not end)"
     return (f"global_step={s['global_step']} test_accuracy={acc} test_loss={loss} "
-            f"dataset={s['dataset']} "
+            f"model={s['model']}{'' if s['dataset'] is None else ' dataset=' + s['dataset']} "
             f"examples_per_sec={s['examples_per_sec']:.0f} wall={s['wall_s']:.1f} s "
             f"ready_lag={lag} exit_lag={exit_lag}\n"
             f"verification: {verdict}{target_line(s)}")

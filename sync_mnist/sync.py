@@ -20,7 +20,7 @@ Counting is done on the ps, never assumed:
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 import tensorflow as tf
 
@@ -76,7 +76,8 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
                    is_chief: bool, mode: str = "sync", num_tokens: int = 0,
                    last_push: tf.Variable | None = None, proof: bool = True,
                    after_update: Callable[[tf.Tensor], tf.Operation] | None = None,
-                   wire_dtype: str = "float32") -> SyncTraining:
+                   wire_dtype: str = "float32",
+                   state_deltas: Sequence[tuple[tf.Tensor, tf.Variable]] = ()) -> SyncTraining:
     """Builds one worker's training step.
 
     Args:
@@ -97,6 +98,8 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
         the gradients and before it hands out its tokens (sync mode; early_stop.latch).
       wire_dtype: "float32", or "bfloat16": each gradient crosses to its ps in half the bytes
         and is float32 again there (to_ps).
+      state_deltas: (d, s) for each write of the model's UPDATE_OPS (audit.state_deltas):
+        pushed and averaged like a gradient, applied as s -= mean(d), not by the optimizer.
 
     Returns:
       SyncTraining with the op to run each step and the hooks the session needs.
@@ -107,7 +110,8 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
         raise ContractError(f"the loss ({loss.name}) depends on none of the model's "
                             f"{len(grads_and_vars)} trainable variables: nothing to train")
     # A variable the loss does not depend on (a frozen layer) has no gradient to aggregate.
-    grads_and_vars = [(g, v) for g, v in grads_and_vars if g is not None]
+    grads_and_vars = [(g, v) for g, v in grads_and_vars if g is not None] + list(state_deltas)
+    optimizer = _WithState(optimizer, [s for _, s in state_deltas]) if state_deltas else optimizer
     if mode == "async":
         return _async_train_op(grads_and_vars, state, optimizer, worker_index, wire_dtype)
     who, local_step = _who_and_local_step(state, num_workers, proof)
@@ -327,6 +331,37 @@ def _local_step_by_reference(next_creator, **kwargs):
     if kwargs.get("name") == "sync_rep_local_step":
         kwargs["use_resource"] = False
     return next_creator(**kwargs)
+
+
+class _WithState(tf1.train.Optimizer):
+    """The real optimizer for the model's variables; s -= d for its state (audit.py)."""
+
+    def __init__(self, optimizer: tf1.train.Optimizer, state: Sequence[tf.Variable]):
+        super().__init__(use_locking=False, name=optimizer.get_name())
+        self._optimizer, self._state = optimizer, {id(s) for s in state}
+
+    def compute_gradients(self, *args, **kwargs):
+        return self._optimizer.compute_gradients(*args, **kwargs)
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        grads_and_vars = list(grads_and_vars)
+        applied = self._optimizer.apply_gradients(
+            [(g, v) for g, v in grads_and_vars if id(v) not in self._state], global_step, name)
+        moved = []
+        for d, s in grads_and_vars:
+            if id(s) in self._state:
+                with tf1.colocate_with(s):  # Sync: once per update, the workers' mean of d
+                    moved.append(tf1.assign_sub(s, d))
+        return tf.group(applied, *moved)
+
+    def get_slot(self, *args, **kwargs):
+        return self._optimizer.get_slot(*args, **kwargs)
+
+    def get_slot_names(self, *args, **kwargs):
+        return self._optimizer.get_slot_names(*args, **kwargs)
+
+    def variables(self):
+        return self._optimizer.variables()
 
 
 class _Update(tf1.train.Optimizer):

@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from sync_mnist import cluster as cluster_lib
-from sync_mnist import (api, data, early_stop, evaluation, export, membership, metrics,
+from sync_mnist import (api, audit, data, early_stop, evaluation, export, membership, metrics,
                         model_spec, models, optimizers, placement, protocol, report, session,
                         sync)
 from sync_mnist import verdict as verdict_lib
@@ -107,6 +107,10 @@ def build_graph(config: TaskConfig, model: api.Model, example: tuple, num_tokens
         if not tf1.trainable_variables():
             raise api.ContractError("the model function made no trainable variables: nothing "
                                     "to train")
+        # Sync: the proof holds for any model: its step writes nothing, and its UPDATE_OPS
+        # (moving statistics) are averaged over the workers once per update (audit.py).
+        audit.check_step([spec.loss, *spec.train_metrics.values()], built.ops)
+        state_deltas = audit.state_deltas(built.update_ops, built.ops, built.state)
         optimizer = spec.optimizer or optimizers.make_optimizer(
             train.optimizer, train.learning_rate, decay_steps=decay_steps,
             global_step=shared.state.global_step)
@@ -119,7 +123,7 @@ def build_graph(config: TaskConfig, model: api.Model, example: tuple, num_tokens
             worker_index=i, num_workers=n, replicas_to_aggregate=config.train.aggregate(n),
             is_chief=config.is_chief, mode=config.train.mode, num_tokens=num_tokens,
             last_push=shared.members.last_push, proof=config.train.proof, after_update=latch,
-            wire_dtype=train.wire_dtype)
+            wire_dtype=train.wire_dtype, state_deltas=state_deltas)
         stop = early_stop.build_stop_ops(shared.stop, training.train_op, train.mode) \
             if target_accuracy else None
     report_done = tf.group(*[q.enqueue(i) for q in shared.done_queues])
@@ -168,7 +172,6 @@ def load_shard(config: TaskConfig, model: api.Model) -> tuple[data.Shard, int, s
     shard = data.Shard(features, labels, index=config.index,
                        num_workers=config.cluster.num_workers, batch_size=train.batch_size,
                        seed=train.seed)
-    # A built-in model's data is --dataset; a model of the user's brings its own.
     source = train.dataset if train.model in models.BUILT_IN else train.model
     description = f"{source}: {len(labels):,} training examples"
     log.info("dataset %s; this worker's shard: %s examples", description, f"{shard.size:,}")
@@ -228,7 +231,9 @@ class WorkerRun:
         self.example = self.shard.batch(0)
         self.eval_data = self.evaluator = None
         self.result.target_steps = self.target
-        self.result.dataset = self.train_config.dataset
+        # --dataset is the built-in models' data; a model of the user's brings its own.
+        self.result.dataset = (self.train_config.dataset
+                               if self.train_config.model in models.BUILT_IN else None)
         self.result.dataset_description = description
 
     def start_server(self, server) -> None:
@@ -244,6 +249,8 @@ class WorkerRun:
             tf1.set_random_seed(self.train_config.seed)
             self.g = build_graph(self.config, self.model, self.example,
                                  dataset=self.train_config.dataset, target=self.target)
+            if self.train_config.eval_every:
+                evaluation.check_accuracy_metric(self.model, self.params, self.example)
             if self.logdir:
                 # A checkpoint of another model (say, of a cluster with another number of
                 # workers) would fail mid-restore with a long error: name the variable instead.
@@ -425,7 +432,7 @@ class WorkerRun:
                 tf_config=self.tf_config, ps_hosts=config.cluster.ps_hosts)
         self.test_metrics, loss = self.evaluator(*self.eval_data, self.bounded)
         self.result.test_metrics = self.test_metrics
-        return self.test_metrics.get("accuracy"), loss
+        return self.test_metrics.get(evaluation.ACCURACY), loss
 
     def _evaluations(self) -> early_stop.ChiefEvaluations:
         """The chief's evaluations during training (--eval-every), and the stop at the target."""

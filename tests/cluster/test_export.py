@@ -316,4 +316,4 @@ def test_a_short_run_on_the_complete_mnist_is_synchronous_and_learns(trained):
     assert summary["test_accuracy"] >= 0.88  # chance is 0.10; a broken input pipeline stays low
     assert 0 < summary["test_loss"] < 0.5
     assert all(t["peak_rss_mb"] > 100 for t in summary["tasks"])
-    assert "this worker's shard: 20,000 digits" in output
+    assert "this worker's shard: 20,000 examples" in output

@@ -16,6 +16,7 @@ from sync_mnist import optimizers
 from sync_mnist.models import mlp, mnist
 
 import mlp_graph
+from mlp_graph import EXAMPLE
 
 tf1 = tf.compat.v1
 
@@ -302,3 +303,32 @@ def _ancestors(op: tf.Operation) -> set[tf.Operation]:
                 seen.add(parent)
                 todo.append(parent)
     return seen
+
+
+def test_the_cnns_moving_statistics_move_in_the_update_and_not_in_a_step():
+    from sync_mnist import audit
+    from sync_mnist.cluster import ClusterLayout
+    from sync_mnist.config import TaskConfig, TrainConfig
+    from sync_mnist.models import cnn
+
+    config = TaskConfig(role="worker", index=0, train=TrainConfig(train_steps=10),
+                        cluster=ClusterLayout(("p0:1", "p1:1"), ("w0:1", "w1:1")))
+    with tf.Graph().as_default() as graph:
+        g = worker_graph(config, cnn.MODEL)
+        (update,) = g.training.optimizer.get_chief_queue_runner().enqueue_ops
+        moving = {v.op.name for v in tf1.global_variables() if "moving_" in v.op.name}
+        step_writes = {audit.written(op) for op in audit.closure([g.training.train_op])
+                       if audit.is_write(op)}
+        update_writes = {audit.written(op) for op in audit.closure([update])
+                         if audit.is_write(op)}
+        deltas = [op for op in graph.get_operations() if op.name.endswith("/sync_delta")]
+    # Three batch norms (two convolutions, the dense layer), a mean and a variance each.
+    assert len(moving) == 6 and len(deltas) == 6
+    assert moving <= update_writes  # the chief's update moves them, once
+    assert not moving & step_writes  # a worker's step never does
+
+
+def worker_graph(config, model):
+    from sync_mnist import worker
+
+    return worker.build_graph(config, model, EXAMPLE, dataset="mnist", target=10)

@@ -160,6 +160,13 @@ def test_an_input_function_that_breaks_the_contract_is_named_in_one_line(input_f
     assert str(raised.value) == line
 
 
+def test_eval_every_needs_an_accuracy_metric():
+    with pytest.raises(sm.ContractError) as raised:
+        _graph(eval_every=2)  # _good has a loss but no eval_metric_ops
+    assert str(raised.value) == ("--eval-every and --target-accuracy read the model's eval "
+                                 "metric 'accuracy', and its eval_metric_ops have none")
+
+
 def test_a_shard_smaller_than_a_batch_is_bad_input():
     from sync_mnist.data import DataError
 
@@ -180,8 +187,9 @@ def test_a_built_in_name_a_module_and_a_file_resolve(tmp_path):
 
 
 @pytest.mark.parametrize("spec, line", [
-    ("cnn2", "--model 'cnn2' is neither a built-in model (mlp) nor MODULE:NAME or FILE.py:NAME"),
-    ("mine.py", "--model 'mine.py' is neither a built-in model (mlp) nor MODULE:NAME or "
+    ("cnn2", "--model 'cnn2' is neither a built-in model (mlp, cnn) nor MODULE:NAME or "
+             "FILE.py:NAME"),
+    ("mine.py", "--model 'mine.py' is neither a built-in model (mlp, cnn) nor MODULE:NAME or "
                 "FILE.py:NAME"),
     ("no/such/file.py:MODEL", "--model 'no/such/file.py:MODEL': no such file no/such/file.py"),
     ("no_such_package.models:MODEL", "--model 'no_such_package.models:MODEL': no module named "

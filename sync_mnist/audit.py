@@ -1,0 +1,107 @@
+"""What a model may write in a training step, so that the proof holds for any model.
+
+The proof says each update averaged exactly one gradient from each worker. That stays a
+checkable claim only if nothing else of the model changes in a step: every variable write a
+worker's step runs must be one the package made (the pushes, the counters, the tokens). A
+model's own writes come in one form the package accepts, its UPDATE_OPS (batch norm's moving
+statistics, say: state outside the gradient), and those it does not run in the step.
+
+Sync: an UPDATE_OPS write `s -= d` (or `s += d`, or `s = v`, as `s -= s - v`) becomes a push
+of `d` beside the gradients, through an accumulator of its own. The chief's update then applies
+the average of the workers' `d` once: `s -= mean(d)`. For batch norm's moving mean with decay
+m, `d = (s - batch_mean) * (1 - m)`, so each update moves it once, towards the mean of the N
+workers' batch means, as one batch N times larger would. A moving variance moves towards the
+mean of the workers' batch variances. The statistics are then the same whichever worker
+computed them, counted like the gradients, and they do not race.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import tensorflow as tf
+
+from sync_mnist.api import ContractError
+
+tf1 = tf.compat.v1
+
+_SUBTRACT = ("AssignSubVariableOp", "AssignSub")
+_ADD = ("AssignAddVariableOp", "AssignAdd")
+_SET = ("AssignVariableOp", "Assign")
+_WRITE_PREFIXES = ("ResourceScatter", "Scatter", "ResourceApply", "Apply", "ResourceSparseApply",
+                   "SparseApply")
+
+
+def is_write(op: tf.Operation) -> bool:
+    return op.type in _SUBTRACT + _ADD + _SET or op.type.startswith(_WRITE_PREFIXES)
+
+
+def written(op: tf.Operation) -> str:
+    """The name of the variable a write op writes (its first input's source)."""
+    source = op.inputs[0].op
+    while source.type == "Identity" and source.inputs:
+        source = source.inputs[0].op
+    return source.name
+
+
+def closure(fetches: Iterable) -> list[tf.Operation]:
+    """Every op that running `fetches` runs: their inputs and control inputs, transitively."""
+    seen: dict[str, tf.Operation] = {}
+    todo = [f if isinstance(f, tf.Operation) else f.op for f in fetches]
+    while todo:
+        op = todo.pop()
+        if op.name not in seen:
+            seen[op.name] = op
+            todo += [t.op for t in op.inputs] + list(op.control_inputs)
+    return list(seen.values())
+
+
+def state_deltas(update_ops: Sequence, model_ops: set[str],
+                 variables: dict[str, tf.Variable]) -> list[tuple[tf.Tensor, tf.Variable]]:
+    """(d, s) for each write of the model's UPDATE_OPS, to push and average as `s -= mean(d)`.
+
+    Args:
+      update_ops: what the model function added to UPDATE_OPS.
+      model_ops: names of the ops the model function made (its writes are among them).
+      variables: the model's non-trainable variables by name, the only ones it may update.
+
+    Raises:
+      ContractError: naming an update that writes anything else, or in another way.
+    """
+    deltas = []
+    for op in closure(update_ops):
+        if op.name not in model_ops or not is_write(op):
+            continue
+        name = written(op)
+        state = variables.get(name)
+        if state is None:
+            raise ContractError(f"UPDATE_OPS op {op.name} ({op.type}) writes {name}, which is "
+                                "not a non-trainable variable of the model: only model state "
+                                "(batch norm's moving statistics, say) may be updated there")
+        if op.type in _SUBTRACT:
+            delta = op.inputs[1]
+        elif op.type in _ADD:
+            delta = -op.inputs[1]
+        elif op.type in _SET:
+            delta = state.read_value() - op.inputs[1]
+        else:
+            raise ContractError(f"UPDATE_OPS op {op.name} ({op.type}) writes {name} in a way "
+                                "sync_mnist cannot average over the workers: use assign, "
+                                "assign_add or assign_sub")
+        deltas.append((tf.identity(delta, name=f"{op.name}/sync_delta"), state))
+    return deltas
+
+
+def check_step(fetches: Iterable, model_ops: set[str]) -> None:
+    """Raises ContractError if a worker's step runs a write that the model function made.
+
+    Such a write (an UPDATE_OPS op put under the loss's control dependencies, as TF1 code puts
+    it under the train op's, or any assign) would change the model outside the aggregated
+    update, on every worker, unaveraged and uncounted.
+    """
+    for op in closure(fetches):
+        if op.name in model_ops and is_write(op):
+            raise ContractError(
+                f"the training step writes {written(op)} outside the aggregated update (op "
+                f"{op.name}, {op.type}): leave UPDATE_OPS out of the loss's dependencies; "
+                "sync_mnist averages them over the workers, once per update")

@@ -1,0 +1,110 @@
+"""A model's state outside the gradient (batch norm's moving statistics): each update moves it
+once, by the mean of the workers' pushes (audit.py), and a step never writes it.
+
+Exact arithmetic, as the counters are tested: a statistic s with decay 1/2, updated by the
+model's UPDATE_OPS as batch norm's moving mean is (s -= (s - batch_mean) / 2), on features of
+small integers, so that every value below is exact in float32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sync_mnist.api as sm
+from inprocess_cluster import run_cluster
+from sync_mnist import data
+from sync_mnist.config import TaskConfig, TrainConfig
+
+tf1 = tf.compat.v1
+ROWS, BATCH, STEPS, SEED = 64, 2, 6, 3
+
+
+def _data(params):
+    features = np.random.default_rng(7).integers(0, 8, (ROWS, 1)).astype(np.float32)
+    return features, np.zeros(ROWS, np.float32)
+
+
+def _model_fn(features, labels, mode, params):
+    w = tf1.get_variable("w", [1], initializer=tf1.zeros_initializer())
+    s = tf1.get_variable("s", [], initializer=tf1.zeros_initializer(), trainable=False)
+    if mode == sm.ModeKeys.TRAIN:
+        update = tf1.assign_sub(s, (s - tf.reduce_mean(features)) * 0.5)
+        tf1.add_to_collection(tf1.GraphKeys.UPDATE_OPS, update)
+        if params.get("update_in_the_step"):  # as TF1 code puts it under the train op
+            with tf.control_dependencies([update]):
+                features = tf.identity(features)
+    loss = tf.reduce_mean(tf.square(features[:, 0] * w - labels))
+    if mode == sm.ModeKeys.TRAIN:
+        return sm.ModelSpec(mode, loss=loss, optimizer=tf1.train.GradientDescentOptimizer(0.01))
+    return sm.ModelSpec(mode, loss=loss, eval_metric_ops={"s": (tf.identity(s), tf.no_op())})
+
+
+MODEL = sm.Model(_model_fn, _data, _data)
+
+
+def _expected_s(num_workers: int) -> np.float32:
+    """s after STEPS updates, each the mean of the workers' (s - batch_mean) / 2."""
+    features, labels = _data({})
+    shards = [data.Shard(features, labels, index=i, num_workers=num_workers, batch_size=BATCH,
+                         seed=SEED) for i in range(num_workers)]
+    s = np.float32(0)
+    for step in range(STEPS):
+        deltas = [(s - shard.batch(step)[0].mean(dtype=np.float32)) * np.float32(0.5)
+                  for shard in shards]
+        s = s - np.float32(sum(deltas) / np.float32(num_workers))
+    return s
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_each_update_moves_the_state_once_by_the_mean_of_the_workers_pushes(mode):
+    run = run_cluster(2, MODEL, train_steps=STEPS, batch_size=BATCH, seed=SEED, mode=mode)
+    s = run.chief.test_metrics["s"]
+    if mode == "sync":
+        assert run.chief.synchronous is True and run.chief.contributions == [STEPS, STEPS]
+        assert s == _expected_s(2)
+        # Not what one worker's statistics alone would give, nor both workers' pushes applied
+        # one after the other: each update moved s once.
+        assert s != _expected_s(1)
+    else:  # every push is an update of its own: 2 x STEPS moves, in the order they came
+        assert run.chief.contributions == [STEPS, STEPS]
+        assert s != _expected_s(2)
+
+
+def test_a_step_that_runs_the_update_itself_is_refused():
+    from sync_mnist import worker
+    from sync_mnist.cluster import ClusterLayout
+
+    config = TaskConfig(role="worker", index=0, cluster=ClusterLayout(("p:1",), ("w0:1",)),
+                        train=TrainConfig(train_steps=1, batch_size=BATCH))
+    run = worker.WorkerRun(config, sm.Model(_model_fn, _data, _data,
+                                            params={"update_in_the_step": True}))
+    run.load_data()
+    with pytest.raises(sm.ContractError) as raised:
+        run.make_graph()
+    assert str(raised.value) == (
+        "the training step writes s outside the aggregated update (op AssignSubVariableOp, "
+        "AssignSubVariableOp): leave UPDATE_OPS out of the loss's dependencies; sync_mnist "
+        "averages them over the workers, once per update")
+
+
+def test_a_write_of_a_trainable_variable_is_refused():
+    from sync_mnist import worker
+    from sync_mnist.cluster import ClusterLayout
+
+    def model_fn(features, labels, mode, params):
+        w = tf1.get_variable("w", [1], initializer=tf1.zeros_initializer())
+        tf1.add_to_collection(tf1.GraphKeys.UPDATE_OPS, tf1.assign_add(w, [1.0]))
+        return sm.ModelSpec(mode, loss=tf.reduce_mean(features[:, 0] * w))
+
+    config = TaskConfig(role="worker", index=0, cluster=ClusterLayout(("p:1",), ("w0:1",)),
+                        train=TrainConfig(train_steps=1, batch_size=BATCH))
+    run = worker.WorkerRun(config, sm.Model(model_fn, _data, _data))
+    run.load_data()
+    with pytest.raises(sm.ContractError) as raised:
+        run.make_graph()
+    assert str(raised.value) == (
+        "the model function raised AttributeError in mode 'train': 'SymbolicTensor' object has "
+        "no attribute 'assign_add': a trainable variable is handed to the model function as "
+        "its value, read from the ps; only the optimizer writes it")
