@@ -29,9 +29,14 @@ XDIST := -n $(JOBS) --dist loadgroup --max-worker-restart=0
 install: $(STAMP)
 
 # Reinstall when the package metadata changes; the package itself is installed editable.
+# tf-keras (the `layers` extra) goes to a directory of its own, on no task's path but the
+# Estimator-era example's test's (tests/cluster/test_your_model.py): where TensorFlow finds it,
+# every task imports it at start-up (options.before_tensorflow).
 $(STAMP): setup.py setup.cfg
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps \
+	    --target $(VENV)/layers 'tf-keras>=2.16,<3'
 	touch $(STAMP)
 
 run-cluster: install

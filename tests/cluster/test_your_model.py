@@ -76,6 +76,51 @@ def test_a_model_file_trains_verified_with_tf_config_alone(processes, tmp_path):
     assert processes_mentioning(str(tmp_path)) == []
 
 
+def _changed_lines(before: list[str], after: list[str]) -> int:
+    """Lines of `before` that `after` removes or replaces, plus lines it adds beyond them."""
+    import difflib
+
+    matcher = difflib.SequenceMatcher(a=before, b=after, autojunk=False)
+    return sum(max(i2 - i1, j2 - j1) for tag, i1, i2, j1, j2 in matcher.get_opcodes()
+               if tag != "equal")
+
+
+def test_an_estimator_era_model_fn_trains_verified_after_the_documented_change(
+        processes, tmp_path):
+    original = (EXAMPLE.parent / "estimator_tf1.py").read_text().splitlines()
+    migrated = (EXAMPLE.parent / "estimator_migrated.py").read_text().splitlines()
+    start = original.index("import numpy as np")  # after the docstrings, which differ
+    end = original.index("def make_data(rows, seed):")
+    # docs/your-model.md: 11 lines of the imports and the model function, 9 of the rest.
+    assert _changed_lines(original[start:end], migrated[migrated.index("import numpy as np"):
+                                                        migrated.index("def make_data(rows, "
+                                                                       "seed):")]) == 11
+    assert _changed_lines(original[end:], migrated[migrated.index("def make_data(rows, "
+                                                                  "seed):"):]) == 9
+    path = tmp_path / "estimator_migrated.py"
+    shutil.copy(EXAMPLE.parent / "estimator_migrated.py", path)
+    steps = 60
+    # tf-keras, the `layers` extra, as `make install` keeps it: apart from every other test.
+    layers = ROOT / ".venv" / "layers"
+    assert (layers / "tf_keras").is_dir(), f"no tf-keras in {layers}: run make install"
+    launcher = processes.start(
+        ["env", "TF_USE_LEGACY_KERAS=1", f"PYTHONPATH={layers}",
+         str(ROOT / "bin" / "sync-mnist-cluster"), "--model",
+         f"{path}:MODEL", "--base-port", "0", "--isolate", "off", "--workers", "2",
+         "--train-steps", str(steps), "--logdir", str(tmp_path / "logdir"),
+         "--summary-json", str(tmp_path / "cluster.json")], "launcher")
+    assert launcher.wait(BOUND) == EXIT_OK, launcher.output
+    summary = read_json(tmp_path / "cluster.json")
+    assert summary["synchronous"] is True and summary["contributions"] == [steps, steps]
+    assert summary["test_accuracy"] > 0.9
+    # tf.layers' batch norm: its moving statistics moved, once per update (audit.py).
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(str(tmp_path / "logdir"))
+    assert reader.get_tensor("global_step") == steps
+    assert reader.get_tensor("batch_normalization/moving_mean").any()
+
+
 def _worker_alone(tmp_path, model: str) -> tuple[int, list[str]]:
     """A worker of a cluster that does not exist: it fails on the model before it waits for
     anyone. (exit code, its stderr lines)."""

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 from pathlib import Path
 
 import pytest
 
 import slurm_cluster
-from procs import free_run, processes_mentioning
+from procs import ROOT, free_run, processes_mentioning
 
 BOUND = 240  # seconds a small job may take, queueing and sbatch's 2 s polls included
 STEPS = 30
@@ -67,6 +68,26 @@ def test_one_node_four_tasks_complete_in_lockstep(cluster, tmp_path):
         assert verdict.startswith(f"synchronous: each of {STEPS} updates averaged exactly one "
                                   "gradient from each of 3 workers"), verdict
     assert "[ps 0] all 3 workers done" in job.output
+    assert (tmp_path / "logdir" / "saved_model" / "saved_model.pb").is_file()
+    assert processes_mentioning(marker) == []
+
+
+def test_a_model_file_of_the_users_trains_in_lockstep(cluster, tmp_path):
+    # The documented example model, kept outside the repository as a user keeps theirs.
+    path = tmp_path / "elsewhere" / "my_model.py"
+    path.parent.mkdir()
+    shutil.copy(ROOT / "examples" / "your_model" / "my_model.py", path)
+    job, marker = _job(cluster, tmp_path, ["--nodes=1", "--ntasks=4", "--cpus-per-task=1"],
+                       "--model", f"{path}:MODEL")
+    cluster.wait(job, BOUND)
+    assert (job.state, job.exit_code) == ("COMPLETED", "0:0"), job.output
+    verdicts = _verdicts(job.output)
+    assert sorted(verdicts) == ["0", "1", "2"], job.output
+    for verdict in verdicts.values():
+        assert verdict.startswith(f"synchronous: each of {STEPS} updates averaged exactly one "
+                                  "gradient from each of 3 workers"), verdict
+    assert re.search(r"\[worker 0\] test_accuracy=\S+ test_loss=\S+ on 500 evaluation "
+                     r"examples \(accuracy=", job.output), job.output
     assert (tmp_path / "logdir" / "saved_model" / "saved_model.pb").is_file()
     assert processes_mentioning(marker) == []
 
