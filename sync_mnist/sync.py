@@ -333,15 +333,32 @@ def _local_step_by_reference(next_creator, **kwargs):
     return next_creator(**kwargs)
 
 
-class _WithState(tf1.train.Optimizer):
-    """The real optimizer for the model's variables; s -= d for its state (audit.py)."""
+class _Wrapper(tf1.train.Optimizer):
+    """An optimizer around another: its gradients, slots and variables are the other's."""
 
-    def __init__(self, optimizer: tf1.train.Optimizer, state: Sequence[tf.Variable]):
+    def __init__(self, optimizer: tf1.train.Optimizer):
         super().__init__(use_locking=False, name=optimizer.get_name())
-        self._optimizer, self._state = optimizer, {id(s) for s in state}
+        self._optimizer = optimizer
 
     def compute_gradients(self, *args, **kwargs):
         return self._optimizer.compute_gradients(*args, **kwargs)
+
+    def get_slot(self, *args, **kwargs):
+        return self._optimizer.get_slot(*args, **kwargs)
+
+    def get_slot_names(self, *args, **kwargs):
+        return self._optimizer.get_slot_names(*args, **kwargs)
+
+    def variables(self):
+        return self._optimizer.variables()
+
+
+class _WithState(_Wrapper):
+    """The real optimizer for the model's variables; s -= d for its state (audit.py)."""
+
+    def __init__(self, optimizer: tf1.train.Optimizer, state: Sequence[tf.Variable]):
+        super().__init__(optimizer)
+        self._state = {id(s) for s in state}
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
         grads_and_vars = list(grads_and_vars)
@@ -354,17 +371,8 @@ class _WithState(tf1.train.Optimizer):
                     moved.append(tf1.assign_sub(s, d))
         return tf.group(applied, *moved)
 
-    def get_slot(self, *args, **kwargs):
-        return self._optimizer.get_slot(*args, **kwargs)
 
-    def get_slot_names(self, *args, **kwargs):
-        return self._optimizer.get_slot_names(*args, **kwargs)
-
-    def variables(self):
-        return self._optimizer.variables()
-
-
-class _Update(tf1.train.Optimizer):
+class _Update(_Wrapper):
     """One update, as SyncReplicasOptimizer's inner optimizer: the real optimizer, the proof's
     bookkeeping, and (with owned tokens) every worker's token, in the order the protocol needs.
 
@@ -377,13 +385,10 @@ class _Update(tf1.train.Optimizer):
     def __init__(self, optimizer: tf1.train.Optimizer, state: SharedState, who, replicas: int,
                  after_update: Callable[[tf.Tensor], tf.Operation] | None = None,
                  own_queues: list | None = None):
-        super().__init__(use_locking=False, name=optimizer.get_name())
-        self._optimizer, self._state, self._who, self._replicas = optimizer, state, who, replicas
+        super().__init__(optimizer)
+        self._state, self._who, self._replicas = state, who, replicas
         self._after_update, self._own_queues = after_update, own_queues
         self.update_op: tf.Operation | None = None
-
-    def compute_gradients(self, *args, **kwargs):
-        return self._optimizer.compute_gradients(*args, **kwargs)
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
         grads_and_vars = list(grads_and_vars)
@@ -427,15 +432,6 @@ class _Update(tf1.train.Optimizer):
                       count_if(state.over_aggregated, total > r)]
         self.update_op = tf.group(step, *counts)
         return self.update_op
-
-    def get_slot(self, *args, **kwargs):
-        return self._optimizer.get_slot(*args, **kwargs)
-
-    def get_slot_names(self, *args, **kwargs):
-        return self._optimizer.get_slot_names(*args, **kwargs)
-
-    def variables(self):
-        return self._optimizer.variables()
 
 
 def _chief_queue_runner_that_never_closes(sync_optimizer, update_op) -> None:

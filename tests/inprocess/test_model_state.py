@@ -72,39 +72,35 @@ def test_each_update_moves_the_state_once_by_the_mean_of_the_workers_pushes(mode
         assert s != _expected_s(2)
 
 
-def test_a_step_that_runs_the_update_itself_is_refused():
+def _refused(model: sm.Model) -> str:
+    """The line of the ContractError that building a worker's graph of `model` raises."""
     from sync_mnist import worker
     from sync_mnist.cluster import ClusterLayout
 
     config = TaskConfig(role="worker", index=0, cluster=ClusterLayout(("p:1",), ("w0:1",)),
                         train=TrainConfig(train_steps=1, batch_size=BATCH))
-    run = worker.WorkerRun(config, sm.Model(_model_fn, _data, _data,
-                                            params={"update_in_the_step": True}))
+    run = worker.WorkerRun(config, model)
     run.load_data()
     with pytest.raises(sm.ContractError) as raised:
         run.make_graph()
-    assert str(raised.value) == (
+    return str(raised.value)
+
+
+def test_a_step_that_runs_the_update_itself_is_refused():
+    line = _refused(sm.Model(_model_fn, _data, _data, params={"update_in_the_step": True}))
+    assert line == (
         "the training step writes s outside the aggregated update (op AssignSubVariableOp, "
         "AssignSubVariableOp): leave UPDATE_OPS out of the loss's dependencies; sync_mnist "
         "averages them over the workers, once per update")
 
 
 def test_a_write_of_a_trainable_variable_is_refused():
-    from sync_mnist import worker
-    from sync_mnist.cluster import ClusterLayout
-
     def model_fn(features, labels, mode, params):
         w = tf1.get_variable("w", [1], initializer=tf1.zeros_initializer())
         tf1.add_to_collection(tf1.GraphKeys.UPDATE_OPS, tf1.assign_add(w, [1.0]))
         return sm.ModelSpec(mode, loss=tf.reduce_mean(features[:, 0] * w))
 
-    config = TaskConfig(role="worker", index=0, cluster=ClusterLayout(("p:1",), ("w0:1",)),
-                        train=TrainConfig(train_steps=1, batch_size=BATCH))
-    run = worker.WorkerRun(config, sm.Model(model_fn, _data, _data))
-    run.load_data()
-    with pytest.raises(sm.ContractError) as raised:
-        run.make_graph()
-    assert str(raised.value) == (
+    assert _refused(sm.Model(model_fn, _data, _data)) == (
         "the model function raised AttributeError in mode 'train': 'SymbolicTensor' object has "
         "no attribute 'assign_add': a trainable variable is handed to the model function as "
         "its value, read from the ps; only the optimizer writes it")

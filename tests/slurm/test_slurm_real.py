@@ -58,15 +58,20 @@ def _verdicts(output: str) -> dict[str, str]:
     return dict(re.findall(r"\[worker (\d+)\] verdict: (.*)", output))
 
 
-def test_one_node_four_tasks_complete_in_lockstep(cluster, tmp_path):
-    job, marker = _job(cluster, tmp_path, ["--nodes=1", "--ntasks=4", "--cpus-per-task=1"])
+def _assert_verified(cluster, job, workers: int) -> None:
+    """The job completed, and every worker printed a synchronous verdict of STEPS updates."""
     cluster.wait(job, BOUND)
     assert (job.state, job.exit_code) == ("COMPLETED", "0:0"), job.output
     verdicts = _verdicts(job.output)
-    assert sorted(verdicts) == ["0", "1", "2"], job.output
+    assert sorted(verdicts) == [str(w) for w in range(workers)], job.output
     for verdict in verdicts.values():
         assert verdict.startswith(f"synchronous: each of {STEPS} updates averaged exactly one "
-                                  "gradient from each of 3 workers"), verdict
+                                  f"gradient from each of {workers} workers"), verdict
+
+
+def test_one_node_four_tasks_complete_in_lockstep(cluster, tmp_path):
+    job, marker = _job(cluster, tmp_path, ["--nodes=1", "--ntasks=4", "--cpus-per-task=1"])
+    _assert_verified(cluster, job, workers=3)
     assert "[ps 0] all 3 workers done" in job.output
     assert (tmp_path / "logdir" / "saved_model" / "saved_model.pb").is_file()
     assert processes_mentioning(marker) == []
@@ -79,13 +84,7 @@ def test_a_model_file_of_the_users_trains_in_lockstep(cluster, tmp_path):
     shutil.copy(ROOT / "examples" / "your_model" / "my_model.py", path)
     job, marker = _job(cluster, tmp_path, ["--nodes=1", "--ntasks=4", "--cpus-per-task=1"],
                        "--model", f"{path}:MODEL")
-    cluster.wait(job, BOUND)
-    assert (job.state, job.exit_code) == ("COMPLETED", "0:0"), job.output
-    verdicts = _verdicts(job.output)
-    assert sorted(verdicts) == ["0", "1", "2"], job.output
-    for verdict in verdicts.values():
-        assert verdict.startswith(f"synchronous: each of {STEPS} updates averaged exactly one "
-                                  "gradient from each of 3 workers"), verdict
+    _assert_verified(cluster, job, workers=3)
     assert re.search(r"\[worker 0\] test_accuracy=\S+ test_loss=\S+ on 500 evaluation "
                      r"examples \(accuracy=", job.output), job.output
     assert (tmp_path / "logdir" / "saved_model" / "saved_model.pb").is_file()
@@ -95,13 +94,7 @@ def test_a_model_file_of_the_users_trains_in_lockstep(cluster, tmp_path):
 def test_two_ps_and_four_workers(cluster, tmp_path):
     job, marker = _job(cluster, tmp_path, ["--nodes=1", "--ntasks=6", "--cpus-per-task=1"],
                        "--ps", "2")
-    cluster.wait(job, BOUND)
-    assert (job.state, job.exit_code) == ("COMPLETED", "0:0"), job.output
-    verdicts = _verdicts(job.output)
-    assert sorted(verdicts) == ["0", "1", "2", "3"], job.output
-    for verdict in verdicts.values():
-        assert verdict.startswith(f"synchronous: each of {STEPS} updates averaged exactly one "
-                                  "gradient from each of 4 workers"), verdict
+    _assert_verified(cluster, job, workers=4)
     for ps in (0, 1):
         assert f"[ps {ps}] all 4 workers done" in job.output
     assert processes_mentioning(marker) == []
