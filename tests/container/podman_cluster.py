@@ -67,6 +67,7 @@ def unavailable() -> str | None:
     if not shutil.which("apt-get"):
         return f"{', '.join(missing)} missing and no apt-get to install {' '.join(PACKAGES)}"
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    started = time.monotonic()
     for argv in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", *PACKAGES]):
         try:
             out = subprocess.run(argv, capture_output=True, text=True, env=env,
@@ -76,6 +77,8 @@ def unavailable() -> str | None:
         if out.returncode:
             last = (out.stderr.strip() or out.stdout.strip()).splitlines()[-1:]
             return f"`{' '.join(argv)}` failed ({out.returncode}): {' '.join(last)}"
+    FIGURES["install"] = (f"apt-get update and install {' '.join(PACKAGES)}: "
+                          f"{time.monotonic() - started:.0f} s")
     missing = [tool for tool in TOOLS if not _which(tool)]
     return f"still missing after installing {' '.join(PACKAGES)}: {', '.join(missing)}" \
         if missing else None
