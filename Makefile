@@ -20,7 +20,7 @@ JOBS   ?= 4
 # skips saying why; a few minutes), and `make test-container` (tests/container), the TFJob's
 # image built with podman and its pods run as containers (root; installs podman, runc and
 # mmdebstrap where missing, else skips saying why; keeps only the Debian base's tarball, in
-# build/container; about 3 minutes), which .ci/run runs after `make test`, in that order.
+# build/container; 3 to 5 minutes), which .ci/run runs after `make test`, in that order.
 TIERS := tests/fast tests/inprocess tests/cluster
 # A test process that crashes is not replaced: pytest-xdist 3.8's loadgroup scheduling hangs
 # for good once it replaces one (pytest-dev/pytest-xdist#1323, #1327). The run then ends,
