@@ -17,14 +17,18 @@ JOBS   ?= 4
 #   test-cluster:   tests/cluster, whole clusters through the real command line
 # Not in `make test`: `make soak` (tests/soak), and `make test-slurm` (tests/slurm), the sbatch
 # script under a real Slurm of its own (root; installs slurm-wlm and munge where missing, else
-# skips saying why; a few minutes), which .ci/run runs after `make test`.
+# skips saying why; a few minutes), and `make test-container` (tests/container), the TFJob's
+# image built with podman and its pods run as containers (root; installs podman, runc and
+# mmdebstrap where missing, else skips saying why; keeps only the Debian base's tarball, in
+# build/container; 3 to 5 minutes), which .ci/run runs after `make test`, in that order.
 TIERS := tests/fast tests/inprocess tests/cluster
 # A test process that crashes is not replaced: pytest-xdist 3.8's loadgroup scheduling hangs
 # for good once it replaces one (pytest-dev/pytest-xdist#1323, #1327). The run then ends,
 # failed, naming the test the process crashed in.
 XDIST := -n $(JOBS) --dist loadgroup --max-worker-restart=0
 
-.PHONY: install run-cluster test test-fast test-inprocess test-cluster test-slurm soak chaos bench clean
+.PHONY: install run-cluster test test-fast test-inprocess test-cluster test-slurm test-container \
+	soak chaos bench clean
 
 install: $(STAMP)
 
@@ -57,6 +61,11 @@ test-cluster: install
 test-slurm: install
 	@start=$$(date +%s); $(BIN)/python -m pytest -q -rs tests/slurm; \
 	    code=$$?; echo "test-slurm: the real-Slurm tier took $$(($$(date +%s) - start)) s"; \
+	    exit $$code
+
+test-container: install
+	@start=$$(date +%s); $(BIN)/python -m pytest -q -rs tests/container; \
+	    code=$$?; echo "test-container: the container tier took $$(($$(date +%s) - start)) s"; \
 	    exit $$code
 
 # The long cluster runs (tests/soak), then the fuzz tests with Hypothesis's "soak" profile

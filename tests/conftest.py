@@ -8,6 +8,8 @@ The tiers are the directories below this one, chosen by what a test starts:
   cluster/    tasks and launchers as processes, through the real command line
   soak/       long cluster runs (`make soak`)
   slurm/      the sbatch script under a real Slurm of its own (`make test-slurm`)
+  container/  the TFJob's image built with podman, its pods run as containers
+              (`make test-container`)
 `make test` (and a bare `pytest`, see setup.cfg's testpaths) runs fast, inprocess and cluster.
 The helpers shared across tiers stay here: procs.py (processes and what they leave behind),
 hand_cluster.py (a cluster started task by task) and fake_task.py (a stand-in task for the

@@ -124,7 +124,7 @@ def test_manifest_is_1_ps_and_3_workers_with_one_command_and_the_chosen_policies
     assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v1", "TFJob")
     replicas = job["spec"]["tfReplicaSpecs"]
     assert {rtype: spec["replicas"] for rtype, spec in replicas.items()} == {"PS": 1, "Worker": 3}
-    commands = [spec["template"]["spec"]["containers"][0]["command"] for spec in replicas.values()]
+    commands = [spec["template"]["spec"]["containers"][0]["args"] for spec in replicas.values()]
     assert commands[0] == commands[1]  # one command for every pod ...
     assert commands[0][0] == "sync-mnist"
     assert not {"--role", "--index", "--ps-hosts", "--worker-hosts"} & set(commands[0])
@@ -145,7 +145,7 @@ def test_every_pod_mounts_one_read_write_many_claim_at_the_logdir():
     for rtype, spec in _load_manifest()["spec"]["tfReplicaSpecs"].items():
         pod = spec["template"]["spec"]
         (container,) = pod["containers"]
-        logdir = container["command"][container["command"].index("--logdir") + 1]
+        logdir = container["args"][container["args"].index("--logdir") + 1]
         (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == logdir]
         (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
         assert volume == {"name": mount["name"], "persistentVolumeClaim": {
@@ -157,7 +157,7 @@ def test_manifest_command_is_a_valid_task_in_every_pod(task_type, index, monkeyp
     from sync_mnist import cli
 
     command = _load_manifest()["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"][
-        "containers"][0]["command"]
+        "containers"][0]["args"]
     spec = {"ps": ["sync-mnist-ps-0.default.svc:2222"],
             "worker": [f"sync-mnist-worker-{i}.default.svc:2222" for i in range(3)]}
     monkeypatch.setenv("TF_CONFIG", operator_tf_config(spec, task_type, index))
@@ -166,6 +166,29 @@ def test_manifest_command_is_a_valid_task_in_every_pod(task_type, index, monkeyp
     layout, role, task_index = cli.task_in_cluster(args, cli.task_parser())
     assert (role, task_index) == (task_type, index)
     assert layout.address(role, task_index) == spec[task_type][index]
+
+
+DOCKERFILE = REPO / "deploy" / "kubernetes" / "Dockerfile"
+
+
+def _dockerfile_instruction(name: str) -> str:
+    (value,) = [line.split(None, 1)[1] for line in DOCKERFILE.read_text().splitlines()
+                if line.split(None, 1)[:1] == [name]]
+    return value
+
+
+def test_the_image_runs_the_manifest_args_under_tini_as_a_non_root_user():
+    # tests/container runs the image's default command, with no args; the pods give these
+    # args. A `command:` would replace the image's ENTRYPOINT and make the task PID 1, which
+    # ignores the kubelet's SIGTERM until Python has installed its handler.
+    import json
+
+    container = _load_manifest()["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"][
+        "containers"][0]
+    assert "command" not in container
+    assert json.loads(_dockerfile_instruction("ENTRYPOINT")) == ["tini", "--"]
+    assert json.loads(_dockerfile_instruction("CMD")) == container["args"]
+    assert _dockerfile_instruction("USER") == "1000"
 
 
 BROKEN = {
