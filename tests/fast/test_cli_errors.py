@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from procs import run_task_process
-from sync_mnist import cli, options
+from sync_mnist import cli, models, options
 from sync_mnist.launcher import cli as launcher_cli
 from sync_mnist.launcher import launch
 from sync_mnist.cluster import free_ports
@@ -266,9 +266,13 @@ def test_task_without_length_flags_trains_the_default_epochs(hosts, recorders, c
     # ... and --help states that same number.
     assert _call(cli.main, ["--help"]) == 0
     entries = _help_entries(capsys.readouterr().out)
-    assert entries["--train-steps"].endswith(f"(default: --epochs {options.DEFAULT_EPOCHS})")
+    assert entries["--train-steps"].endswith(f"(default: --epochs {options.DEFAULT_EPOCHS}; "
+                                             "6 for --model cnn)")
     assert entries["--epochs"].endswith(
-        f"(default: {options.DEFAULT_EPOCHS} unless --train-steps is given)")
+        f"(default: {options.DEFAULT_EPOCHS} unless --train-steps is given; 6 for --model cnn)")
+    # ... and a built-in model with epochs of its own trains those.
+    assert cli.main([a.format(**hosts) for a in WORKER_1] + ["--model", "cnn"]) == RAN
+    assert recorders["task"][-1].train.epochs == models.DEFAULT_EPOCHS["cnn"] == 6
 
 
 def test_task_reads_its_cluster_from_tf_config(recorders, monkeypatch):
