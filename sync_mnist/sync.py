@@ -50,8 +50,9 @@ class SyncTraining(NamedTuple):
     rejoin_reading: tuple | None = None
 
 
-def build_shared_state(num_workers: int) -> SharedState:
-    """Creates global_step and the counters, on ps 0 whatever device scope is around the call.
+def build_shared_state(num_workers: int, global_step: tf.Variable | None = None) -> SharedState:
+    """Creates global_step (unless given: a program's own, library.py) and the counters, on ps
+    0 whatever device scope is around the call.
 
     Every task's graph finds them there by name. All on one ps: the counting in each step, the
     update's bookkeeping and every reading of the counters then touch ps 0 alone, not one ps
@@ -59,8 +60,9 @@ def build_shared_state(num_workers: int) -> SharedState:
     """
     # Sync: on ps 0, with the token queue, membership and the stop (SyncReplicasOptimizer puts
     # its queue and the update's sync op on global_step's device).
-    with tf1.device("/job:ps/task:0"):
-        global_step = tf1.train.get_or_create_global_step()
+    if global_step is None:
+        with tf1.device("/job:ps/task:0"):
+            global_step = tf1.train.get_or_create_global_step()
     with tf1.device("/job:ps/task:0"), tf1.variable_scope("sync_counters"):
         def counter(name, shape=()):
             return tf1.get_variable(name, shape, tf.int64, tf1.zeros_initializer(),
@@ -131,7 +133,7 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
     _copy_the_local_step_at_init(sync_optimizer, local_step, who, state)
     token, queue = _token(sync_optimizer, stock_train_op, state,
                           own_queues[worker_index] if owned else None)
-    train_op = tf1.assign(local_step, token)
+    train_op = tf1.assign(local_step, tf.cast(token, tf.int64))  # a global_step of any int
     # Sync: num_tokens=0 is the fix for the question's asynchrony. The default preloads R
     # tokens that any worker may take, so one fast worker can supply every gradient of an
     # update. With no preloaded tokens, a worker gets its next token only from the update its
@@ -255,7 +257,8 @@ def restored(arrived: list[Arrived], grads_and_vars) -> list:
 def _own_token_queues(state: SharedState, num_workers: int) -> list:
     """One token queue per worker, beside global_step (owned tokens)."""
     with tf1.device(state.global_step.device):
-        return [tf1.FIFOQueue(-1, tf.int64, shapes=[()], name=f"sync_token_q_worker_{w}",
+        return [tf1.FIFOQueue(-1, state.global_step.dtype.base_dtype, shapes=[()],
+                              name=f"sync_token_q_worker_{w}",
                               shared_name=f"sync_token_q_worker_{w}")
                 for w in range(num_workers)]
 
@@ -266,7 +269,7 @@ def _copy_the_local_step_at_init(sync_optimizer, local_step: tf.Variable, who,
     # Sync: keep our copy of the local step equal to the optimizer's: set from the value its
     # init op assigns, and from every token. (Both init ops are public attributes the session
     # hook reads in begin(), so replacing them here is enough.)
-    copy_init = tf1.assign(local_step, sync_optimizer.local_step_init_op)
+    copy_init = tf1.assign(local_step, tf.cast(sync_optimizer.local_step_init_op, tf.int64))
     sync_optimizer.local_step_init_op = copy_init
     sync_optimizer.chief_init_op = tf.group(
         sync_optimizer.chief_init_op, copy_init,
@@ -304,7 +307,7 @@ def _rejoin_ops(sync_optimizer, queue, state: SharedState, local_step: tf.Variab
         with tf.control_dependencies(seen):
             waiting_after = queue.size()
     with tf.control_dependencies([tf1.assign(_optimizer_local_step(sync_optimizer), taken)]):
-        rejoin = tf1.assign(local_step, taken)
+        rejoin = tf1.assign(local_step, tf.cast(taken, tf.int64))
     return rejoin, queue.size(), (*seen, waiting_after) if last_push is not None else None
 
 def _pushes_before_the_token(stock_train_op: tf.Tensor) -> list[tf.Operation]:
