@@ -13,6 +13,7 @@ import shutil
 import signal
 import sys
 
+import pytest
 from tensorflow.core.protobuf import saved_model_pb2
 
 from procs import ROOT, operator_tf_config, processes_mentioning, read_json, run_task_process
@@ -145,6 +146,41 @@ def test_a_model_function_that_raises_is_bad_input_with_its_traceback(tmp_path):
     assert lines[at + 1] == "Traceback (most recent call last):"
     assert f'File "{path}", line ' in "\n".join(lines[at:]) and lines[-1] == "KeyError: 'scale'"
     assert "placement.py" not in "\n".join(lines[at:])
+
+
+# Each a change to the example file, and the one line its worker exits 2 with (every case, with
+# its exact line, is in tests/inprocess/test_model_contract.py).
+BROKEN = {
+    "a loss that is no scalar": (
+        "loss = tf1.losses.sparse_softmax_cross_entropy(labels, logits)",
+        "loss = tf.reduce_sum(logits, axis=1)",
+        "error: ModelSpec: loss must be a float scalar, got float32 of shape (None,)"),
+    "its own train op": (
+        "return sm.ModelSpec(mode, loss=loss,\n",
+        "return sm.ModelSpec(mode, loss=loss, train_op=tf.no_op(),\n",
+        "error: ModelSpec: train_op is refused: return the base optimizer as optimizer=... (or "
+        "none, for --optimizer); sync_mnist wraps it in SyncReplicasOptimizer and builds the "
+        "train op itself"),
+    "uneven input": (
+        "return _data(params, 3000, seed=1)",
+        "return _data(params, 3000, seed=1)[0], _data(params, 2999, seed=1)[1]",
+        "error: train_input_fn returned 3000 rows of features but 2999 labels"),
+    "no model of that name": ("MODEL = sm.Model(", "OTHER = sm.Model(", None),
+}
+
+
+@pytest.mark.parametrize("change", BROKEN.values(), ids=BROKEN.keys())
+def test_a_model_that_breaks_the_contract_is_exit_2_with_one_line(tmp_path, change):
+    old, new, line = change
+    path = tmp_path / "broken.py"
+    text = EXAMPLE.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+    code, lines = _worker_alone(tmp_path, f"{path}:MODEL")
+    assert code == EXIT_USAGE, lines
+    errors = [line for line in lines if line.startswith("error:")]
+    assert errors == [line or f"error: --model '{path}:MODEL': {path} has no name 'MODEL'"]
+    assert lines[-1] == errors[0]  # nothing after it: no traceback of the package's own
 
 
 def test_a_worker_with_another_version_of_the_model_exits_2_naming_the_difference(
