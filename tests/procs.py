@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -285,3 +286,33 @@ def free_run(count: int, within: tuple[int, int] | None = None) -> int:
             for s in sockets:
                 s.close()
     raise AssertionError(f"found no {count} consecutive free ports {within or ''}")
+
+
+INSTALL_SECS = 900  # apt-get update and install, bounded
+
+
+def which(tool: str) -> str | None:
+    return shutil.which(tool) or shutil.which(tool, path="/usr/sbin:/sbin")
+
+
+def apt_installed(packages: tuple[str, ...], tools: tuple[str, ...]) -> str | None:
+    """Installs `packages` with apt-get (root) if any of `tools` is missing; then why some are
+    still missing, or None when all are there."""
+    missing = [tool for tool in tools if not which(tool)]
+    if not missing:
+        return None
+    if not shutil.which("apt-get"):
+        return f"{', '.join(missing)} missing and no apt-get to install {' '.join(packages)}"
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for argv in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", *packages]):
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, env=env,
+                                 timeout=INSTALL_SECS, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return f"`{' '.join(argv)}` did not finish within {INSTALL_SECS} s"
+        if out.returncode:
+            last = (out.stderr.strip() or out.stdout.strip()).splitlines()[-1:]
+            return f"`{' '.join(argv)}` failed ({out.returncode}): {' '.join(last)}"
+    missing = [tool for tool in tools if not which(tool)]
+    return f"still missing after installing {' '.join(packages)}: {', '.join(missing)}" \
+        if missing else None

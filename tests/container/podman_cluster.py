@@ -27,11 +27,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import procs
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "deploy" / "kubernetes" / "Dockerfile"
 PACKAGES = ("podman", "runc", "mmdebstrap")
 TOOLS = ("podman", "runc", "mmdebstrap")
-INSTALL_SECS = 900  # apt-get update and install, bounded
 BASE_SECS = 900  # mmdebstrap: about 25 s here
 BUILD_SECS = 1200  # the image: pip downloads TensorFlow; about 60 s here
 COMMAND_SECS = 60  # one podman command
@@ -61,31 +62,13 @@ def unavailable() -> str | None:
     mmdebstrap where they are missing and this is root), or None if they can."""
     if os.geteuid() != 0:
         return f"needs root to run podman with runc and mmdebstrap (euid is {os.geteuid()})"
-    missing = [tool for tool in TOOLS if not _which(tool)]
-    if not missing:
-        return None
-    if not shutil.which("apt-get"):
-        return f"{', '.join(missing)} missing and no apt-get to install {' '.join(PACKAGES)}"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    installing = any(not procs.which(tool) for tool in TOOLS)
     started = time.monotonic()
-    for argv in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", *PACKAGES]):
-        try:
-            out = subprocess.run(argv, capture_output=True, text=True, env=env,
-                                 timeout=INSTALL_SECS, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            return f"`{' '.join(argv)}` did not finish within {INSTALL_SECS} s"
-        if out.returncode:
-            last = (out.stderr.strip() or out.stdout.strip()).splitlines()[-1:]
-            return f"`{' '.join(argv)}` failed ({out.returncode}): {' '.join(last)}"
-    FIGURES["install"] = (f"apt-get update and install {' '.join(PACKAGES)}: "
-                          f"{time.monotonic() - started:.0f} s")
-    missing = [tool for tool in TOOLS if not _which(tool)]
-    return f"still missing after installing {' '.join(PACKAGES)}: {', '.join(missing)}" \
-        if missing else None
-
-
-def _which(tool: str) -> str | None:
-    return shutil.which(tool) or shutil.which(tool, path="/usr/sbin:/sbin")
+    why = procs.apt_installed(PACKAGES, TOOLS)
+    if installing and why is None:
+        FIGURES["install"] = (f"apt-get update and install {' '.join(PACKAGES)}: "
+                              f"{time.monotonic() - started:.0f} s")
+    return why
 
 
 def _run(argv: list[str], timeout: float, env: dict | None = None,
@@ -151,7 +134,7 @@ class Podman:
                         "[engine]\nruntime = \"runc\"\nevents_logger = \"file\"\n"
                         f"[network]\nnetwork_config_dir = \"{self.dir / 'networks'}\"\n")
         self.env = {**os.environ, "CONTAINERS_CONF": str(conf)}
-        self.argv = [_which("podman"), "--root", str(self.dir / "root"),
+        self.argv = [procs.which("podman"), "--root", str(self.dir / "root"),
                      "--runroot", str(self.dir / "runroot")]
         self.containers: list[Container] = []
         self.networks: dict[str, str] = {}  # name: its bridge interface on the host
@@ -262,7 +245,7 @@ class Podman:
 def _netavark_firewall() -> set[str]:
     """The host's iptables chains and rules that netavark made (an internal network needs
     none; a network with a route out adds NAT chains that netavark never removes)."""
-    save = _which("iptables-save")
+    save = procs.which("iptables-save")
     if not save:
         return set()
     out = _run([save], COMMAND_SECS)

@@ -26,10 +26,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import procs
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("slurm-wlm", "munge")
 TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "srun", "nsenter", "unshare")
-INSTALL_SECS = 900  # apt-get update and install, bounded
 START_SECS = 60  # from starting the daemons to every node idle
 COMMAND_SECS = 30  # one scontrol or scancel
 STOP_SECS = 15  # a daemon's SIGTERM to its exit, then SIGKILL
@@ -43,28 +44,7 @@ def unavailable() -> str | None:
     is root), or None if one can."""
     if os.geteuid() != 0:
         return f"needs root to run Slurm's daemons (euid is {os.geteuid()})"
-    missing = [tool for tool in TOOLS if not _which(tool)]
-    if not missing:
-        return None
-    if not shutil.which("apt-get"):
-        return f"{', '.join(missing)} missing and no apt-get to install {' '.join(PACKAGES)}"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for argv in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", *PACKAGES]):
-        try:
-            out = subprocess.run(argv, capture_output=True, text=True, env=env,
-                                 timeout=INSTALL_SECS, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            return f"`{' '.join(argv)}` did not finish within {INSTALL_SECS} s"
-        if out.returncode:
-            last = (out.stderr.strip() or out.stdout.strip()).splitlines()[-1:]
-            return f"`{' '.join(argv)}` failed ({out.returncode}): {' '.join(last)}"
-    missing = [tool for tool in TOOLS if not _which(tool)]
-    return f"still missing after installing {' '.join(PACKAGES)}: {', '.join(missing)}" \
-        if missing else None
-
-
-def _which(tool: str) -> str | None:
-    return shutil.which(tool) or shutil.which(tool, path="/usr/sbin:/sbin")
+    return procs.apt_installed(PACKAGES, TOOLS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,16 +136,16 @@ class SlurmCluster:
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
         self._write_conf()
-        self._start("munged", [_which("munged"), "--foreground", f"--key-file={key}",
+        self._start("munged", [procs.which("munged"), "--foreground", f"--key-file={key}",
                                f"--socket={self.socket}", f"--log-file={logs / 'munged.log'}",
                                f"--pid-file={self.root / 'munge' / 'munged.pid'}",
                                f"--seed-file={self.root / 'munge' / 'munged.seed'}"], ())
         self._wait(lambda: self.socket.exists(), "munged's socket")
-        self._start("slurmctld", [_which("slurmctld"), "-D", "-f", str(self.conf)],
+        self._start("slurmctld", [procs.which("slurmctld"), "-D", "-f", str(self.conf)],
                     self.controller.enter)
         for node in self.nodes:
             self._start(f"slurmd {node.name}",
-                        [_which("slurmd"), "-D", "-f", str(self.conf), "-N", node.name],
+                        [procs.which("slurmd"), "-D", "-f", str(self.conf), "-N", node.name],
                         node.enter)
         self._wait(self._all_idle, f"every node ({', '.join(n.name for n in self.nodes)}) idle")
 
