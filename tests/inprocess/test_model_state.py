@@ -104,3 +104,57 @@ def test_a_write_of_a_trainable_variable_is_refused():
         "the model function raised AttributeError in mode 'train': 'SymbolicTensor' object has "
         "no attribute 'assign_add': a trainable variable is handed to the model function as "
         "its value, read from the ps; only the optimizer writes it")
+
+
+# ------------------------------------------------------------- clipping (docs/your-model.md)
+# The model's optimizer: its compute_gradients runs on each worker before the push, its
+# apply_gradients once per update on the average. Gradients of w are batch means of
+# features in {-4, 4}, so the two clippings to [-1, 1] give different, exact updates.
+
+
+class _ClipEachWorker(tf1.train.GradientDescentOptimizer):
+    def compute_gradients(self, *args, **kwargs):
+        return [(tf.clip_by_value(g, -1.0, 1.0), v)
+                for g, v in super().compute_gradients(*args, **kwargs)]
+
+
+class _ClipTheAverage(tf1.train.GradientDescentOptimizer):
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        return super().apply_gradients(
+            [(tf.clip_by_value(g, -1.0, 1.0), v) for g, v in grads_and_vars], *args, **kwargs)
+
+
+def _signed_data(params):
+    features = np.random.default_rng(5).choice([-4.0, 4.0], (ROWS, 1)).astype(np.float32)
+    return features, np.zeros(ROWS, np.float32)
+
+
+def _linear(features, labels, mode, params):
+    w = tf1.get_variable("w", [], initializer=tf1.zeros_initializer())
+    loss = tf.reduce_mean(features[:, 0]) * w  # d loss / d w: the batch's mean feature
+    if mode == sm.ModeKeys.TRAIN:
+        return sm.ModelSpec(mode, loss=loss, optimizer=params["optimizer"](1.0))
+    return sm.ModelSpec(mode, loss=loss, eval_metric_ops={"w": (tf.identity(w), tf.no_op())})
+
+
+def _clipped_w(clip_each: bool, steps: int) -> np.float32:
+    features, labels = _signed_data({})
+    shards = [data.Shard(features, labels, index=i, num_workers=2, batch_size=BATCH, seed=SEED)
+              for i in range(2)]
+    w = np.float32(0)
+    for step in range(steps):
+        means = [shard.batch(step)[0].mean(dtype=np.float32) for shard in shards]
+        w -= np.float32(np.mean(np.clip(means, -1, 1)) if clip_each
+                        else np.clip(np.mean(means), -1, 1))
+    return w
+
+
+@pytest.mark.parametrize("optimizer, clip_each", [(_ClipEachWorker, True),
+                                                  (_ClipTheAverage, False)])
+def test_a_models_optimizer_clips_each_workers_gradient_or_their_average(optimizer, clip_each):
+    steps = 4  # the two clippings part here (later steps of these data bring them together)
+    assert _clipped_w(True, steps) != _clipped_w(False, steps)
+    model = sm.Model(_linear, _signed_data, _signed_data, params={"optimizer": optimizer})
+    run = run_cluster(2, model, train_steps=steps, batch_size=BATCH, seed=SEED)
+    assert run.chief.synchronous is True
+    assert run.chief.test_metrics["w"] == _clipped_w(clip_each, steps)
