@@ -9,7 +9,7 @@ Two datasets, each returned as a `Dataset` of uint8 [n, 784] images and int64 la
   structure.
 * ``synthetic``: generated, learnable, and not digits; for tests and smoke runs.
 
-Images stay uint8 until a batch is fed (`to_float`): a worker holds only its own shard
+Images stay uint8 until the model scales them in its graph: a worker holds only its own shard
 (`Shard` copies its rows), so a task of a 3-worker cluster keeps about 16 MB of training
 pixels rather than 188 MB of float32.
 
@@ -111,25 +111,10 @@ class Dataset:
                 )
             _check_labels(labels, where)
 
-    def test_only(self) -> "Dataset":
-        """The same dataset without its training split (a worker keeps only its shard)."""
-        return dataclasses.replace(self, train_images=_no_images(), train_labels=_no_labels())
-
-    def without_test(self) -> "Dataset":
-        """The same dataset without its test split (only the chief evaluates)."""
-        return dataclasses.replace(self, test_images=_no_images(), test_labels=_no_labels())
-
-
-def _no_images() -> np.ndarray:
-    return np.empty((0, NUM_PIXELS), np.uint8)
-
-
-def _no_labels() -> np.ndarray:
-    return np.empty(0, np.int64)
-
 
 def to_float(images: np.ndarray) -> np.ndarray:
-    """uint8 pixels as the float32 in [0, 1] the model is fed: one batch at a time."""
+    """uint8 pixels as float32 in [0, 1] (the benchmark's MultiWorkerMirroredStrategy feeds
+    them so; the built-in models scale in their graph: models/mnist.py)."""
     return images.astype(np.float32) / np.float32(255.0)
 
 
@@ -359,18 +344,6 @@ def _mnist_files(data_dir) -> tuple[str, tuple[Path, ...], str]:
         return "idx", paths, "the complete MNIST shipped with sync_mnist"
     fmt, paths = find_mnist(data_dir)
     return fmt, paths, f"MNIST from {data_dir} ({paths[0].name}{'' if fmt == 'npz' else ', ...'})"
-
-
-def load_test_split(dataset: Dataset, data_dir: str | os.PathLike | None = None, *,
-                    seed: int = 0) -> Dataset:
-    """`dataset` with its test split read again from its source (the chief evaluates at the
-    end, and holds the test digits only then).
-
-    Raises:
-        DataError: as `load_dataset`.
-    """
-    images, labels = load_test(dataset.name, data_dir, seed=seed)
-    return dataclasses.replace(dataset, test_images=images, test_labels=labels)
 
 
 def load_test(name: str, data_dir: str | os.PathLike | None = None, *,

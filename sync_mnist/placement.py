@@ -48,7 +48,6 @@ class Recorded(NamedTuple):
 
 class Built(NamedTuple):
     spec: api.ModelSpec
-    variables: list[tf.Variable]  # the model's trainable variables (their slices, if cut)
     state: dict[str, tf.Variable]  # its non-trainable ones by name (moving statistics, say)
     ops: set[str]  # names of the ops the model function made (audit.py)
     update_ops: list  # what it added to UPDATE_OPS
@@ -129,7 +128,7 @@ def build(model_fn: Callable, features, labels, mode: str, params: Mapping[str, 
     getter.create_first([r for r in recorded if r.trainable])
     with tf1.variable_scope(tf1.get_variable_scope(), custom_getter=getter):
         spec = call(model_fn, features, labels, mode, params)
-    return Built(spec, getter.trainable, getter.state,
+    return Built(spec, getter.state,
                  {op.name for op in graph.get_operations()[first:]},
                  graph.get_collection(tf1.GraphKeys.UPDATE_OPS)[updates:])
 
@@ -138,7 +137,6 @@ class _Getter:
     def __init__(self, num_ps: int, wire_dtype: tf.DType, ps_job: str | None):
         self.num_ps, self.wire_dtype, self.ps_job = num_ps, wire_dtype, ps_job
         self.values: dict[str, tf.Tensor] = {}  # full name -> what the model is handed
-        self.trainable: list[tf.Variable] = []
         self.state: dict[str, tf.Variable] = {}
 
     def device(self, op) -> str:
@@ -176,8 +174,7 @@ class _Getter:
 
     def _pull(self, made: list[tuple[str, list[tf.Variable]]]) -> None:
         """made: (name, its slices) of each variable, read together."""
-        for (name, slices), value in zip(made, pulled([s for _, s in made], self.wire_dtype)):
-            self.trainable += slices
+        for (name, _), value in zip(made, pulled([s for _, s in made], self.wire_dtype)):
             self.values[name] = value
 
     def __call__(self, getter, name, *args, **kwargs):

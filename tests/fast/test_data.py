@@ -349,15 +349,6 @@ def test_a_shard_of_dict_features_cuts_every_column_alike():
                    num_workers=2, batch_size=3, seed=4)
 
 
-def test_worker_data_keeps_only_the_shard_and_the_chiefs_test_set():
-    ds = data.make_synthetic(seed=0, train_size=600, test_size=100)
-    assert len(ds.test_only().train_labels) == 0 and len(ds.test_only().test_labels) == 100
-    bare = ds.test_only().without_test()
-    assert bare.train_images.shape == (0, 784) and bare.test_images.shape == (0, 784)
-    assert bare.train_images.base is None  # not a view that would keep the pixels alive
-    assert bare.description == ds.description
-
-
 # ---------------------------------------------------------------------------- shards
 
 
