@@ -427,8 +427,9 @@ class _Policy:
         Once the chief has ended 0: a backup (R < N) restarted after the chief declared its
         predecessor lost waits for a run that is over; and a ps left with no worker running
         waits for done reports that no one is left to send (a worker gave up its report, or
-        died, after the verdict). Its own bound allows for restarts that will not come. A ps
-        that every worker reported done to is stuck, and stays overdue.
+        died, after the verdict, or reported to the ps this one replaced: it ended before this
+        one started). Its own bound allows for restarts that will not come. A ps that every
+        worker reported done to is stuck, and stays overdue.
         """
         if not any(t.role == "worker" and t.index == 0 and t.poll() == config_lib.EXIT_OK
                    for t in self._tasks):
@@ -439,9 +440,12 @@ class _Policy:
                 t.lost = True  # counted by _spare_left for the next one
                 spared.append(t)
         workers = [t for t in self._tasks if t.role == "worker"]
-        if all(t.role == "ps" for t in live if t not in spared) and any(
-                t.spent or t.lost or t.result().done_reported is False for t in workers):
-            spared += [t for t in live if t.role == "ps"]
+        if not all(t.role == "ps" for t in live if t not in spared):
+            return spared
+        unreported = any(t.spent or t.lost or t.result().done_reported is False for t in workers)
+        for ps in (t for t in live if t.role == "ps"):
+            if unreported or any(w.ended is not None and w.ended < ps.spawned for w in workers):
+                spared.append(ps)
         return spared
 
     def _spare_left(self, task: _Task) -> bool:

@@ -18,7 +18,7 @@ class _FakeTask:
     def __init__(self, role, index, *codes):
         self.role, self.index, self.tag = role, index, f"{role} {index}"
         self.codes, self.starts, self.lost, self.spent = list(codes), 1, False, False
-        self.spawned, self.progressed = time.monotonic(), None
+        self.spawned, self.progressed, self.ended = time.monotonic(), None, None
 
     def poll(self):
         return self.codes[self.starts - 1]
@@ -104,6 +104,18 @@ def test_a_ps_left_waiting_for_done_reports_after_a_verified_run_is_stopped_not_
         t.overdue = None
     assert _wait(tasks, max_restarts=3, spare_workers=0, end_bound=0.0) is ps
     assert "stopped by the launcher" in ps.overdue
+    # Seen in the chaos soak: ps 0 killed after every worker's report and restarted; workers 1
+    # and 2 had reported done to its predecessor and ended, so the new one waited for reports
+    # that no one would send again, and a verified run ended 200 at the end bound.
+    restarted = _FakeTask("ps", 0, None)
+    ended_before = _FakeTask("worker", 1, 0), _FakeTask("worker", 2, 0)
+    for worker in ended_before:
+        worker.ended = restarted.spawned - 1.0
+    tasks = [restarted, chief, *ended_before]
+    for t in tasks:
+        t.overdue = None
+    assert _wait(tasks, max_restarts=3, spare_workers=0, end_bound=0.0) is None
+    assert restarted.overdue is None
     # While a worker still runs, the ps may still be needed: both are overdue.
     still = _FakeTask("worker", 2, None)
     still.overdue = None
