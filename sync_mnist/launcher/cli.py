@@ -49,11 +49,13 @@ def launcher_parser() -> options.Parser:
                              "(--isolate) every port is free, and 0 means the default "
                              f"(default: {cluster_lib.DEFAULT_BASE_PORT})")
     parser.add_argument("--max-restarts", type=int, default=0,
-                        help="restart a task that dies (killed, crashed or timed out; not one "
-                             "that rejected its input or found training not synchronous), up "
-                             "to this many times in all, start-up included; a task that timed "
+                        help="mend up to this many faults, start-up included: restart a task "
+                             "that dies (killed, crashed or timed out; not one that rejected "
+                             "its input or found training not synchronous); a task that timed "
                              "out naming a peer as missing has that peer restarted first, "
-                             "killed first if it still runs (default: 0)")
+                             "killed first if it still runs, and the tasks that timed out "
+                             "waiting for a peer restarted since are restarted at no charge: "
+                             "1 survives any one fault (default: 0)")
     parser.add_argument("--isolate", default="auto", choices=netns.MODES,
                         help="run every task in one private network namespace with loopback "
                              "only, so no other host and no process outside it can reach the "

@@ -63,6 +63,7 @@ class _Task:
         self.tag = f"{role} {index}"
         self.stopped = False  # still running when the launcher stopped the cluster
         self.restarts = 0  # times --max-restarts restarted it
+        self.restarted: float | None = None  # monotonic: when the policy last restarted it
         self.lost = False  # a worker that died while backups carried on without it
         self.spent = False  # a task that died once the chief had verified the run and ended
         self.overdue: str | None = None  # why the launcher stopped it past a bound of its own
@@ -89,6 +90,7 @@ class _Task:
         """Starts the same command again, once the dead process's output has been forwarded."""
         self.reader.join(timeout=5)
         self.restarts += 1
+        self.restarted = time.monotonic()
         self._spawn()
 
     def kill(self) -> None:
@@ -368,14 +370,21 @@ _FINAL_EXITS = (config_lib.EXIT_OK, config_lib.EXIT_USAGE, config_lib.EXIT_NOT_S
 class _Policy:
     """What the launcher does when a task fails: restart it, let it go, or stop the cluster.
 
-    A task that dies (a signal, a crash, a timeout) is started again with the same command
-    while fewer than `max_restarts` restarts have been made in all, whether it died while
-    the cluster started or later. A task that timed out (exit 200) and names a peer as
-    missing (report.missing_tasks) has that peer restarted first, killed first if it still
-    runs: frozen (SIGSTOP) or stuck, it has not answered for a whole --timeout (unless it is
-    still starting: see _culprits). Failing a restart, a worker other than the chief may be
-    left dead while `spare_workers` allow (backups, R < N): the chief declares it lost and
-    the rest finish without it.
+    `max_restarts` counts faults: a task that dies (a signal, a crash) or freezes is started
+    again with the same command while fewer than `max_restarts` faults have been mended,
+    whether it failed while the cluster started or later. A task that timed out (exit 200)
+    and names a peer as missing (report.missing_tasks) has that peer restarted first, killed
+    first if it still runs: frozen (SIGSTOP) or stuck, it has not answered for a whole
+    --timeout (unless it is still starting: see _culprits). The peers that timed out waiting
+    for a task restarted after they started are restarted too, at no charge: the fault was
+    that task's, and it is paid for once. Failing a restart, a worker other than the chief
+    may be left dead while `spare_workers` allow (backups, R < N): the chief declares it lost
+    and the rest finish without it.
+
+    Once a worker has ended with its verdict (exit 0 or 3), it has passed the finish barrier:
+    every worker's last gradient is in, and the counters it read are final. A worker other
+    than the chief that fails after that is not needed again, and not restarted: the chief
+    (evaluating, writing the model, reporting done) and the others decide the run.
     """
 
     def __init__(self, tasks: list[_Task], *, max_restarts: int, spare_workers: int,
@@ -388,8 +397,8 @@ class _Policy:
         """Handles `task`'s exit with `code` (`when`: a phrase for the log, such as " before
         the chief started"); False when the cluster must be stopped."""
         exited = f"{task.tag} exited with code {code}{when}"
-        if any(t.role == "worker" and t.index == 0 and t.poll() == config_lib.EXIT_OK
-               for t in self._tasks):
+        if self._chief_ended_ok() or (task.role == "worker" and task.index != 0
+                                      and self._verdict_read()):
             # Sync: a chief that ended 0 had passed the finish barrier, verified the final
             # counters and written its model. A restarted task
             # could not rejoin a finished run: a ps would come back empty and wait for done
@@ -401,8 +410,9 @@ class _Policy:
                 log.warning("%s; the backup workers carry on without it", exited)
             else:
                 task.spent = True
-                log.warning("%s after the chief had verified the run and ended: not restarted; "
-                            "the workers' results decide the run", exited)
+                log.warning("%s after %s had verified the run and ended: not restarted; "
+                            "the workers' results decide the run", exited,
+                            "the chief" if self._chief_ended_ok() else "a worker")
             return True
         if code in _FINAL_EXITS:
             log.error("%s; stopping the cluster", exited)
@@ -412,6 +422,11 @@ class _Policy:
                 if not self._restart(culprit, f"{exited} naming {culprit.tag} as missing; "
                                               f"{culprit.tag}"):
                     break
+            mended = self._mended(task)
+            if mended:  # Sync: it waited for a peer restarted since: part of that one fault
+                self._restart(task, f"{exited} waiting for {mended.tag}, restarted for that "
+                                    "fault", charged=False)
+                return True
         if self._restart(task, exited):
             return True
         if self._spare_left(task):
@@ -448,6 +463,23 @@ class _Policy:
                 spared.append(ps)
         return spared
 
+    def _chief_ended_ok(self) -> bool:
+        return any(t.role == "worker" and t.index == 0 and t.poll() == config_lib.EXIT_OK
+                   for t in self._tasks)
+
+    def _verdict_read(self) -> bool:
+        """Whether a worker has ended with its verdict, past the finish barrier."""
+        return any(t.role == "worker" and t.poll() in (config_lib.EXIT_OK,
+                                                       config_lib.EXIT_NOT_SYNCHRONOUS)
+                   for t in self._tasks)
+
+    def _mended(self, task: _Task) -> _Task | None:
+        """The peer that `task`'s timeout names which the policy restarted after `task`'s
+        process started, if any."""
+        named = report.missing_tasks(task.result().error)
+        return next((t for t in self._tasks if t.tag in named and t is not task
+                     and t.restarted is not None and t.restarted > task.spawned), None)
+
     def _spare_left(self, task: _Task) -> bool:
         """Whether `task` is a worker other than the chief that the backups can do without."""
         return task.role == "worker" and task.index != 0 \
@@ -467,16 +499,17 @@ class _Policy:
                 and t.poll() is None and (t.spawned < progressed or now - t.spawned
                                           > config_lib.START_SECS + self._timeout)]
 
-    def _restart(self, task: _Task, what: str) -> bool:
-        if self._made >= self._max:
-            return False
-        self._made += 1
+    def _restart(self, task: _Task, what: str, charged: bool = True) -> bool:
+        if charged:
+            if self._made >= self._max:
+                return False
+            self._made += 1
+        count = f"fault {self._made} of {self._max}" + ("" if charged else ", no new fault")
         if task.poll() is None:
-            log.warning("%s is still running: killing it and restarting it (restart %d of %d)",
-                        what, self._made, self._max)
+            log.warning("%s is still running: killing it and restarting it (%s)", what, count)
             task.kill()
         else:
-            log.warning("%s; restarting it (restart %d of %d)", what, self._made, self._max)
+            log.warning("%s; restarting it (%s)", what, count)
         task.restart()
         return True
 

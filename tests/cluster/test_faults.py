@@ -134,7 +134,7 @@ def test_launcher_restarts_a_killed_worker_and_reports_it(processes, tmp_path):
     os.kill(pid, signal.SIGKILL)
 
     assert launcher.wait(BOUND) == EXIT_OK, launcher.output
-    launcher.wait_for_line(r"worker 1 exited with code -9; restarting it \(restart 1 of 1\)", 1)
+    launcher.wait_for_line(r"worker 1 exited with code -9; restarting it \(fault 1 of 1\)", 1)
     new_pid = int(launcher.wait_for_line(rf"started worker 1 \(pid (?!{pid}\))(\d+)\)", 1)[1])
     assert new_pid != pid
     summary = read_json(tmp_path / "cluster.json")

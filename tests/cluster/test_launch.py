@@ -161,14 +161,15 @@ def test_the_launcher_exits_200_when_its_tasks_failed_with_bounded_waits(process
 
 def test_a_frozen_worker_named_missing_is_killed_and_restarted_not_the_ones_that_waited(
         processes, tmp_path):
+    # One fault, one restart: those that timed out waiting for it are restarted at no charge.
     code, launcher, summary = _launch_fakes(processes, tmp_path, "frozen-worker",
-                                            max_restarts=3)
+                                            max_restarts=1)
 
     assert code == EXIT_OK, launcher.output
     frozen = int((tmp_path / "worker-1.pid").read_text())
     assert summary["pids"]["worker 1"][0] == frozen
     assert re.search(r"worker [02] exited with code 200 naming worker 1 as missing; worker 1 is "
-                     r"still running: killing it and restarting it \(restart 1 of 3\)",
+                     r"still running: killing it and restarting it \(fault 1 of 1\)",
                      launcher.output), launcher.output
     # Then the two that timed out waiting for it, each restarted once; but worker 2, if its
     # 200 came only after the restarted chief had ended 0, is spent, not restarted (launch.py;
@@ -177,34 +178,38 @@ def test_a_frozen_worker_named_missing_is_killed_and_restarted_not_the_ones_that
     assert restarts["worker 1"] == 1 and set(restarts.values()) == {1}, restarts
     assert set(restarts) in ({"worker 0", "worker 1", "worker 2"}, {"worker 0", "worker 1"}), \
         restarts
-    spent = {"worker 2"} - set(restarts)
-    assert all(re.search(rf"{w} exited with code 200 after the chief had verified the run "
-                         "and ended: not restarted", launcher.output) for w in spent), \
-        launcher.output
+    _assert_restarted_free_or_spent(launcher.output, restarts)
     assert summary["synchronous"] is True
     assert len(summary["pids"]["worker 1"]) == 2 and not _alive(frozen)
+
+
+def _assert_restarted_free_or_spent(output: str, restarts: dict) -> None:
+    """Worker 0 and (unless it was spent) worker 2 timed out waiting for worker 1 and were
+    restarted at no charge. Worker 2's 200 may come only after a worker has ended 0 (under
+    load), and is then spent, not restarted (launch.py)."""
+    assert all(re.search(rf"{w} exited with code 200 waiting for worker 1, restarted for that "
+                         r"fault; restarting it \(fault 1 of 1, no new fault\)", output)
+               for w in restarts if w != "worker 1"), output
+    spent = {"worker 2"} - set(restarts)
+    assert all(re.search(rf"{w} exited with code 200 after (the chief|a worker) had verified "
+                         "the run and ended: not restarted", output) for w in spent), output
 
 
 def test_a_replacement_still_starting_is_not_killed_for_being_named_missing(processes,
                                                                           tmp_path):
     code, launcher, summary = _launch_fakes(processes, tmp_path, "slow-replacement",
-                                            max_restarts=3)
+                                            max_restarts=1)
 
     assert code == EXIT_OK, launcher.output
     # Worker 1 was restarted once, when it died; the two that then timed out waiting for its
-    # replacement (started after the last progress, still starting) were restarted instead.
-    assert summary["restarts"] == {"worker 0": 1, "worker 1": 1, "worker 2": 1}, \
-        launcher.output
+    # replacement (started after the last progress, still starting) were restarted instead,
+    # as part of the same fault.
+    restarts = summary["restarts"]
+    assert restarts["worker 1"] == 1 and set(restarts.values()) == {1}, restarts
+    assert set(restarts) in ({"worker 0", "worker 1", "worker 2"}, {"worker 0", "worker 1"}), \
+        restarts
+    _assert_restarted_free_or_spent(launcher.output, restarts)
     assert "killing it" not in launcher.output
-
-
-def test_with_one_restart_the_frozen_worker_gets_it_and_the_run_ends_200(processes, tmp_path):
-    code, launcher, summary = _launch_fakes(processes, tmp_path, "frozen-worker",
-                                            max_restarts=1)
-
-    assert code == EXIT_TIMEOUT, launcher.output
-    assert summary["restarts"] == {"worker 1": 1}, launcher.output
-    assert re.search(r"worker [02] exited with code 200; stopping the cluster", launcher.output)
 
 
 def test_a_lost_backup_worker_is_exit_0(processes, tmp_path):
@@ -222,7 +227,7 @@ def test_max_restarts_covers_a_task_that_dies_before_the_chief_starts(processes,
                                             max_restarts=1)
 
     assert code == EXIT_OK, launcher.output
-    assert "ps 0 exited with code 201 before the chief started; restarting it (restart 1 of 1)" \
+    assert "ps 0 exited with code 201 before the chief started; restarting it (fault 1 of 1)" \
         in launcher.output
     assert summary["restarts"] == {"ps 0": 1}
     assert summary["synchronous"] is True

@@ -15,19 +15,21 @@ from sync_mnist.report import TaskResult
 class _FakeTask:
     """Stands in for launch._Task: each start exits with the next code of `codes`."""
 
-    def __init__(self, role, index, *codes):
+    def __init__(self, role, index, *codes, error=None):
         self.role, self.index, self.tag = role, index, f"{role} {index}"
         self.codes, self.starts, self.lost, self.spent = list(codes), 1, False, False
-        self.spawned, self.progressed, self.ended = time.monotonic(), None, None
+        self.spawned, self.progressed, self.ended = time.monotonic() - 1.0, None, None
+        self.restarted, self.error = None, error
 
     def poll(self):
         return self.codes[self.starts - 1]
 
     def restart(self):
         self.starts += 1
+        self.restarted = self.spawned = time.monotonic()
 
     def result(self):
-        return TaskResult(role=self.role, index=self.index, mode="sync")
+        return TaskResult(role=self.role, index=self.index, mode="sync", error=self.error)
 
     def last_sign_of_life(self):
         return time.monotonic()
@@ -53,6 +55,49 @@ def test_launcher_restarts_dead_tasks_within_its_budget_and_never_bad_input():
     bad = _FakeTask("worker", 1, EXIT_USAGE, 0)
     assert _wait([bad], max_restarts=5) is bad
     assert bad.starts == 1
+
+
+def _policy(tasks, max_restarts=0, spare_workers=0):
+    from sync_mnist.launcher import launch
+
+    return launch._Policy(tasks, max_restarts=max_restarts, spare_workers=spare_workers,
+                          timeout=10.0)
+
+
+_MISSING_1 = ("worker {}: waited 10 s for an update after local step 5; contributions so far "
+              "[5, 5, 5]; missing: worker 1 (no gradient for update 6)")
+
+
+def test_one_fault_costs_one_restart_whoever_timed_out_waiting_for_it():
+    # Issue 35: worker 1 died (or froze) and was restarted; the chief and worker 2, started
+    # before that, timed out waiting for it. --max-restarts 1 mends the one fault.
+    dead = _FakeTask("worker", 1, -9, None)
+    chief = _FakeTask("worker", 0, EXIT_TIMEOUT, None, error=_MISSING_1.format(0))
+    other = _FakeTask("worker", 2, EXIT_TIMEOUT, EXIT_TIMEOUT, error=_MISSING_1.format(2))
+    policy = _policy([dead, chief, other], max_restarts=1)
+    assert policy.after_exit(dead, -9)
+    assert policy.after_exit(other, EXIT_TIMEOUT) and policy.after_exit(chief, EXIT_TIMEOUT)
+    assert (dead.starts, chief.starts, other.starts) == (2, 2, 2)
+    # A timeout of a process started after that restart is a new fault: none is left for it.
+    assert not policy.after_exit(other, EXIT_TIMEOUT)
+    assert other.starts == 2
+    # A timeout that names no restarted peer is charged as before.
+    alone = _FakeTask("worker", 2, EXIT_TIMEOUT, error=_MISSING_1.format(2))
+    assert not _policy([_FakeTask("worker", 1, None), alone], max_restarts=0).after_exit(
+        alone, EXIT_TIMEOUT)
+
+
+def test_a_worker_that_dies_after_another_verified_the_run_does_not_stop_it():
+    # Seen in the chaos soak (R = N, no restart): worker 1 was killed after worker 2 had
+    # verified the final counters and ended 0, while the chief was still evaluating; the
+    # launcher stopped the cluster and a verified run ended 1.
+    chief, dead, verified = (_FakeTask("worker", 0, None), _FakeTask("worker", 1, -9),
+                             _FakeTask("worker", 2, 0))
+    policy = _policy([chief, dead, verified])
+    assert policy.after_exit(dead, -9) and dead.spent and dead.starts == 1
+    # The chief is needed until it ends: its death still stops the cluster.
+    chief = _FakeTask("worker", 0, -9)
+    assert not _policy([chief, _FakeTask("worker", 1, None), verified]).after_exit(chief, -9)
 
 
 def test_launcher_goes_on_without_a_dead_backup_worker_but_not_without_the_chief():
