@@ -34,7 +34,7 @@ import time
 
 from sync_mnist import cluster as cluster_lib
 from sync_mnist import config as config_lib
-from sync_mnist import model_cli, options, plot_cli
+from sync_mnist import model_cli, options, plot_cli, preemption
 from sync_mnist.config import TaskConfig
 
 
@@ -144,11 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     options.setup_logging(args.verbose, config.name)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGINT, _raise_interrupt)
+    # SIGTERM and SIGUSR1: at once before training, else the cluster stops on one update.
+    preemption.install(config.train.preempt_grace, _preempted_overdue(config), _raise_interrupt)
     sys.unraisablehook = _interrupt_again
     if held:  # stopped while it checked its arguments, which were good
         logging.getLogger("sync_mnist").error("interrupted")
-        return config_lib.EXIT_INTERRUPTED
+        return config_lib.EXIT_PREEMPTED
     return run_task(config, args.verbose)
 
 
@@ -190,7 +192,7 @@ def _task(config: TaskConfig, verbose: bool):
         result.error = options.first_line(e)
         return result, config_lib.EXIT_USAGE
     if not _load_tensorflow(verbose):  # stopped while TensorFlow loads: nothing to report yet
-        return None, config_lib.EXIT_INTERRUPTED
+        return None, _interrupted()
     config_lib.TaskTimeout.last_resort = _last_resort(config)
     return _run_role(config, verbose, result)
 
@@ -252,11 +254,11 @@ def _run_role(config: TaskConfig, verbose: bool, result):
         result.error, code = str(e), config_lib.EXIT_TIMEOUT
     except KeyboardInterrupt:
         log.error("interrupted")
-        result.error, code = "interrupted", config_lib.EXIT_INTERRUPTED
+        result.error, code = "interrupted", _interrupted()
     except Exception as e:  # a TensorFlow OpError or a bug: one line, then the exit code
         if _interrupted_inside_tensorflow(e):
             log.error("interrupted")
-            result.error, code = "interrupted", config_lib.EXIT_INTERRUPTED
+            result.error, code = "interrupted", _interrupted()
         else:
             log.error("failed: %s: %s", type(e).__name__, options.first_line(e))
             if verbose:
@@ -267,6 +269,25 @@ def _run_role(config: TaskConfig, verbose: bool, result):
     return result, code
 
 
+def _interrupted() -> int:
+    """The code of a task stopped at once: 143 for SIGTERM or SIGUSR1, 130 for SIGINT."""
+    return config_lib.EXIT_PREEMPTED if preemption.signalled() else config_lib.EXIT_INTERRUPTED
+
+
+def _preempted_overdue(config: TaskConfig):
+    """preemption.py's bound: the cluster did not stop in time; this ends the task all the
+    same (143), before the SIGKILL that follows."""
+    from sync_mnist import report
+
+    def overdue(message: str) -> None:
+        logging.getLogger("sync_mnist").error("%s", message)
+        _finish(config, report.TaskResult(role=config.role, index=config.index,
+                                          mode=config.train.mode, error=message),
+                config_lib.EXIT_PREEMPTED)
+
+    return overdue
+
+
 def _finish(config: TaskConfig, result, code: int) -> int:
     """Writes the result record and ends the process with `code`; with no record (nothing was
     started), returns `code` instead."""
@@ -275,7 +296,7 @@ def _finish(config: TaskConfig, result, code: int) -> int:
     if threading.current_thread() is threading.main_thread():
         # The task's end is decided: a stop signal now (the launcher stopping the cluster
         # after a peer's failure) would cut the record short with a traceback.
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in (signal.SIGINT, *preemption.SIGNALS):
             signal.signal(signum, signal.SIG_IGN)
     result.exit_code = code
     # ru_maxrss is in KiB on Linux.
@@ -341,7 +362,7 @@ def _deliver_again() -> None:
     # the hook.
     def later():
         time.sleep(0.01)
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)  # raises whatever the stop was (_interrupted)
 
     _thread.start_new_thread(later, ())
 

@@ -29,7 +29,10 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # a task crashed, or the launcher saw a task fail
 EXIT_USAGE = 2  # bad input: flags, cluster layout, TF_CONFIG, Slurm, data files, ports in use
 EXIT_NOT_SYNCHRONOUS = 3  # training ran to the end, but the counters show it was not synchronous
-EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM (retried: a pod is sent SIGTERM when it is evicted)
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT), or the launcher stopping its tasks after a failure
+# SIGTERM or SIGUSR1 (preemption.py): the cluster stopped on one update and, with --logdir,
+# saved it; a rerun resumes there. 128 + SIGTERM, retried as every eviction is.
+EXIT_PREEMPTED = 143
 EXIT_TIMEOUT = 200  # a bounded wait expired: a peer is missing, dead or stuck; an unreachable ps
 EXIT_PEER_LOST = 201  # TensorFlow reported a peer gone mid-run (UnavailableError, AbortedError)
 # What each code means, in the words the launcher's last line uses ("exit code 3 (...)").
@@ -40,6 +43,7 @@ EXIT_MEANINGS = {
     EXIT_NOT_SYNCHRONOUS: "training ran to the end, but the counters show it was not "
                           "synchronous",
     EXIT_INTERRUPTED: "interrupted",
+    EXIT_PREEMPTED: "preempted: stopped on one update, saved with --logdir; rerun to resume",
     EXIT_TIMEOUT: "a bounded wait expired: a peer is missing, dead or stuck",
     EXIT_PEER_LOST: "a peer was lost mid-run",
 }
@@ -117,6 +121,9 @@ class TrainConfig:
     # A ps gives up this long past --timeout without progress: time for restarted workers to
     # start (the launcher sets it to START_SECS with --max-restarts; a TFJob would too).
     restart_grace: float = 5.0
+    # SIGTERM or SIGUSR1: the cluster stops on one update and saves it within this many seconds,
+    # or the task exits without (preemption.py). Within Kubernetes' default grace of 30 s.
+    preempt_grace: float = 25.0
     export_dir: Path | None = None  # the chief's SavedModel at the end; None: none
     # Benchmark only (hidden --bench-no-proof): leave the ps-side counters out of the graph to
     # price them. The run is then NOT verified: its verdict says so and claims nothing.
@@ -151,6 +158,9 @@ class TrainConfig:
         if not 0 <= self.restart_grace <= MAX_TIMEOUT_SECS:  # also false for nan
             raise ConfigError(f"--restart-grace must be 0-{MAX_TIMEOUT_SECS:g} s, got "
                               f"{self.restart_grace}")
+        if not 0 < self.preempt_grace <= MAX_TIMEOUT_SECS:  # also false for nan
+            raise ConfigError(f"--preempt-grace must be more than 0 and at most "
+                              f"{MAX_TIMEOUT_SECS:g} s, got {self.preempt_grace}")
         if self.save_secs is not None and not self.save_secs > 0:
             raise ConfigError(f"--save-secs must be positive, got {self.save_secs}")
         if not self.model:

@@ -1,5 +1,9 @@
-"""Time to accuracy: the chief evaluates on the test digits every --eval-every updates, and the
-cluster stops at the first evaluation that reaches --target-accuracy.
+"""Stopping the whole cluster on one update: at --target-accuracy, or when a task is preempted.
+
+Time to accuracy: the chief evaluates on the test digits every --eval-every updates, and the
+cluster stops at the first evaluation that reaches --target-accuracy. Preemption (preemption.py):
+a task sent SIGTERM or SIGUSR1 asks for the stop the same way, and the cluster stops on one
+update, saves there and exits 143.
 
 Why the stop goes through an update, with R = N (lockstep): the chief evaluates after update s,
 holding the token of s and not yet having pushed for s + 1, while the other workers may have
@@ -20,8 +24,15 @@ the last update, exactly as at the planned end (sync.train_loop).
 In async mode there are no tokens and nothing to wait for: the chief sets stop_step itself, and
 each worker stops after the step in which it reads it.
 
-Without --target-accuracy none of the ops below the variables is built, and without
---eval-every the chief does not evaluate until the end: a normal step runs what it ran before.
+A preemption asks through `preempt_at` instead of `reached_at`, from any task at any moment (a
+ps between its polls, a worker between two steps): the argument above does not need the asker
+to hold a token. Any update after the request is made with every worker's push (R = N), so its
+tokens reach every worker with the stop. The latch records why it latched (`reason`), so every
+task, the ps included, ends with the same code. A stop is latched only before the planned
+end: a request that comes later changes nothing, and the run ends complete.
+
+Each step reads stop_step on ps 0 right after its token is taken there, in the same run: one
+scalar more from ps 0, and no round trip more.
 """
 
 from __future__ import annotations
@@ -37,25 +48,29 @@ tf1 = tf.compat.v1
 log = logging.getLogger("sync_mnist.worker")  # the chief's lines, tagged as its others
 
 NONE = 0  # reached_at and stop_step before the target is reached (global steps start at 1)
+TARGET, PREEMPTED = 1, 2  # why the cluster stopped early (StopVars.reason)
 
 
 class StopVars(NamedTuple):
-    """Two scalars on ps 0, built by every task (protocol.build_shared); not checkpointed."""
+    """Scalars on ps 0, built by every task (protocol.build_shared); not checkpointed."""
 
     reached_at: tf.Variable  # int64: global step whose evaluation reached the target; 0: not yet
     stop_step: tf.Variable  # int64: the update the cluster stops on; 0: the planned end
+    preempt_at: tf.Variable  # int64: > 0 once a task was preempted (the global step it saw + 1)
+    reason: tf.Variable  # int64: TARGET or PREEMPTED once stop_step is latched; else NONE
 
     @property
     def transient(self) -> list[tf.Variable]:
-        return [self.reached_at, self.stop_step]
+        return list(self)
 
 
 class StopOps(NamedTuple):
-    """What a worker's graph adds with --target-accuracy."""
+    """What a worker's graph adds to ask for the stop and to see it."""
 
     read: tf.Tensor  # stop_step, read after this worker's token (same run as the train op)
     step: tf.Tensor  # placeholder int64: the global step the chief's evaluation reached it at
     request: tf.Operation  # the chief's: reached_at = step (and stop_step = step in async mode)
+    preempt: tf.Operation  # any task's, when it is preempted (preempt_op)
 
 
 def build_stop_vars() -> StopVars:
@@ -66,33 +81,65 @@ def build_stop_vars() -> StopVars:
             return tf1.get_variable(name, [], tf.int64, tf1.zeros_initializer(),
                                     trainable=False)
 
-        return StopVars(scalar("reached_at"), scalar("stop_step"))
+        return StopVars(scalar("reached_at"), scalar("stop_step"), scalar("preempt_at"),
+                        scalar("reason"))
 
 
-def latch(stop: StopVars, step: tf.Tensor) -> tf.Operation:
-    """The first update after the chief's request becomes the stop step (sync, --target-accuracy).
+def latch(stop: StopVars, step: tf.Tensor, end: int) -> tf.Operation:
+    """The first update after a request becomes the stop step, unless it is the planned end
+    `end` or past it (sync mode).
 
     Built inside the update op: `step` is the global step this update makes, and the latch runs
     before the update's tokens are handed out (sync.build_train_op's `after_update`).
     """
     current = stop.stop_step.read_value()
+    reached = stop.reached_at.read_value() > NONE
+    asked = tf.logical_or(reached, stop.preempt_at.read_value() > NONE)
     # Only this op writes stop_step in sync mode, and the chief's queue runner makes one update
     # at a time, so a read-then-write cannot lose a latch.
-    first = tf.logical_and(stop.reached_at.read_value() > NONE, tf.equal(current, NONE))
-    return tf.group(tf1.assign(stop.stop_step, tf.where(first, step, current)),
+    first = tf.logical_and(tf.logical_and(asked, tf.equal(current, NONE)),
+                           step < tf.cast(end, step.dtype))
+    why = tf.where(reached, tf.constant(TARGET, tf.int64), tf.constant(PREEMPTED, tf.int64))
+    return tf.group(tf1.assign(stop.stop_step, tf.where(first, tf.cast(step, tf.int64), current)),
+                    tf1.assign(stop.reason, tf.where(first, why, stop.reason.read_value())),
                     name="latch_stop_step")
 
 
-def build_stop_ops(stop: StopVars, train_op: tf.Tensor, mode: str) -> StopOps:
-    """The read that follows each step, and the chief's request (--target-accuracy)."""
-    with tf.control_dependencies([train_op]):  # Sync: after the token, never before it
+def build_stop_ops(stop: StopVars, token: tf.Tensor, global_step: tf.Variable,
+                   mode: str) -> StopOps:
+    """The read that follows each step's token, and the requests.
+
+    `token` is the step's token where it is taken, on ps 0 (sync.SyncTraining.token_on_ps): the
+    read waits for it there, and crosses to the worker beside it.
+    """
+    with tf1.device(stop.stop_step.device), tf.control_dependencies([token]):
+        # Sync: after the token, never before it
         read = tf.identity(stop.stop_step.read_value(), name="stop_step_after_token")
     with tf1.device(stop.reached_at.device):
         step = tf1.placeholder(tf.int64, [], name="target_reached_at")
         request = [tf1.assign(stop.reached_at, step)]
         if mode == "async":  # every push is an update of its own: no update to latch it
-            request.append(tf1.assign(stop.stop_step, step))
-    return StopOps(read, step, tf.group(*request, name="request_stop"))
+            request += _stop_now(stop, step, TARGET)
+    return StopOps(read, step, tf.group(*request, name="request_stop"),
+                   preempt_op(stop, global_step, mode))
+
+
+def preempt_op(stop: StopVars, global_step: tf.Variable, mode: str) -> tf.Operation:
+    """A preempted task's request: the cluster stops on the next update (async: now)."""
+    with tf1.device(stop.preempt_at.device):
+        seen = tf.cast(global_step.read_value(), tf.int64) + 1
+        request = [tf1.assign(stop.preempt_at, seen)]
+        if mode == "async":
+            request += _stop_now(stop, seen, PREEMPTED)
+    return tf.group(*request, name="request_preempted_stop")
+
+
+def _stop_now(stop: StopVars, step: tf.Tensor, why: int) -> list[tf.Operation]:
+    """Async mode: the stop step set at once, by the first request only."""
+    first = tf.equal(stop.stop_step.read_value(), NONE)
+    return [tf1.assign(stop.stop_step, tf.where(first, step, stop.stop_step.read_value())),
+            tf1.assign(stop.reason, tf.where(first, tf.constant(why, tf.int64),
+                                             stop.reason.read_value()))]
 
 
 def should_stop(token: int, stop_step: int, mode: str) -> bool:

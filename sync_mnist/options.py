@@ -109,6 +109,12 @@ def _add_file_options(g) -> None:
                    help="ps only: seconds past --timeout it waits without progress before it "
                         "gives up, so that restarted workers can start; sync-mnist-cluster "
                         "--max-restarts sets 120 (default: 5)")
+    g.add_argument("--preempt-grace", type=float, default=25.0, metavar="SECS",
+                   help="on SIGTERM or SIGUSR1, the cluster stops on one update and the chief "
+                        "saves it (with --logdir), then every task exits 143; a task still "
+                        "running this many seconds after its signal exits 143 without (keep it "
+                        "below the SIGKILL that follows: Kubernetes' grace is 30 s, Slurm's "
+                        "KillWait 30 s) (default: 25)")
     g.add_argument("--export-dir", type=Path, default=None,
                    help="where the chief saves the trained model (a SavedModel) at the end; "
                         "an earlier model there is replaced (default: LOGDIR/saved_model "
@@ -169,7 +175,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
                        data_dir=args.data_dir, logdir=args.logdir, timeout=args.timeout,
                        mode=args.mode, log_every=args.log_every, save_steps=args.save_steps,
                        save_secs=args.save_secs, export_dir=_export_dir(args),
-                       restart_grace=args.restart_grace,
+                       restart_grace=args.restart_grace, preempt_grace=args.preempt_grace,
                        replicas_to_aggregate=args.replicas_to_aggregate, setup=args.setup,
                        proof=not args.bench_no_proof, eval_every=args.eval_every,
                        target_accuracy=args.target_accuracy, wire_dtype=args.wire_dtype)

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from sync_mnist import membership, protocol, report, session, sync
+from sync_mnist import early_stop, membership, preemption, protocol, report, session, sync
 from sync_mnist import verdict as verdict_lib
 from sync_mnist.config import START_SECS, TaskConfig, TaskTimeout
 
@@ -47,16 +47,20 @@ def run_ps(config: TaskConfig, *, server=None) -> report.TaskResult:
         # it is the queue's only reader, and takes what size() says is there, all in one run.
         waiting = shared.done_queues[config.index].size()
         take_done = shared.done_queues[config.index].dequeue_many(waiting)
+        # Sync: preempted, the ps asks for the stop on ps 0 as a worker would (early_stop.py).
+        preempt = early_stop.preempt_op(shared.stop, shared.state.global_step,
+                                        config.train.mode)
     log.info("serving %s; waiting for %d workers to report done (timeout %g s without progress)",
              config.cluster.address("ps", config.index), n, timeout)
     with session.closed_bounded(tf1.Session(server.target, graph=graph,
                                             config=session.session_config(["/job:ps"]))) as sess:
-        watch = _Watch(config, sess, shared, waiting, take_done)
+        watch = _Watch(config, sess, shared, waiting, take_done, preempt)
         watch.wait_for_the_other_ps()
         watch.until_every_worker_is_done()
     lost, counters = watch.lost, watch.counters
     result.train_s = time.monotonic() - started
     result.lost = lost or None
+    result.preempted_at = watch.preempted_at
     if counters:
         result.record_counters(counters)
     log.info("all %d workers done%s; global_step=%s contributions=%s; exiting", n,
@@ -70,9 +74,12 @@ class _Watch:
     """The ps's wait for the done entries, as its jobs: drain the done entries, read the final
     counters, check the chief's settings, follow the lost marks, and the no-progress watchdog."""
 
-    def __init__(self, config: TaskConfig, sess, shared: protocol.Shared, waiting, take_done):
+    def __init__(self, config: TaskConfig, sess, shared: protocol.Shared, waiting, take_done,
+                 preempt):
         self.config, self.sess, self.shared = config, sess, shared
-        self.waiting, self.take_done = waiting, take_done
+        self.waiting, self.take_done, self.preempt = waiting, take_done, preempt
+        self.asked_to_stop = False
+        self.preempted_at: int | None = None  # read with the final counters
         self.poll = tf1.RunOptions(timeout_in_ms=int(POLL_SECS * 1000))
         self.bounded = tf1.RunOptions(timeout_in_ms=int(config.train.timeout * 1000))
         self.done: set[int] = set()
@@ -103,8 +110,11 @@ class _Watch:
 
     def until_every_worker_is_done(self) -> None:
         """Returns once every worker has reported done or been declared lost."""
+        preemption.arm()
         # Sync: a worker the chief declared lost will never report done; do not wait for it.
         while len(self.done | set(self.lost)) < self.config.cluster.num_workers:
+            if preemption.requested() and not self.asked_to_stop:
+                self._ask_to_stop()
             entries = _entries_waiting(self.sess, self.waiting, self.poll)
             if entries:
                 self._take_done_entries(entries)
@@ -121,6 +131,15 @@ class _Watch:
         if self.counters is None:  # every worker was lost
             self.counters = _final_counters(self.sess, self.shared.state, self.poll)
 
+    def _ask_to_stop(self) -> None:
+        """Preempted: the next update is the cluster's last. Before any worker has trained
+        (the model not initialised yet), there is nothing to stop: the ps stops at once."""
+        try:
+            self.sess.run(self.preempt, options=self.bounded)
+        except tf.errors.FailedPreconditionError:
+            raise KeyboardInterrupt from None
+        self.asked_to_stop = True
+
     def _take_done_entries(self, entries: int) -> None:
         # They are there and the ps is the queue's only reader: this cannot wait, and no short
         # bound may cut it off (and lose entries) while it registers its graph. One run for
@@ -136,6 +155,7 @@ class _Watch:
             # final now; read them while every ps is sure to be up (with several ps, another
             # may exit as soon as it has its last entry).
             self.counters = _final_counters(self.sess, self.shared.state, self.poll)
+            self.preempted_at = _preempted_at(self.sess, self.shared.stop, self.poll)
 
     def _check_the_chiefs_settings(self, reading: _Reading | None) -> None:
         if reading and reading.published is not None:
@@ -175,6 +195,16 @@ def _final_counters(sess, state: sync.SharedState, options) -> verdict_lib.Count
     except tf.errors.OpError as e:
         log.warning("could not read the final counters: %s", str(e).splitlines()[0])
         return None
+
+
+def _preempted_at(sess, stop: early_stop.StopVars, options) -> int | None:
+    """The update a preemption stopped the cluster on, or None (no preemption, or ps 0 gone)."""
+    try:
+        step, reason = sess.run([stop.stop_step, stop.reason], options=options)
+    except tf.errors.OpError as e:
+        log.warning("could not read whether the run was preempted: %s", str(e).splitlines()[0])
+        return None
+    return int(step) if reason == early_stop.PREEMPTED else None
 
 
 class _Reading(NamedTuple):

@@ -89,6 +89,9 @@ class TaskResult:
     updates_to_target: int | None = None  # the global step of that evaluation
     accuracy_at_target: float | None = None  # its test accuracy
     stop_step: int | None = None  # the update the cluster stopped on (async: the stop's step)
+    # Preemption (preemption.py): the update the cluster stopped on because a task was sent
+    # SIGTERM or SIGUSR1; the chief saved it with --logdir. The task exits 143.
+    preempted_at: int | None = None
     # False: the ps did not take this worker's done report within --timeout, after the run was
     # complete and its verdict read (the ps then ends by its own bound); see WorkerRun.say_done.
     done_reported: bool | None = None
@@ -116,11 +119,14 @@ class TaskResult:
 
 
 def exit_code_for(result: TaskResult) -> int:
-    """0 when the run did what its mode promises; 3 when sync training was not synchronous."""
+    """0 when the run did what its mode promises; 3 when sync training was not synchronous;
+    143 when a preemption stopped it before its end."""
     if result.exit_code != config_lib.EXIT_OK:
         return result.exit_code
     if result.mode == "sync" and result.synchronous is False:
         return config_lib.EXIT_NOT_SYNCHRONOUS
+    if result.preempted_at is not None:
+        return config_lib.EXIT_PREEMPTED
     return config_lib.EXIT_OK
 
 
@@ -184,7 +190,7 @@ _CHIEF_KEYS = ("mode", "test_accuracy", "test_loss", "test_metrics", "dataset",
                "dataset_description", "model",
                # time to accuracy: the chief's evaluations, and when the target was reached
                "target_accuracy", "time_to_target_s", "updates_to_target", "accuracy_at_target",
-               "stop_step", "evaluations")
+               "stop_step", "evaluations", "preempted_at")
 
 
 def cluster_summary(results: list[TaskResult], tasks, wall: float) -> dict:
@@ -260,7 +266,15 @@ def closing_lines(s: dict) -> str:
             f"model={s['model']}{'' if s['dataset'] is None else ' dataset=' + s['dataset']} "
             f"examples_per_sec={s['examples_per_sec']:.0f} wall={s['wall_s']:.1f} s "
             f"ready_lag={lag} exit_lag={exit_lag}\n"
-            f"verification: {verdict}{target_line(s)}")
+            f"verification: {verdict}{target_line(s)}{preempted_line(s)}")
+
+
+def preempted_line(s: dict) -> str:
+    """After a preemption, a closing line: where the cluster stopped, and how to go on."""
+    if s.get("preempted_at") is None:
+        return ""
+    return (f"\npreempted: every worker stopped on update {s['preempted_at']} of "
+            f"{s['target_steps']} planned; rerun with the same --logdir to resume there")
 
 
 def target_line(s: dict) -> str:

@@ -48,6 +48,9 @@ class SyncTraining(NamedTuple):
     tokens_waiting: tf.Tensor | None = None
     # (global_step, last_push, tokens_waiting), read in that order (needs last_push).
     rejoin_reading: tuple | None = None
+    # The step's token where it is taken, on ps 0 (async: global_step after the update), for
+    # what must be read after it there (early_stop.build_stop_ops).
+    token_on_ps: tf.Tensor | None = None
 
 
 def build_shared_state(num_workers: int, global_step: tf.Variable | None = None) -> SharedState:
@@ -131,8 +134,8 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
         stock_train_op = sync_optimizer.apply_gradients(grads_and_vars,
                                                         global_step=state.global_step)
     _copy_the_local_step_at_init(sync_optimizer, local_step, who, state)
-    token, queue = _token(sync_optimizer, stock_train_op, state,
-                          own_queues[worker_index] if owned else None)
+    token, queue, taken = _token(sync_optimizer, stock_train_op, state,
+                                 own_queues[worker_index] if owned else None)
     train_op = tf1.assign(local_step, tf.cast(token, tf.int64))  # a global_step of any int
     # Sync: num_tokens=0 is the fix for the question's asynchrony. The default preloads R
     # tokens that any worker may take, so one fast worker can supply every gradient of an
@@ -142,7 +145,7 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
     _chief_queue_runner_that_never_closes(sync_optimizer, update.update_op if owned else None)
     rejoin, tokens_waiting, reading = _rejoin_ops(sync_optimizer, queue, state, local_step,
                                                   last_push)
-    return SyncTraining(train_op, [hook], sync_optimizer, rejoin, tokens_waiting, reading)
+    return SyncTraining(train_op, [hook], sync_optimizer, rejoin, tokens_waiting, reading, taken)
 
 
 def _async_train_op(grads_and_vars, state: SharedState, optimizer: tf1.train.Optimizer,
@@ -155,7 +158,8 @@ def _async_train_op(grads_and_vars, state: SharedState, optimizer: tf1.train.Opt
     with tf.control_dependencies([apply]):
         count = tf1.scatter_add(state.accepted, [worker_index], one)
     with tf.control_dependencies([count]):
-        return SyncTraining(tf.identity(state.global_step.read_value()), [], optimizer)
+        step = state.global_step.read_value()
+    return SyncTraining(tf.identity(step), [], optimizer, token_on_ps=step)
 
 
 def _who_and_local_step(state: SharedState, num_workers: int, proof: bool):
@@ -282,14 +286,16 @@ def _optimizer_local_step(sync_optimizer) -> tf.Variable:
 
 
 def _token(sync_optimizer, stock_train_op: tf.Tensor, state: SharedState, own_queue):
-    """The token this worker's step takes, and the queue it takes it from: its own queue
-    (owned tokens), else the optimizer's shared one."""
+    """The token this worker's step takes, the queue it takes it from (its own queue with owned
+    tokens, else the optimizer's shared one), and the token as taken there, on ps 0."""
     if own_queue is None:
-        return stock_train_op, sync_optimizer._sync_token_queue  # pylint: disable=W0212
+        _pushes_before_the_token(stock_train_op)  # checks that inputs[1] is the dequeue
+        return (stock_train_op, sync_optimizer._sync_token_queue,  # pylint: disable=W0212
+                stock_train_op.op.inputs[1])
     pushes = _pushes_before_the_token(stock_train_op)
     with tf1.device(state.global_step.device), tf.control_dependencies(pushes):
         mine = own_queue.dequeue()
-    return tf1.assign(_optimizer_local_step(sync_optimizer), mine), own_queue
+    return tf1.assign(_optimizer_local_step(sync_optimizer), mine), own_queue, mine
 
 
 def _rejoin_ops(sync_optimizer, queue, state: SharedState, local_step: tf.Variable,
@@ -309,6 +315,7 @@ def _rejoin_ops(sync_optimizer, queue, state: SharedState, local_step: tf.Variab
     with tf.control_dependencies([tf1.assign(_optimizer_local_step(sync_optimizer), taken)]):
         rejoin = tf1.assign(local_step, tf.cast(taken, tf.int64))
     return rejoin, queue.size(), (*seen, waiting_after) if last_push is not None else None
+
 
 def _pushes_before_the_token(stock_train_op: tf.Tensor) -> list[tf.Operation]:
     """This worker's gradient pushes, from the train op SyncReplicasOptimizer built.

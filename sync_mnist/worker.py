@@ -17,8 +17,8 @@ import tensorflow as tf
 
 from sync_mnist import cluster as cluster_lib
 from sync_mnist import (api, audit, data, early_stop, evaluation, export, membership, metrics,
-                        model_spec, models, optimizers, placement, protocol, report, session,
-                        sync)
+                        model_spec, models, optimizers, placement, preemption, protocol, report,
+                        session, sync)
 from sync_mnist import verdict as verdict_lib
 from sync_mnist.config import START_SECS, TaskConfig, TaskTimeout
 from sync_mnist.session import SideSession
@@ -55,7 +55,7 @@ class _Graph(NamedTuple):
     members: membership.Membership  # Sync: published settings, last pushes, the finish barrier
     report_done: tf.Operation  # Sync: one entry in every ps's done-queue
     stop_vars: early_stop.StopVars  # on ps 0: the update the cluster stops on, if any
-    stop: early_stop.StopOps | None = None  # with --target-accuracy only
+    stop: early_stop.StopOps  # Sync: the stop's read after each token, and its requests
 
     @property
     def transient(self) -> list[tf.Variable]:
@@ -114,18 +114,18 @@ def build_graph(config: TaskConfig, model: api.Model, example: tuple, num_tokens
         optimizer = spec.optimizer or optimizers.make_optimizer(
             train.optimizer, train.learning_rate, decay_steps=decay_steps,
             global_step=shared.state.global_step)
-        # Sync: with --target-accuracy, each update may latch the stop (early_stop.py).
-        target_accuracy = train.target_accuracy is not None
-        latch = (lambda new_step: early_stop.latch(shared.stop, new_step)) \
-            if target_accuracy and train.mode == "sync" else None
+        # Sync: each update may latch the stop, asked for by --target-accuracy or a preempted
+        # task (early_stop.py).
+        latch = (lambda new_step: early_stop.latch(shared.stop, new_step, target)) \
+            if train.mode == "sync" and target else None
         training = sync.build_train_op(
             spec.loss, shared.state, optimizer,
             worker_index=i, num_workers=n, replicas_to_aggregate=config.train.aggregate(n),
             is_chief=config.is_chief, mode=config.train.mode, num_tokens=num_tokens,
             last_push=shared.members.last_push, proof=config.train.proof, after_update=latch,
             wire_dtype=train.wire_dtype, state_deltas=state_deltas)
-        stop = early_stop.build_stop_ops(shared.stop, training.train_op, train.mode) \
-            if target_accuracy else None
+        stop = early_stop.build_stop_ops(shared.stop, training.token_on_ps,
+                                         shared.state.global_step, train.mode)
     report_done = tf.group(*[q.enqueue(i) for q in shared.done_queues])
     return _Graph(features, labels, spec, model_settings, shared.state, training, shared.members,
                   report_done, shared.stop, stop)
@@ -356,19 +356,20 @@ class WorkerRun:
         progress = metrics.Progress(config, self.side, g.state, self.writer, self.target)
         steps_run = 0
         lockstep = train.mode == "sync" and self._aggregate == config.cluster.num_workers
-        fetches = [g.training.train_op, g.spec.loss, dict(g.spec.train_metrics)]
-        if g.stop is not None:  # Sync: --target-accuracy: the stop step, read after the token
-            fetches.append(g.stop.read)
+        # Sync: the stop step, read after the token
+        fetches = [g.training.train_op, g.spec.loss, dict(g.spec.train_metrics), g.stop.read]
         stop_step = last_token = early_stop.NONE
         evaluations = self._evaluations() if config.is_chief and train.eval_every else None
+        asked_to_stop = False
+        preemption.arm()
 
         def run_step(step: int) -> int:
-            nonlocal steps_run, stop_step, last_token
+            nonlocal steps_run, stop_step, last_token, asked_to_stop
             x, y = self.shard.batch(step)
             sessions = self.status.sessions
             try:
-                token, loss, train_metrics, *stop = sess.run(fetches, g.feed(x, y),
-                                                             options=self.bounded)
+                token, loss, train_metrics, stop_step = sess.run(fetches, g.feed(x, y),
+                                                                 options=self.bounded)
             except tf.errors.DeadlineExceededError:
                 raise TaskTimeout(
                     f"worker {i}: waited {train.timeout:g} s for an update after local step "
@@ -387,21 +388,25 @@ class WorkerRun:
                             "a checkpoint; training on from there", step + 1, token)
             steps_run += 1
             progress.step(steps_run, loss, train_metrics)
-            last_token = int(token)
-            if stop:
-                stop_step = int(stop[0])
+            last_token, stop_step = int(token), int(stop_step)
+            if preemption.requested() and not asked_to_stop:
+                # Sync: the next update is the cluster's last (early_stop.py)
+                self.side.run(g.stop.preempt, options=self.bounded)
+                asked_to_stop = True
             if evaluations:
                 evaluations.after_update(last_token)
             return last_token
 
         train_started = time.monotonic()
-        stopped = None if g.stop is None else (
-            lambda token: early_stop.should_stop(token, stop_step, train.mode))
+
+        def stopped(token: int) -> bool:
+            return early_stop.should_stop(token, stop_step, train.mode)
+
         local = sync.train_loop(run_step, start_step=self.start_step, planned=self.planned,
                                 target=self.target, stop_on_token=train.mode == "sync",
                                 stopped=stopped)
         self._record_training(local, last_token, train_started,
-                              stopped_early=bool(stopped and stopped(last_token)))
+                              stopped_early=stopped(last_token))
 
     def _record_training(self, local: int, last_token: int, train_started: float, *,
                          stopped_early: bool) -> None:
@@ -410,8 +415,10 @@ class WorkerRun:
         if stopped_early and not sync.ran_the_plan(local=local, token=last_token,
                                                    planned=self.planned, target=self.target,
                                                    stop_on_token=train.mode == "sync"):
-            log.info("stopped after %d local steps, at global_step %d: the chief's evaluation "
-                     "reached the target accuracy (planned: %s)", local, last_token,
+            log.info("stopped after %d local steps, at global_step %d: %s (planned: %s)",
+                     local, last_token, "a task was preempted" if train.target_accuracy is None
+                     else "the chief's evaluation reached the target accuracy, or a task was "
+                     "preempted",
                      f"{self.planned} local steps" if train.mode == "async"
                      else f"{self.target} updates")
         result = self.result
@@ -460,13 +467,17 @@ class WorkerRun:
                 g.members, index=config.index, cluster=config.cluster, timeout=train.timeout,
                 log=log)
             counters = verdict_lib.Counters.read(side, g.state, options=self.bounded)
-            stop_step = None if g.stop is None else int(
-                side.run(g.stop_vars.stop_step, options=self.bounded))
+            stop_step, reason = (int(v) for v in side.run(
+                [g.stop_vars.stop_step, g.stop_vars.reason], options=self.bounded))
         end = self.target
-        if g.stop is not None:  # Sync: the run was planned to end where the target stopped it
-            result.target_accuracy, result.stop_step = train.target_accuracy, stop_step or None
-            if train.mode == "sync":  # (async mode counts local steps, and verifies no target)
-                end = early_stop.end_step(self.target, stop_step)
+        # Sync: the run was planned to end where the target or a preemption stopped it
+        result.stop_step = stop_step or None
+        if train.target_accuracy is not None:
+            result.target_accuracy = train.target_accuracy
+        if reason == early_stop.PREEMPTED:
+            result.preempted_at = stop_step
+        if train.mode == "sync":  # (async mode counts local steps, and verifies no target)
+            end = early_stop.end_step(self.target, stop_step)
         self.verdict = verdict_lib.verify(
             counters, mode=train.mode, target_steps=end,
             replicas_to_aggregate=self._aggregate, lost=lost) if train.proof else verdict_lib.Verdict(
@@ -474,6 +485,12 @@ class WorkerRun:
         result.record_counters(counters)
         result.lost = lost
         result.synchronous, result.verdict = self.verdict.synchronous, self.verdict.line
+        if result.preempted_at is not None:
+            log.warning("preempted: the cluster stopped on update %d of %d; %s", stop_step,
+                        self.target, f"the chief saves it to {train.logdir}; rerun with the "
+                        "same --logdir to resume there" if train.logdir else
+                        "no --logdir: nothing is saved, a rerun starts over")
+            return  # no time for an evaluation or a model: the rerun makes them
         if config.is_chief:
             if train.eval_every:
                 self.evaluations.record(result)
@@ -510,7 +527,7 @@ class WorkerRun:
         # The chief writes its model first: once it has reported done the ps may exit, and a
         # chief restarted after that could never read the weights again.
         write_error = None
-        if self.export_dir:
+        if self.export_dir and self.result.preempted_at is None:
             try:
                 export.write_saved_model(self.model, self.params, self.example, self.weights,
                                          self.export_dir)

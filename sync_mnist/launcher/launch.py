@@ -29,7 +29,7 @@ from sync_mnist.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
-KILL_GRACE_SECS = 5.0  # between SIGTERM and SIGKILL when stopping the cluster
+KILL_GRACE_SECS = 5.0  # between SIGINT and SIGKILL when stopping the cluster
 # glibc gives each thread that allocates its own malloc arena; TensorFlow's gRPC server starts
 # about a hundred threads. One arena saves about 11 MB of peak memory per task (measured) for
 # some lock contention that the tasks, two or three to a core here, do not notice. glibc reads
@@ -265,10 +265,27 @@ def _run_tasks(start, tasks: list[_Task], *, num_ps: int, num_workers: int, trai
                max_restarts: int, display, namespace) -> tuple[_Task | None, bool]:
     """Starts the tasks (`start(role, index)`) and waits for their end; stops every one left.
 
-    Returns the task whose failure ended the run (or None) and whether it was interrupted.
+    Returns the task whose failure ended the run (or None), and the code of a stop the launcher
+    was sent that ended the run at once (0: none; 130: SIGINT; 143: SIGTERM or SIGUSR1 before
+    the chief started).
     """
-    interrupted = False
-    previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    interrupted = 0
+    preempted: list[float] = []  # when the launcher was sent SIGTERM or SIGUSR1 (monotonic)
+
+    def preempt(signum, frame):
+        # Sync: passed on to every task, which stop together on one update (preemption.py).
+        # Before the chief has started nothing has trained: stop at once.
+        if not preempted and not any(t.role == "worker" and t.index == 0 for t in tasks):
+            preempted.append(time.monotonic())
+            raise KeyboardInterrupt
+        if not preempted:
+            preempted.append(time.monotonic())
+            for t in tasks:
+                if t.poll() is None:
+                    t.signal_group(signal.SIGTERM)
+
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, _raise_interrupt),
+                **{s: signal.signal(s, preempt) for s in (signal.SIGTERM, signal.SIGUSR1)}}
     try:
         for index in range(num_ps):
             start("ps", index)
@@ -290,9 +307,12 @@ def _run_tasks(start, tasks: list[_Task], *, num_ps: int, num_workers: int, trai
                 QUESTION_READY_POLL_SECS if train.setup == "question" else 0.0)
             failed = _wait(tasks, policy, ps_serve_forever=train.setup == "question",
                            end_bound=end_bound,
-                           stall_bound=STALL_ALLOWANCE_SECS + end_bound)
+                           stall_bound=STALL_ALLOWANCE_SECS + end_bound,
+                           preempted=preempted,
+                           preempt_bound=train.preempt_grace + KILL_GRACE_SECS)
     except KeyboardInterrupt:
-        interrupted, failed = True, None
+        interrupted, failed = (config_lib.EXIT_PREEMPTED if preempted
+                               else config_lib.EXIT_INTERRUPTED), None
         log.error("interrupted; stopping every task")
     finally:
         _stop(tasks)
@@ -305,7 +325,7 @@ def _run_tasks(start, tasks: list[_Task], *, num_ps: int, num_workers: int, trai
 
 
 def _report(tasks: list[_Task], results: list[report.TaskResult], wall: float,
-            train: TrainConfig, *, failed: _Task | None, interrupted: bool,
+            train: TrainConfig, *, failed: _Task | None, interrupted: int,
             summary_json: Path | None, display) -> int:
     """Writes --summary-json and shows the table and the closing lines; returns the code."""
     summary = report.cluster_summary(results, tasks, wall)
@@ -329,11 +349,14 @@ def _report(tasks: list[_Task], results: list[report.TaskResult], wall: float,
 
 
 def _exit_code(tasks: list[_Task], results: list[report.TaskResult], summary: dict,
-               train: TrainConfig, *, failed: _Task | None, interrupted: bool) -> int:
+               train: TrainConfig, *, failed: _Task | None, interrupted: int) -> int:
     if interrupted:
-        return config_lib.EXIT_INTERRUPTED
-    if failed is not None and failed.proc.returncode == config_lib.EXIT_USAGE:
-        return config_lib.EXIT_USAGE  # bad input to a task is bad input to the cluster
+        return interrupted
+    if failed is not None and failed.proc.returncode in (config_lib.EXIT_USAGE,
+                                                         config_lib.EXIT_PREEMPTED):
+        # Bad input to a task is bad input to the cluster; a task preempted before the
+        # chief started stopped it.
+        return failed.proc.returncode
     if any(t.overdue for t in tasks):  # a bound of the launcher's own expired
         return config_lib.EXIT_TIMEOUT
     # The failures are the codes of the tasks that ended by themselves: not those the launcher
@@ -341,7 +364,7 @@ def _exit_code(tasks: list[_Task], results: list[report.TaskResult], summary: di
     # lost backup.
     failures = [r.exit_code for t, r in zip(tasks, results)
                 if not t.stopped and not t.lost and not t.spent
-                and r.exit_code not in (config_lib.EXIT_OK, config_lib.EXIT_NOT_SYNCHRONOUS)]
+                and r.exit_code not in _ENDS]
     if failed is not None and failed.proc.returncode in (config_lib.EXIT_OK,
                                                          config_lib.EXIT_NOT_SYNCHRONOUS):
         failures.append(config_lib.EXIT_FAILED)  # it ended before the chief even started
@@ -352,6 +375,8 @@ def _exit_code(tasks: list[_Task], results: list[report.TaskResult], summary: di
             else config_lib.EXIT_FAILED
     if train.mode == "sync" and not summary["synchronous"]:
         return config_lib.EXIT_NOT_SYNCHRONOUS
+    if any(r.exit_code == config_lib.EXIT_PREEMPTED for r in results):
+        return config_lib.EXIT_PREEMPTED  # the whole cluster stopped on one update
     return config_lib.EXIT_OK
 
 
@@ -363,8 +388,11 @@ def _usage_reason(task: _Task, results: list[report.TaskResult]) -> str:
     return error
 
 
-# Exits that a restart cannot mend: bad input, and a run that ended (synchronous or not).
-_FINAL_EXITS = (config_lib.EXIT_OK, config_lib.EXIT_USAGE, config_lib.EXIT_NOT_SYNCHRONOUS)
+# A task's exits that end its part of the run: verified, not synchronous, or preempted (the
+# cluster stopped on one update, which every task does alike).
+_ENDS = (config_lib.EXIT_OK, config_lib.EXIT_NOT_SYNCHRONOUS, config_lib.EXIT_PREEMPTED)
+# Exits that a restart cannot mend: bad input, and a run that ended.
+_FINAL_EXITS = (config_lib.EXIT_USAGE, *_ENDS)
 
 
 class _Policy:
@@ -533,14 +561,16 @@ def _wait_until_waiting(tasks: list[_Task], others: list[_Task], timeout: float,
 
 
 def _wait(tasks: list[_Task], policy: _Policy, *, ps_serve_forever: bool,
-          end_bound: float = float("inf"), stall_bound: float = float("inf")) -> _Task | None:
+          end_bound: float = float("inf"), stall_bound: float = float("inf"),
+          preempted: list[float] = (), preempt_bound: float = float("inf")) -> _Task | None:
     """Waits for every task; on a failure that `policy` cannot mend, returns that task (the
     caller stops the rest).
 
     Each task bounds its own waits with --timeout, so this loop ends; should a task hang all
     the same, the loop ends `end_bound` seconds after the first worker ended by itself, or
     `stall_bound` seconds after the cluster's last sign of life (a task started or ended, a
-    worker's progress line) while no worker has ended, marking what still runs overdue. With
+    worker's progress line) while no worker has ended, or `preempt_bound` seconds after the
+    launcher passed on a preemption (`preempted`: when), marking what still runs overdue. With
     ps_serve_forever (the question's server.join()), it ends when every worker has.
     """
     first_end: tuple[float, _Task] | None = None  # when, and which worker, ended by itself
@@ -550,7 +580,7 @@ def _wait(tasks: list[_Task], policy: _Policy, *, ps_serve_forever: bool,
             code = task.poll()
             if code is None:
                 running = running or not (ps_serve_forever and task.role == "ps")
-            elif code in (config_lib.EXIT_OK, config_lib.EXIT_NOT_SYNCHRONOUS):
+            elif code in _ENDS:
                 if first_end is None and task.role == "worker":
                     first_end = (time.monotonic(), task)
             elif not task.lost and not task.spent:
@@ -565,7 +595,9 @@ def _wait(tasks: list[_Task], policy: _Policy, *, ps_serve_forever: bool,
         if not live:  # only a lost backup ended just now: the next round sees the rest
             time.sleep(0.1)
             continue
-        if first_end is not None and now - first_end[0] > end_bound:
+        if preempted and now - preempted[0] > preempt_bound:
+            why = f"still running {preempt_bound:g} s after the preemption was passed on"
+        elif first_end is not None and now - first_end[0] > end_bound:
             why = f"still running {end_bound:g} s after {first_end[1].tag} ended"
         elif first_end is None and now - max(t.last_sign_of_life() for t in tasks) > stall_bound:
             why = (f"still running after {stall_bound:g} s in which no task started or ended "
@@ -588,11 +620,14 @@ def _wait(tasks: list[_Task], policy: _Policy, *, ps_serve_forever: bool,
 
 
 def _stop(tasks: list[_Task]) -> None:
-    """SIGTERM every live task's process group, then SIGKILL what is left after a grace period."""
+    """SIGINT every live task's process group, then SIGKILL what is left after a grace period.
+
+    Not SIGTERM, which a task takes for a preemption, to stop on an update agreed with the
+    others (preemption.py): these stop at once, and exit 130."""
     live = [t for t in tasks if t.poll() is None]
     for t in live:
         t.stopped = True
-        t.signal_group(signal.SIGTERM)
+        t.signal_group(signal.SIGINT)
     deadline = time.monotonic() + KILL_GRACE_SECS
     for t in live:
         try:

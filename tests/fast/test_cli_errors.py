@@ -433,7 +433,7 @@ TRAINING_OPTIONS = {"--model", "--train-steps", "--epochs", "--batch-size", "--l
                     "--save-steps", "--save-secs", "--timeout", "--mode",
                     "--replicas-to-aggregate", "--setup", "--log-every", "--summary-json",
                     "--export-dir", "--verbose", "--eval-every", "--target-accuracy",
-                    "--restart-grace", "--wire-dtype"}
+                    "--restart-grace", "--preempt-grace", "--wire-dtype"}
 
 
 @pytest.mark.parametrize("entry, own_options, required", [
@@ -468,8 +468,9 @@ def test_task_help_states_the_real_defaults(capsys):
         else:
             assert stated == action.default, name
         checked += 1
-    assert checked == 14  # model, batch-size, learning-rate, lr-decay, optimizer, seed,
-    # dataset, save-steps, timeout, mode, setup, log-every, restart-grace, wire-dtype
+    assert checked == 15  # model, batch-size, learning-rate, lr-decay, optimizer, seed,
+    # dataset, save-steps, timeout, mode, setup, log-every, restart-grace, preempt-grace,
+    # wire-dtype
     assert entries["--ps-hosts"].endswith("(default: TF_CONFIG if set, else localhost:2222)")
     assert "1/K of the model's bytes" in entries["--ps-hosts"]  # how the bytes are split
     assert entries["--worker-hosts"].endswith(

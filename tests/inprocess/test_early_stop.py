@@ -104,8 +104,9 @@ def test_a_worker_without_the_chiefs_target_is_refused_naming_both_values():
                                me="worker 1", restarted_chief=False)
 
 
-def _step_and_update_ops(flags: dict) -> tuple[dict, dict]:
-    """The ops a normal step and the chief's update run, from the real graph: {name: type}."""
+def _step_and_update_ops(flags: dict) -> tuple[dict, dict, object]:
+    """The ops a normal step and the chief's update run, from the real graph ({name: type}),
+    and the stop step's read after the token."""
     import tensorflow as tf
 
     import mlp_graph
@@ -113,7 +114,7 @@ def _step_and_update_ops(flags: dict) -> tuple[dict, dict]:
     config = TaskConfig(role="worker", index=0, cluster=ClusterLayout(("p:1",), ("w0:1", "w1:1")),
                         train=TrainConfig(train_steps=5, **flags))
     with tf.Graph().as_default():
-        g = mlp_graph.build_graph(config, dataset="synthetic")
+        g = mlp_graph.build_graph(config, dataset="synthetic", target=5)
         runner = g.training.optimizer.get_chief_queue_runner()
 
         def closure(fetches):
@@ -127,25 +128,32 @@ def _step_and_update_ops(flags: dict) -> tuple[dict, dict]:
 
         step = closure([g.training.train_op, g.spec.loss, g.spec.train_metrics["accuracy"]])
         update = closure(runner.enqueue_ops)
-        return step, {name: t for name, t in update.items() if name not in step}
+        return step, {name: t for name, t in update.items() if name not in step}, g.stop.read
 
 
-def test_without_the_flags_neither_the_step_nor_the_update_touches_the_stop():
+def test_the_stop_is_read_on_ps_0_beside_the_token_and_the_flags_change_no_op():
     from collections import Counter
 
     def kinds(ops):  # op names shift by a suffix when other ops are added: compare the kinds
         return Counter(ops.values())
 
-    step, update = _step_and_update_ops({})
-    assert not [name for name in {**step, **update} if name.startswith("sync_stop/")]
-    # --eval-every alone: the chief evaluates between steps; the step and update are the same.
-    assert _step_and_update_ops({"eval_every": 5}) == (step, update)
-    # With a target, the update latches the stop; the step is what it was (the read of the
-    # stop step after it is a fetch of its own).
-    target_step, target_update = _step_and_update_ops({"eval_every": 5, "target_accuracy": 0.9})
-    assert kinds(target_step) == kinds(step)
-    assert not [name for name in target_step if name.startswith("sync_stop/")]
-    assert "latch_stop_step" in target_update and "latch_stop_step" not in update
+    # The update always latches the stop (a preemption may ask for it); the step itself
+    # touches none of it: the stop step is read by a fetch of its own.
+    step, update, read = _step_and_update_ops({})
+    assert not [name for name in step if name.startswith("sync_stop/")]
+    assert "latch_stop_step" in update
+    # The read waits on ps 0 for the token taken there, and nothing of the worker's: it
+    # crosses to the worker beside the token, with no round trip more.
+    chain = [read.op]  # the identities, then the variable's read
+    while chain[-1].type != "ReadVariableOp":
+        chain.append(chain[-1].inputs[0].op)
+    assert {op.device for op in chain} == {"/job:ps/task:0"}, chain
+    (token,) = chain[-1].control_inputs
+    assert token.type == "QueueDequeueV2" and token.device == "/job:ps/task:0"
+    # --eval-every and --target-accuracy change neither the step nor the update.
+    for flags in ({"eval_every": 5}, {"eval_every": 5, "target_accuracy": 0.9}):
+        other_step, other_update, _ = _step_and_update_ops(flags)
+        assert (kinds(other_step), kinds(other_update)) == (kinds(step), kinds(update))
 
 
 # ------------------------------------------------------------------ in-process clusters

@@ -131,7 +131,7 @@ def _watch(sess, timeout: float = 2.0):
     layout = ClusterLayout(("127.0.0.1:1", "127.0.0.1:2"), ("127.0.0.1:3",))
     config = TaskConfig(role="ps", index=0, cluster=layout,
                         train=TrainConfig(train_steps=1, timeout=timeout))
-    return ps._Watch(config, sess, shared=None, waiting=None, take_done=None)
+    return ps._Watch(config, sess, shared=None, waiting=None, take_done=None, preempt=None)
 
 
 def test_a_poll_cut_short_is_not_an_answer_from_the_other_ps(monkeypatch):
