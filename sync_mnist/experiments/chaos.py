@@ -5,9 +5,12 @@
     make chaos [ARGS=...]
 
 Each run starts `sync-mnist-cluster` (1 or 2 ps, 3 workers, R = N or R = N - 1, with or without
---max-restarts; synthetic data, a few steps) and gives one task, picked at random (a ps, the
-chief or another worker), one fault: SIGKILL, or SIGSTOP then SIGCONT after less or more than
---timeout, at a random moment of the start-up, the training or the end of the run. The victim
+--max-restarts; synthetic data, a few steps, a --logdir saved every 10 updates) and gives one
+task, picked at random (a ps, the chief or another worker), one fault: SIGKILL, SIGSTOP then
+SIGCONT after less or more than --timeout, or SIGTERM (a preemption), at a random moment of the
+start-up, the training or the end of the run. A run that ends preempted (143) is run again
+with the same --logdir, with no fault: it must resume and end verified, its contributions the
+whole plan. The victim
 is found by the pid the launcher logs when it starts a task (`started worker 1 (pid N)`), and
 checked to be a child of that launcher before each signal: the soak signals nothing else. What
 is left when the launcher has ended is killed by process group.
@@ -16,6 +19,8 @@ Each run is classified against the README, from the launcher's exit code, its --
 and its output:
   verified      exit 0, verified synchronous, the counters showing it
   restarted     the same, after the launcher restarted a task (--max-restarts)
+  preempted     exit 143 (SIGTERM), and the rerun with the same --logdir resumed and ended
+                verified with the contributions of the whole plan
   failed-named  a documented failure code (1, 200), and a warning or error line names the victim
   defect        any of: hang (the launcher outlived every bound it has), overdue (a task missed
                 its own bounds and the launcher's stopped it), leftover (a process of the run
@@ -23,7 +28,9 @@ and its output:
                 against the counters or the exit code, e.g. a verified run reported failed),
                 verified-but-failed (a worker verified the run from the final counters, yet
                 it ended as a failure), repeat (an update averaged two gradients of one
-                worker, R = N), unnamed (a
+                worker, R = N), not-resumed (a preempted run's rerun did not end verified
+                with the whole plan's contributions), restart-failed (a run with a restart
+                allowed ended as a failure), unnamed (a
                 failure whose messages do not name the victim), short-stop-failed (a stop
                 shorter than --timeout failed the run), no-fault-failed (the fault never landed,
                 and the run failed all the same)
@@ -57,7 +64,7 @@ from sync_mnist import config as config_lib
 from sync_mnist.launcher import launch, progress
 
 WORKERS = 3
-FAULTS = ("kill", "stop-short", "stop-long")
+FAULTS = ("kill", "stop-short", "stop-long", "term")
 PHASES = ("startup", "training", "end")
 # What a stop lasts, as a fraction of --timeout: well inside it, or well past it.
 SHORT_STOP, LONG_STOP = (0.2, 0.6), (1.2, 1.6)
@@ -107,7 +114,8 @@ def plan_runs(rng: random.Random, count: int, *, timeout: float, train_steps: in
         victim = {"ps": f"ps {rng.randrange(ps)}", "chief": "worker 0",
                   "worker": f"worker {rng.randrange(1, WORKERS)}"}[victim_kind]
         fault = rng.choice(FAULTS)
-        span = {"kill": (0.0, 0.0), "stop-short": SHORT_STOP, "stop-long": LONG_STOP}[fault]
+        span = {"kill": (0.0, 0.0), "stop-short": SHORT_STOP, "stop-long": LONG_STOP,
+                "term": (0.0, 0.0)}[fault]
         phase = rng.choice(PHASES)
         plans.append(Plan(
             run=run, ps=ps, replicas=rng.choice((WORKERS, WORKERS - 1)),
@@ -122,7 +130,7 @@ def plan_runs(rng: random.Random, count: int, *, timeout: float, train_steps: in
 
 def quick_plans(*, timeout: float, train_steps: int, log_every: int,
                 max_restarts: int) -> list[Plan]:
-    """The short form (the soak tier): three fixed runs, one of each fault, in training."""
+    """The short form (the soak tier): four fixed runs, one of each fault, in training."""
     common = dict(phase="training", at_step=train_steps // 2, delay=0.1, timeout=timeout,
                   train_steps=train_steps, log_every=log_every)
     return [
@@ -132,13 +140,16 @@ def quick_plans(*, timeout: float, train_steps: int, log_every: int,
              fault="stop-short", pause=round(0.3 * timeout, 1), **common),
         Plan(run=3, ps=1, replicas=WORKERS, max_restarts=0, victim="worker 1",
              fault="stop-long", pause=round(1.4 * timeout, 1), **common),
+        Plan(run=4, ps=2, replicas=WORKERS, max_restarts=0, victim="ps 1", fault="term",
+             pause=0.0, **common),
     ]
 
 
-def launcher_args(plan: Plan, marker: Path, summary: Path) -> list[str]:
+def launcher_args(plan: Plan, marker: Path, summary: Path, logdir: Path) -> list[str]:
     args = ["--ps", str(plan.ps), "--workers", str(WORKERS), "--base-port", "0",
             "--dataset", "synthetic", "--train-steps", str(plan.train_steps),
             "--timeout", f"{plan.timeout:g}", "--log-every", str(plan.log_every),
+            "--logdir", str(logdir), "--save-steps", str(plan.log_every),
             # Not read with synthetic data: a mark in every command line of the run, to find
             # what is left of it.
             "--data-dir", str(marker), "--summary-json", str(summary)]
@@ -262,23 +273,27 @@ def _trigger(launcher: _Launcher, plan: Plan, deadline: float) -> bool:
     return launcher.proc.poll() is None
 
 
-def run_one(plan: Plan, workdir: Path) -> dict:
-    """Runs `plan`; returns what was seen (the input of classify)."""
+def run_one(plan: Plan, workdir: Path, fault: bool = True) -> dict:
+    """Runs `plan` (without its fault: the rerun of a preempted run); returns what was seen
+    (the input of classify)."""
     marker, summary_path = workdir / f"run-{plan.run}-marker", workdir / f"run-{plan.run}.json"
+    summary_path.unlink(missing_ok=True)
     started = time.monotonic()
     deadline = started + hang_bound(plan)
-    launcher = _Launcher([*LAUNCHER, *launcher_args(plan, marker, summary_path)])
+    launcher = _Launcher([*LAUNCHER, *launcher_args(plan, marker, summary_path,
+                                                    workdir / f"run-{plan.run}-logdir")])
     seen = {"fault_landed": False, "phase_seen": None, "fault_at_s": None, "victim_pid": None,
             "hang": False}
     resume: threading.Timer | None = None
     try:
-        if _trigger(launcher, plan, deadline):
+        if fault and _trigger(launcher, plan, deadline):
             pid = (launcher.pids().get(plan.victim) or [None])[-1]
             identity = _identity(pid, launcher.proc.pid) if pid else None
             seen.update(victim_pid=pid, phase_seen=_phase_now(list(launcher.lines), plan),
                         fault_at_s=round(time.monotonic() - started, 2))
-            if plan.fault == "kill":
-                seen["fault_landed"] = _signal(pid, launcher.proc.pid, identity, signal.SIGKILL)
+            if plan.fault in ("kill", "term"):
+                seen["fault_landed"] = _signal(pid, launcher.proc.pid, identity, {
+                    "kill": signal.SIGKILL, "term": signal.SIGTERM}[plan.fault])
             else:
                 seen["fault_landed"] = _signal(pid, launcher.proc.pid, identity, signal.SIGSTOP)
                 if seen["fault_landed"]:
@@ -376,12 +391,21 @@ def classify(plan: Plan, seen: dict) -> tuple[str, list[str]]:
             # (Not the model lost before the chief ended: its evaluation and SavedModel are
             # lost, and the README documents the failure.)
             defects.append("verified-but-failed")
+        if plan.max_restarts:
+            defects.append("restart-failed")  # issue 35: one restart mends any one fault
         if not seen["fault_landed"]:
             defects.append("no-fault-failed")
         elif plan.fault == "stop-short":
             defects.append("short-stop-failed")
         elif not _names(lines, plan):
             defects.append("unnamed")
+    elif code == config_lib.EXIT_PREEMPTED and plan.fault == "term" and seen["fault_landed"]:
+        category = "preempted"
+        rerun = seen.get("rerun") or {}
+        done = rerun.get("summary") or {}
+        if not (rerun.get("code") == config_lib.EXIT_OK and done.get("synchronous") is True
+                and _counters_agree(plan, done)):
+            defects.append("not-resumed")
     elif code == config_lib.EXIT_NOT_SYNCHRONOUS:
         category = "not-synchronous"
         if "repeat" not in defects:
@@ -439,7 +463,7 @@ def run_line(plan: Plan, seen: dict, category: str, defects: list[str]) -> str:
 
 def tables(records: list[dict]) -> str:
     """The outcomes by (victim, fault) and by the phase the fault landed in."""
-    columns = ("verified", "restarted", "failed-named", "defect")
+    columns = ("verified", "restarted", "preempted", "failed-named", "defect")
     out = []
     for title, key in (("victim  fault", lambda r: f"{r['victim_kind']:<7} {r['fault']}"),
                        ("phase", lambda r: r["phase_seen"] or "missed")):
@@ -470,8 +494,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=20.0,
                    help="each cluster's --timeout (default: 20)")
     p.add_argument("--train-steps", type=int, default=100, help="updates per run (default: 100)")
-    p.add_argument("--max-restarts", type=int, default=3,
-                   help="the launcher's --max-restarts in the runs that have one (default: 3)")
+    p.add_argument("--max-restarts", type=int, default=1,
+                   help="the launcher's --max-restarts in the runs that have one: 1, one "
+                        "restart for the one fault (default: 1)")
     p.add_argument("--json", type=Path, default=Path("chaos-results/chaos.json"),
                    help="where every run is written (default: chaos-results/chaos.json)")
     args = p.parse_args(argv)
@@ -498,6 +523,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if budget is not None and time.monotonic() - started + mean > budget:
                     break
                 seen = run_one(plan, Path(tmp))
+                if seen["code"] == config_lib.EXIT_PREEMPTED:  # it must resume, and finish
+                    again = run_one(plan, Path(tmp), fault=False)
+                    seen["rerun"] = {k: again[k] for k in ("code", "summary", "wall_s")}
+                    seen["lines"] += ["--- the rerun, with the same --logdir ---",
+                                      *again["lines"]]
                 category, defects = classify(plan, seen)
                 print(run_line(plan, seen, category, defects), flush=True)
                 output = args.json.with_name(f"{args.json.stem}-run-{plan.run}.log")

@@ -580,6 +580,12 @@ def _wait(tasks: list[_Task], policy: _Policy, *, ps_serve_forever: bool,
             code = task.poll()
             if code is None:
                 running = running or not (ps_serve_forever and task.role == "ps")
+            elif code == config_lib.EXIT_PREEMPTED and task.result().preempted_at is None:
+                # Sync: stopped at once, before it trained: there was no update to stop on,
+                # and the others cannot go on without it.
+                log.error("%s exited with code %d before it trained (preempted); stopping the "
+                          "cluster", task.tag, code)
+                return task
             elif code in _ENDS:
                 if first_end is None and task.role == "worker":
                     first_end = (time.monotonic(), task)

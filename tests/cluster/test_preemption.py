@@ -4,7 +4,9 @@ The cluster stops on one update that every task agrees on, the chief saves it, e
 exits 143 within --preempt-grace, and the rerun with the same --logdir resumes at exactly that
 update: over the preempted runs and the last one, every update is made once, with one
 gradient of each worker (0 lost, 0 twice). The signals go to the task processes by pid, as
-Kubernetes sends each pod its SIGTERM.
+Kubernetes sends each pod its SIGTERM. The first run saves at every update, so its signal
+lands during a save or next to one; the second sends every task two SIGTERMs in a row; the
+last sends the chief one during its finish, which changes nothing: the run ends complete.
 """
 
 from __future__ import annotations
@@ -17,29 +19,30 @@ import time
 
 from hand_cluster import BOUND, COMMON, checkpoint_steps
 from procs import processes_mentioning, read_json
+from sync_mnist.cluster import free_ports
 from sync_mnist.config import EXIT_OK, EXIT_PREEMPTED
 
 STEPS, WORKERS, GRACE = 300, 2, 25.0
 
 
-def _launch(processes, tmp_path, run: int):
+def _launch(processes, tmp_path, run: int, *extra: str):
     marker = str(tmp_path / "data")
     summary = tmp_path / f"cluster-{run}.json"
     launcher = processes.launcher("--base-port", "0", "--workers", str(WORKERS), *COMMON,
                                   "--data-dir", marker, "--train-steps", str(STEPS),
                                   "--timeout", "60", "--logdir", str(tmp_path / "logdir"),
-                                  "--save-steps", "1000", "--preempt-grace", f"{GRACE:g}",
-                                  "--summary-json", str(summary))
+                                  "--preempt-grace", f"{GRACE:g}", "--summary-json", str(summary),
+                                  *(extra or ("--save-steps", "1000")))
     pids = {}
     for task in ["ps 0", *(f"worker {i}" for i in range(WORKERS))]:
         pids[task] = int(launcher.wait_for_line(rf"started {task} \(pid (\d+)\)", BOUND)[1])
     return launcher, pids, summary, marker
 
 
-def _preempt(processes, tmp_path, run: int, start: int, steps: int, victims) -> int:
+def _preempt(processes, tmp_path, run: int, start: int, steps: int, victims, *extra) -> int:
     """Runs the cluster (from update `start`), signals `victims(pids)` once the chief has made
     `steps` steps; returns the update the cluster stopped on, checked."""
-    launcher, pids, summary, marker = _launch(processes, tmp_path, run)
+    launcher, pids, summary, marker = _launch(processes, tmp_path, run, *extra)
     launcher.wait_for_line(rf"\[worker 0\] step={steps} ", BOUND)
     signalled = time.monotonic()
     for pid in victims(pids):
@@ -68,13 +71,16 @@ def test_preempted_one_task_then_every_task_the_reruns_lose_no_update(processes,
     rng.seed(seed)
     victim = rng.choice(["ps 0", *(f"worker {i}" for i in range(WORKERS))])
     first = _preempt(processes, tmp_path, 1, 0, rng.randrange(20, 100, 10),
-                     lambda pids: [pids[victim]])
-    # The rerun resumes there; this time every task is sent SIGTERM at once.
+                     lambda pids: [pids[victim]], "--save-steps", "1")
+    # The rerun resumes there; this time every task is sent SIGTERM twice, all at once.
     second = _preempt(processes, tmp_path, 2, first, rng.randrange(20, 100, 10),
-                      lambda pids: list(pids.values()))
-    launcher, _, summary, _ = _launch(processes, tmp_path, 3)
+                      lambda pids: [*pids.values(), *pids.values()])
+    launcher, pids, summary, _ = _launch(processes, tmp_path, 3)
+    launcher.wait_for_line(r"\[worker 1\] verdict: ", BOUND)  # the chief is finishing
+    os.kill(pids["worker 0"], signal.SIGTERM)
 
     assert launcher.wait(BOUND) == EXIT_OK, (seed, victim, launcher.output)
+    assert checkpoint_steps(tmp_path / "logdir")[-1] == STEPS
     record = read_json(summary)
     chief = next(t for t in record["tasks"] if (t["role"], t["index"]) == ("worker", 0))
     assert chief["start_step"] == second > first, (seed, victim)
@@ -85,3 +91,20 @@ def test_preempted_one_task_then_every_task_the_reruns_lose_no_update(processes,
     assert record["synchronous"] is True and record["global_step"] == STEPS
     assert [t["local_steps"] for t in record["tasks"] if t["role"] == "worker"] == \
         [STEPS - second] * WORKERS
+
+
+def test_preempted_before_it_trains_a_task_exits_143_at_once(processes, tmp_path):
+    # Waiting for a ps that is not there yet (start-up): there is no update to agree on.
+    ps, *workers = free_ports(3)
+    record = tmp_path / "worker1.json"
+    task = processes.task("worker", 1, "--ps-hosts", f"127.0.0.1:{ps}", "--worker-hosts",
+                          ",".join(f"127.0.0.1:{p}" for p in workers), *COMMON,
+                          "--train-steps", "5", "--summary-json", str(record))
+    task.wait_for_line(r"\[worker 1\] dataset synthetic: ", BOUND)  # then the wait for the ps
+    signalled = time.monotonic()
+    os.kill(task.popen.pid, signal.SIGTERM)
+
+    assert task.wait(BOUND) == EXIT_PREEMPTED, task.output
+    assert time.monotonic() - signalled < 10, task.output
+    assert task.lines[-1].endswith("[worker 1] error: interrupted"), task.output
+    assert read_json(record)["exit_code"] == EXIT_PREEMPTED
