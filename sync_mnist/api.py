@@ -30,6 +30,7 @@ and `sync-mnist-cluster --model path/to/file.py:MODEL`.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Callable, Mapping
 
 import tensorflow as tf
@@ -109,11 +110,22 @@ class ModelSpec:
         else:
             _check_scalar("loss", self.loss)
         for name, metric in dict(self.train_metrics).items():
+            # Each is logged as `name=value` beside the progress line's own fields, and written
+            # to TensorBoard beside the loss.
+            if not (isinstance(name, str) and _METRIC_NAME.fullmatch(name)) or \
+                    name in _PROGRESS_FIELDS:
+                raise ContractError(f"ModelSpec: train_metrics[{name!r}]: a name must be a "
+                                    "word of letters, digits, _ and /, and not one of the "
+                                    f"progress line's own ({', '.join(_PROGRESS_FIELDS)})")
             _check_scalar(f"train_metrics[{name!r}]", metric)
         for name, pair in dict(self.eval_metric_ops).items():
             if not (isinstance(pair, tuple) and len(pair) == 2):
                 raise ContractError(f"ModelSpec: eval_metric_ops[{name!r}] must be a pair "
                                     "(value, update_op), as tf1.metrics.* return")
+
+
+_METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_/]*")
+_PROGRESS_FIELDS = ("step", "global_step", "loss", "examples_per_sec", "contributions")
 
 
 def _check_scalar(what: str, value) -> None:

@@ -89,6 +89,16 @@ def _own_sync_optimizer(features, labels, mode, params):
                         optimizer=tf1.train.SyncReplicasOptimizer(tf1.train.AdamOptimizer(), 2))
 
 
+def _metric_named_loss(features, labels, mode, params):
+    loss = tf.reduce_mean(_logits(features))
+    return sm.ModelSpec(mode, loss=loss, train_metrics={"loss": loss})
+
+
+def _metric_named_with_a_space(features, labels, mode, params):
+    loss = tf.reduce_mean(_logits(features))
+    return sm.ModelSpec(mode, loss=loss, train_metrics={"my loss": loss})
+
+
 def _not_a_spec(features, labels, mode, params):
     return tf.reduce_mean(_logits(features))
 
@@ -112,6 +122,14 @@ def _wrong_width(features, labels, mode, params):
     (_own_sync_optimizer, "ModelSpec: the optimizer is a SyncReplicasOptimizer: return the "
                           "optimizer it wraps; sync_mnist wraps it (with its own tokens and "
                           "counters)"),
+    # Logged as name=value on the progress line, and written beside the loss.
+    (_metric_named_loss, "ModelSpec: train_metrics['loss']: a name must be a word of letters, "
+                         "digits, _ and /, and not one of the progress line's own (step, "
+                         "global_step, loss, examples_per_sec, contributions)"),
+    (_metric_named_with_a_space, "ModelSpec: train_metrics['my loss']: a name must be a word of "
+                                 "letters, digits, _ and /, and not one of the progress line's "
+                                 "own (step, global_step, loss, examples_per_sec, "
+                                 "contributions)"),
     (_not_a_spec, "the model function returned SymbolicTensor in mode 'train', not a "
                   "sync_mnist.api.ModelSpec"),
     # TensorFlow's own words follow; the line is ours up to them.
