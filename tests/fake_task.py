@@ -30,6 +30,8 @@ restarted task). Every task's first process writes its pid to `ROLE-INDEX.pid`. 
   ps-dies-at-end   as `ok`, but the ps kills itself (SIGKILL) once the chief has exited.
   late-backup      as `ok` with worker 2 lost, except that worker 2 exits 200 once the chief
                    has exited (a frozen backup the chief declared lost, woken up at the end).
+  preempted        every task says it is ready, then waits for SIGTERM and ends as a preempted
+                   task does: stopped on update 2 of 4, exit 143 (SIGINT ends it at once, 130).
 """
 
 from __future__ import annotations
@@ -105,6 +107,8 @@ def main() -> int:
             _wait_for(marks / "ps-started", "the ps")
             print(f"[worker {args.index}] {report.WAITING_FOR_CHIEF}", flush=True)
         _wait_for(marks / "chief-started", "the chief")
+    if behaviour == "preempted":
+        return _preempted(args, workers)
     while behaviour in ("no-end", "bad-input-chief") or (behaviour == "hanging-ps"
                                                           and args.role == "ps"):
         time.sleep(3600)  # until the launcher stops it
@@ -182,6 +186,27 @@ def main() -> int:
     result.exit_code = config_lib.EXIT_OK if synchronous else config_lib.EXIT_NOT_SYNCHRONOUS
     result.write_json(args.summary_json)
     return result.exit_code
+
+
+def _preempted(args, workers: int) -> int:
+    term = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: term.append(signum))
+    print(f"[{args.role} {args.index}] ready for a SIGTERM", flush=True)
+    deadline = time.monotonic() + START_SECS
+    while not term:
+        if time.monotonic() > deadline:
+            return _fail(args, config_lib.EXIT_TIMEOUT, "no SIGTERM came")
+        time.sleep(0.05)
+    result = report.TaskResult(role=args.role, index=args.index, mode="sync", preempted_at=2,
+                               exit_code=config_lib.EXIT_PREEMPTED)
+    if args.role == "worker":
+        result = report.TaskResult(
+            role="worker", index=args.index, mode="sync", global_step=2, target_steps=4,
+            local_steps=2, replicas_to_aggregate=workers, contributions=[2] * workers,
+            pushed=[2] * workers, dropped=[0] * workers, synchronous=True, stop_step=2,
+            preempted_at=2, verdict="synchronous (fake)", exit_code=config_lib.EXIT_PREEMPTED)
+    result.write_json(args.summary_json)
+    return config_lib.EXIT_PREEMPTED
 
 
 def _read_when_written(path: Path) -> str:

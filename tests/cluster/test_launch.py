@@ -22,7 +22,7 @@ import fake_task
 from procs import ROOT, kill_groups_mentioning, processes_mentioning, read_json
 from sync_mnist import report
 from sync_mnist.launcher import launch
-from sync_mnist.config import EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, TrainConfig
+from sync_mnist.config import EXIT_OK, EXIT_PREEMPTED, EXIT_TIMEOUT, EXIT_USAGE, TrainConfig
 
 FAKE_TASK = fake_task.__file__
 BOUND = 60  # seconds a launcher of stand-in tasks may take on a loaded machine
@@ -210,6 +210,23 @@ def test_a_replacement_still_starting_is_not_killed_for_being_named_missing(proc
         restarts
     _assert_restarted_free_or_spent(launcher.output, restarts)
     assert "killing it" not in launcher.output
+
+
+def test_the_launcher_passes_a_preemption_on_to_every_task_and_exits_143(processes, tmp_path):
+    launcher = processes.start(_launcher_argv(tmp_path, "preempted"), "launcher")
+    for task in ("ps 0", "worker 1", "worker 2", "worker 0"):
+        launcher.wait_for_line(rf"\[{task}\] ready for a SIGTERM", BOUND)
+    os.kill(launcher.popen.pid, signal.SIGTERM)  # as Slurm or the kubelet would
+
+    assert launcher.wait(BOUND) == EXIT_PREEMPTED, launcher.output
+    summary = read_json(tmp_path / "cluster.json")
+    # Each task got SIGTERM, not the SIGINT of a stop, and ended by itself.
+    assert [t["exit_code"] for t in summary["tasks"]] == [EXIT_PREEMPTED] * 4, summary
+    assert not any(t["blocked"] for t in summary["tasks"])
+    assert summary["preempted_at"] == 2
+    assert "preempted: every worker stopped on update 2 of 4 planned; rerun with the same " \
+           "--logdir to resume there" in launcher.output
+    assert launcher.lines[-1].startswith(f"exit code {EXIT_PREEMPTED} (preempted")
 
 
 def test_a_lost_backup_worker_is_exit_0(processes, tmp_path):
