@@ -146,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     options.setup_logging(args.verbose, config.name)
     signal.signal(signal.SIGINT, _raise_interrupt)
     # SIGTERM and SIGUSR1: at once before training, else the cluster stops on one update.
-    preemption.install(config.train.preempt_grace, _preempted_overdue(config), _raise_interrupt)
+    logdir = config.train.logdir
+    preemption.install(config.train.preempt_grace, _preempted_overdue(config), _raise_interrupt,
+                       f"the chief saves it to {logdir}" if logdir else
+                       "no --logdir: nothing is saved, and a rerun starts over")
     sys.unraisablehook = _interrupt_again
     if held:  # stopped while it checked its arguments, which were good
         logging.getLogger("sync_mnist").error("interrupted")

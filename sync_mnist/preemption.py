@@ -36,10 +36,12 @@ class _State:
     received_at: float | None = None  # monotonic
 
 
-def install(grace: float, on_overdue, on_unarmed) -> None:
+def install(grace: float, on_overdue, on_unarmed, saved: str) -> None:
     """Handles SIGTERM and SIGUSR1 in this process (the main thread).
 
-    on_unarmed(signum): what a signal does outside training: raise, to stop the task at once.
+    saved: what becomes of the stop, for the line the signal is logged with.
+    on_unarmed(signum, frame): what a signal does outside training: raise, to stop the task at
+    once.
     on_overdue(message): called from another thread once `grace` seconds have passed since
     the first signal received while armed; it must end the process.
     """
@@ -51,16 +53,16 @@ def install(grace: float, on_overdue, on_unarmed) -> None:
             on_unarmed(signum, frame)
             return
         if first:  # no logging here: the main thread may be inside a log call
-            _thread.start_new_thread(_watch, (signum, grace, on_overdue))
+            _thread.start_new_thread(_watch, (signum, grace, on_overdue, saved))
 
     for signum in SIGNALS:
         signal.signal(signum, handle)
 
 
-def _watch(signum: int, grace: float, on_overdue) -> None:
+def _watch(signum: int, grace: float, on_overdue, saved: str) -> None:
     name = signal.Signals(signum).name
-    log.warning("%s: preempted; the cluster stops on the next update and the chief saves it "
-                "(bound: --preempt-grace %g s)", name, grace)
+    log.warning("%s: preempted; the cluster stops on the next update; %s (bound: "
+                "--preempt-grace %g s)", name, saved, grace)
     time.sleep(grace)
     on_overdue(f"{name}: preempted, and the cluster did not stop within --preempt-grace "
                f"{grace:g} s; exiting without a new checkpoint")

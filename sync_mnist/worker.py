@@ -244,6 +244,9 @@ class WorkerRun:
         self.tf_config = session.session_config(config.cluster.device_filters("worker", i))
 
     def make_graph(self) -> None:
+        if self.config.is_chief and not self.train_config.logdir:
+            log.info("no --logdir: nothing is saved, so a preemption (SIGTERM) or a lost ps "
+                     "loses the training done so far")
         self.graph = tf.Graph()
         with self.graph.as_default():
             tf1.set_random_seed(self.train_config.seed)

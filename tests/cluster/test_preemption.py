@@ -94,17 +94,19 @@ def test_preempted_one_task_then_every_task_the_reruns_lose_no_update(processes,
 
 
 def test_preempted_before_it_trains_a_task_exits_143_at_once(processes, tmp_path):
-    # Waiting for a ps that is not there yet (start-up): there is no update to agree on.
+    # The chief, about to wait for a ps that is not there yet (start-up): there is no update
+    # to agree on. Without --logdir it says at once what a preemption would cost.
     ps, *workers = free_ports(3)
-    record = tmp_path / "worker1.json"
-    task = processes.task("worker", 1, "--ps-hosts", f"127.0.0.1:{ps}", "--worker-hosts",
+    record = tmp_path / "chief.json"
+    task = processes.task("worker", 0, "--ps-hosts", f"127.0.0.1:{ps}", "--worker-hosts",
                           ",".join(f"127.0.0.1:{p}" for p in workers), *COMMON,
                           "--train-steps", "5", "--summary-json", str(record))
-    task.wait_for_line(r"\[worker 1\] dataset synthetic: ", BOUND)  # then the wait for the ps
+    task.wait_for_line(r"\[worker 0\] no --logdir: nothing is saved, so a preemption "
+                       r"\(SIGTERM\) or a lost ps loses the training done so far", BOUND)
     signalled = time.monotonic()
     os.kill(task.popen.pid, signal.SIGTERM)
 
     assert task.wait(BOUND) == EXIT_PREEMPTED, task.output
     assert time.monotonic() - signalled < 10, task.output
-    assert task.lines[-1].endswith("[worker 1] error: interrupted"), task.output
+    assert task.lines[-1].endswith("[worker 0] error: interrupted"), task.output
     assert read_json(record)["exit_code"] == EXIT_PREEMPTED
