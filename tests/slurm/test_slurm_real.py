@@ -158,9 +158,11 @@ def _exits(output: str) -> dict[int, str]:
 
 
 def test_a_requeued_job_resumes_at_the_saved_update_and_completes_verified(cluster, tmp_path):
-    # `scontrol requeue`, as Slurm preempts with PreemptMode=REQUEUE: SIGTERM to every task
-    # (and to srun, the batch shell), SIGKILL after KillWait; the job goes back to the queue
-    # with the same id, so the script's own --logdir runs/slurm-JOBID is the same.
+    # `scontrol requeue`, as Slurm preempts with PreemptMode=REQUEUE: SIGTERM to every task,
+    # and to srun (the batch shell), which SIGKILLs the tasks about a second later: the stop
+    # and the chief's save must beat that, as this synthetic model's do (docs/slurm.md). The
+    # job goes back to the queue with the same id, so the script's own --logdir
+    # runs/slurm-JOBID is the same.
     steps, grace = 300, 25
     rng = random.Random()
     seed = rng.randrange(2**32)
