@@ -233,13 +233,32 @@ class SlurmCluster:
             raise AssertionError(f"job {job.id} still running after {timeout} s; output:\n"
                                  f"{job.output}") from None
         ended = self.jobcomp.read_text().splitlines() if self.jobcomp.exists() else []
-        for line in ended:
+        # The last line: a requeued job has a line for each time it was put back (PENDING).
+        for line in reversed(ended):
             fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
             if fields.get("JobId") == str(job.id):
                 job.state, job.exit_code = fields["JobState"], fields["ExitCode"]
                 return job
         raise AssertionError(f"job {job.id} ended (sbatch exit {job.popen.returncode}) but is "
                              f"not in the job completion log: {ended}\n{self.logs()}")
+
+    def state(self, job: Job) -> str:
+        """The job's state as squeue says it (RUNNING, COMPLETING, PENDING...); "" once it has
+        left the queue."""
+        return self.run(["squeue", "--noheader", "--jobs", str(job.id), "--format=%T"],
+                        check=False).strip()
+
+    def wait_for_state(self, job: Job, state: str, timeout: float) -> None:
+        """Polls squeue until the job is in `state`; AssertionError after `timeout`."""
+        deadline = time.monotonic() + timeout
+        seen = None
+        while time.monotonic() < deadline:
+            seen = self.state(job)
+            if seen == state:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"job {job.id} not {state} within {timeout} s (last: {seen!r}); "
+                             f"output:\n{job.output}")
 
     def logs(self) -> str:
         """The tail of every daemon's log, for a failure message."""

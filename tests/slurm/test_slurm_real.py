@@ -7,7 +7,8 @@ sbatch options and script arguments only on the command line, and its JobState a
 are read back from slurmctld.
 
   - one node (named as `hostname -s` says): 1 ps + 3 workers; 2 ps + 4 workers; a rank killed
-    mid-run; a bad argument;
+    mid-run; a bad argument; a job `scontrol requeue`d mid-run, which resumes where it
+    stopped and completes verified;
   - two nodes, n9 and n10, each slurmd in network, UTS and mount namespaces of its own on a
     veth network: the script with its own defaults (2 nodes, 4 tasks), Slurm's node order
     (n9 before n10) differing from the order of their names as text.
@@ -16,14 +17,17 @@ are read back from slurmctld.
 from __future__ import annotations
 
 import os
+import random
 import re
 import shutil
 import signal
+import time
 from pathlib import Path
 
 import pytest
 
 import slurm_cluster
+from hand_cluster import checkpoint_steps
 from procs import ROOT, free_run, processes_mentioning
 
 BOUND = 240  # seconds a small job may take, queueing and sbatch's 2 s polls included
@@ -145,6 +149,65 @@ def test_a_bad_argument_is_exit_2_in_every_rank_and_in_the_job(cluster, tmp_path
     assert {how for _, how in ended} == {"Exited with exit code 2"}, job.output
     assert sorted(r for ranks, _ in ended for r in _ranks(ranks)) == [0, 1, 2, 3], job.output
     assert processes_mentioning(marker) == []
+
+
+def _exits(output: str) -> dict[int, str]:
+    """How srun says each rank ended: {rank: "Exited with exit code 143"}."""
+    return {rank: how for ranks, how in re.findall(r"srun: error: \S+: tasks? ([\d,-]+): (.*)",
+                                                   output) for rank in _ranks(ranks)}
+
+
+def test_a_requeued_job_resumes_at_the_saved_update_and_completes_verified(cluster, tmp_path):
+    # `scontrol requeue`, as Slurm preempts with PreemptMode=REQUEUE: SIGTERM to every task,
+    # and to srun (the batch shell), which SIGKILLs the tasks about a second later: the stop
+    # and the chief's save must beat that, as this synthetic model's do (docs/slurm.md). The
+    # job goes back to the queue with the same id, so the script's own --logdir
+    # runs/slurm-JOBID is the same.
+    steps, grace = 300, 25
+    rng = random.Random()
+    seed = rng.randrange(2**32)
+    rng.seed(seed)
+    at = rng.randrange(20, 110, 10)
+    marker = str(tmp_path / "data")
+    job = cluster.submit(["--nodes=1", "--ntasks=4", "--cpus-per-task=1"], [
+        "--dataset", "synthetic", "--train-steps", str(steps), "--timeout", "60",
+        "--log-every", "10", "--data-dir", marker, "--save-steps", "100000",
+        "--preempt-grace", str(grace)])
+    logdir = ROOT / "runs" / f"slurm-{job.id}"
+    try:
+        job.wait_for_line(rf"\[worker 0\] step={at} ", BOUND)
+        requeued = time.monotonic()
+        cluster.run(["scontrol", "requeue", str(job.id)])
+        # Back in the queue once every task has ended: within the grace, each by itself.
+        cluster.wait_for_state(job, "PENDING", grace + 10)
+        took = time.monotonic() - requeued
+        first = job.output
+        assert took < grace, (seed, f"{took:.1f} s", first)
+        assert _exits(first) == {r: "Exited with exit code 143" for r in range(4)}, (seed, first)
+        stops = set(re.findall(r"\[worker \d\] warning: preempted: the cluster stopped on "
+                               rf"update (\d+) of {steps};", first))
+        assert len(stops) == 1, (seed, first)
+        stop = int(stops.pop())
+        assert at < stop < steps, (seed, first)
+        assert checkpoint_steps(logdir)[-1] == stop, (seed, first)  # the chief saved it
+        # No task left (sbatch --wait, whose argv has the marker too, waits on).
+        assert [p for p in processes_mentioning(marker) if "sync_mnist" in p] == []
+        # Slurm holds a requeued job back for about two minutes (its BeginTime): start it now.
+        cluster.run(["scontrol", "update", f"JobId={job.id}", "StartTime=now"])
+        cluster.wait(job, BOUND)
+        second = job.output[len(first):]  # --open-mode=append: the first run's output stays
+        assert (job.state, job.exit_code) == ("COMPLETED", "0:0"), (seed, second)
+        assert re.search(rf"\[worker 0\] ready after .*\(global_step {stop}; restored from "
+                         r"the checkpoint in ", second), (seed, second)
+        verdicts = _verdicts(second)
+        assert sorted(verdicts) == ["0", "1", "2"], (seed, second)
+        for verdict in verdicts.values():  # 0 updates lost, 0 made twice, over both runs
+            assert verdict.startswith(f"synchronous: each of {steps} updates averaged exactly "
+                                      "one gradient from each of 3 workers"), (seed, verdict)
+            assert verdict.endswith(f"contributions [{steps}, {steps}, {steps}]"), (seed, verdict)
+        assert processes_mentioning(marker) == []
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
 
 
 def _ranks(text: str) -> list[int]:
