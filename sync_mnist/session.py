@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import logging
+import os
 import re
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -57,6 +60,8 @@ class SessionStatus:
 
     sessions: int = 0  # sessions created; more than one means a ps was lost and came back
     model: str | None = None  # chief: "initialised", "restored" (from a checkpoint), "continued"
+    failed_saves: int = 0  # chief: checkpoint saves that failed for want of room (warned)
+    save_error: str | None = None  # chief: the last one's warning
 
 
 def session_config(device_filters: list[str]) -> tf1.ConfigProto:
@@ -324,7 +329,7 @@ def monitored_session(master: str, *, is_chief: bool, hooks: list, config: tf1.C
         them to accept connections.
       recovery_timeout: how long re-creating a session after a lost ps may take (default:
         `timeout`).
-      status: filled in as sessions are created.
+      status: filled in as sessions are created (and, on the chief, as saves fail).
       restore: the checkpoint the chief's first session restores, if the model is not on the
         ps (check_checkpoint's choice); later sessions restore the latest in checkpoint_dir.
     """
@@ -349,7 +354,8 @@ def monitored_session(master: str, *, is_chief: bool, hooks: list, config: tf1.C
             prepare_timeout=bound, ps_hosts=ps_hosts)
         if checkpoint_dir:
             hooks.append(_SharedCheckpointSaverHook(
-                checkpoint_dir, timeout=bound, ps_hosts=ps_hosts, save_secs=save_secs,
+                checkpoint_dir, timeout=bound, ps_hosts=ps_hosts, status=status,
+                save_secs=save_secs,
                 save_steps=None if save_secs else save_steps, scaffold=scaffold))
     else:
         scaffold = tf1.train.Scaffold()
@@ -391,32 +397,60 @@ class _BoundedHook(tf1.train.SessionRunHook):
 
 
 class _SharedCheckpointSaverHook(tf1.train.CheckpointSaverHook):
-    """CheckpointSaverHook that checks, at a session's first save, that the checkpoint is
-    complete where the chief restores from.
+    """CheckpointSaverHook that checks, at the run's first save, that the checkpoint is
+    complete where the chief restores from, and that outlives a full disk.
 
     Sync: the saver is sharded. Each ps runs the save of its own variables and writes their
     shard to its own filesystem, and the last ps merges the shards' indexes there; the chief
     writes only the `checkpoint` file. On hosts that do not share --logdir, the chief would
     never find a checkpoint to restore: a lost ps would be a lost model, a resume a fresh start.
+
+    A save that fails for want of room (ENOSPC, EDQUOT, EFBIG: TensorFlow's
+    ResourceExhaustedError) is a warning, and training goes on: the model is on the ps, and the
+    `checkpoint` file, written only after a save is complete, still names the last complete
+    one. Stopping would lose the run for the sake of a checkpoint. The first save of the run is
+    the exception: nothing is trained yet, and a --logdir with no room for one checkpoint is
+    bad input (ConfigError, exit 2).
     """
 
     def __init__(self, checkpoint_dir: str, *, timeout: float, ps_hosts: Sequence[str],
-                 **kwargs):
+                 status: SessionStatus, **kwargs):
         super().__init__(checkpoint_dir, **kwargs)
         self._logdir, self._timeout, self._ps_hosts = checkpoint_dir, timeout, tuple(ps_hosts)
+        self._status, self._checked = status, False
 
     def _save(self, session, step):
         # Sync: the ps write the shards; a save has no RunOptions, so a stopped ps would hold
         # the chief's step (this runs in after_run) without end.
-        return bounded_call(lambda: super(_SharedCheckpointSaverHook, self)._save(session, step),
-                            self._timeout,
-                            f"the chief: waited {self._timeout:g} s for the ps "
-                            f"({', '.join(self._ps_hosts)}) to save the checkpoint of "
-                            f"global_step {step} in {self._logdir}")
+        try:
+            return bounded_call(
+                lambda: super(_SharedCheckpointSaverHook, self)._save(session, step),
+                self._timeout, f"the chief: waited {self._timeout:g} s for the ps "
+                               f"({', '.join(self._ps_hosts)}) to save the checkpoint of "
+                               f"global_step {step} in {self._logdir}")
+        except tf.errors.ResourceExhaustedError as e:
+            # A shard that was written (another ps's) would hold room the next save needs.
+            shutil.rmtree(f"{self._save_path}-{step}_temp", ignore_errors=True)
+            self._no_room(e, f"the checkpoint of global_step {step}")
+            return False
+
+    def _no_room(self, error: tf.errors.ResourceExhaustedError, what: str) -> None:
+        reason = storage_error(error)
+        if not self._checked:
+            raise ConfigError(f"--logdir {self._logdir} has no room for a checkpoint: {reason} "
+                              f"while saving {what}: free some space there, or give another "
+                              "--logdir") from None
+        self._status.failed_saves += 1
+        self._status.save_error = (f"could not save {what} in {self._logdir}: {reason}; "
+                                   "training on: the model is on the ps")
+        log.warning("%s", self._status.save_error)
 
     def after_create_session(self, session, coord):
         try:
             super().after_create_session(session, coord)  # saves the model as it is now
+        except tf.errors.ResourceExhaustedError as e:  # writing graph.pbtxt, before the save
+            self._no_room(e, "graph.pbtxt")
+            return
         except tf.errors.OpError as e:
             missing = re.search(r"NOT_FOUND: (\S+) not found", str(e))
             if "MergeV2Checkpoints" not in str(e) or not missing:
@@ -431,6 +465,17 @@ class _SharedCheckpointSaverHook(tf1.train.CheckpointSaverHook):
         if damage is not None:
             raise ConfigError(_not_shared(self._logdir, f"the chief cannot read "
                                           f"{Path(path).name}: {damage}"))
+        self._checked = True
+
+
+def storage_error(error: tf.errors.OpError) -> str:
+    """What a failed file write says, with its errno's name: "No space left on device
+    (ENOSPC)"; TensorFlow's message ends in "<file>; <strerror>"."""
+    for line in error.message.splitlines():
+        for number, name in errno.errorcode.items():
+            if line.endswith(f"; {os.strerror(number)}"):
+                return f"{os.strerror(number)} ({name})"
+    return first_line(error)
 
 
 def _not_shared(logdir: str, reason: str) -> str:

@@ -302,6 +302,7 @@ class WorkerRun:
             with no_silent_end(config.name):
                 yield sess
         self.result.sessions = status.sessions
+        self.result.failed_saves, self.result.save_error = status.failed_saves, status.save_error
         self.side.close()
         if self.evaluator is not None:
             self.evaluator.close()

@@ -1,7 +1,8 @@
 """The chief's --logdir and its checkpoints: what is checked before training (a writable
 directory, a checkpoint of the same model, one TensorFlow can read, one not past the plan), and
 when the chief saves (--save-secs or --save-steps, without the transient variables). Storage
-faults: a damaged newest checkpoint falls back to the newest intact one.
+faults: a damaged newest checkpoint falls back to the newest intact one, and a logdir with no
+room for the first checkpoint is refused (a full disk later: tests/cluster/test_storage_faults).
 """
 
 from __future__ import annotations
@@ -267,3 +268,30 @@ def test_a_resume_restores_the_newest_intact_checkpoint_and_keeps_the_older_ones
 def _listed(logdir) -> list[int]:
     state = tf.train.get_checkpoint_state(str(logdir))
     return [int(p.rsplit("-", 1)[1]) for p in state.all_model_checkpoint_paths]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
+def test_a_logdir_with_no_room_for_the_first_checkpoint_is_refused(tmp_path):
+    # Before: ResourceExhaustedError "Graph execution error:" (exit 1), naming neither the
+    # directory nor the full disk.
+    from procs import small_tmpfs
+
+    server = tf.distribute.Server.create_local_server()
+    with small_tmpfs(tmp_path / "logdir", "256k") as logdir, tf.Graph().as_default():
+        tf1.train.get_or_create_global_step()
+        tf1.get_variable("weights", initializer=tf.zeros([100_000]))  # 400 kB: no room
+        try:
+            with pytest.raises(ConfigError) as raised:
+                with session.monitored_session(server.target, is_chief=True, hooks=[],
+                                               config=None, timeout=10,
+                                               checkpoint_dir=str(logdir), save_steps=10):
+                    pass
+        finally:
+            tf1.summary.FileWriterCache.clear()  # its events file is on the tmpfs
+        assert str(raised.value) == (
+            f"--logdir {logdir} has no room for a checkpoint: No space left on device (ENOSPC) "
+            "while saving the checkpoint of global_step 0: free some space there, or give "
+            "another --logdir")
+        # Nothing a resume would trust: no checkpoint named, no half-written shard left.
+        assert tf.train.get_checkpoint_state(str(logdir)) is None
+        assert not list(logdir.glob("model.ckpt-0*"))
