@@ -397,7 +397,7 @@ class _BoundedHook(tf1.train.SessionRunHook):
 
 
 class _SharedCheckpointSaverHook(tf1.train.CheckpointSaverHook):
-    """CheckpointSaverHook that checks, at the run's first save, that the checkpoint is
+    """CheckpointSaverHook that checks, at a session's first save, that the checkpoint is
     complete where the chief restores from, and that outlives a full disk.
 
     Sync: the saver is sharded. Each ps runs the save of its own variables and writes their
