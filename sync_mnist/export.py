@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from sync_mnist import api, placement
+from sync_mnist import api, placement, session
 
 tf1 = tf.compat.v1
 
@@ -85,12 +85,31 @@ def write_saved_model(model: api.Model, params: dict, example: tuple,
     """Saves the model's PREDICT graph with `weights` to export_dir, replacing an earlier one.
 
     It is written next to export_dir first and moved into place, so export_dir never holds a
-    half-written model.
+    half-written model. A write that fails for want of room (a full --logdir, where export_dir
+    is by default) leaves nothing behind, and raises ExportError naming the directory.
     """
     export_dir = Path(export_dir)
     partial = export_dir.with_name(f".{export_dir.name}.partial-{os.getpid()}")
     previous = export_dir.with_name(f".{export_dir.name}.previous-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
+    try:
+        _write(model, params, example, weights, partial)
+    except tf.errors.ResourceExhaustedError as e:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise ExportError(f"could not write the trained model to {export_dir}: "
+                          f"{session.storage_error(e)}") from None
+    if export_dir.exists():
+        export_dir.rename(previous)
+    partial.rename(export_dir)
+    shutil.rmtree(previous, ignore_errors=True)
+
+
+class ExportError(RuntimeError):
+    """The trained model could not be written."""
+
+
+def _write(model: api.Model, params: dict, example: tuple, weights: dict[str, np.ndarray],
+           partial: Path) -> None:
     with tf.Graph().as_default() as graph:
         serving = _Serving(model, params, example)
         variables = graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
@@ -104,7 +123,3 @@ def write_saved_model(model: api.Model, params: dict, example: tuple,
                 signature_def_map={SIGNATURE: tf1.saved_model.predict_signature_def(
                     inputs=serving.inputs, outputs=serving.outputs)})
             builder.save()
-    if export_dir.exists():
-        export_dir.rename(previous)
-    partial.rename(export_dir)
-    shutil.rmtree(previous, ignore_errors=True)

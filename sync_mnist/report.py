@@ -95,6 +95,10 @@ class TaskResult:
     # False: the ps did not take this worker's done report within --timeout, after the run was
     # complete and its verdict read (the ps then ends by its own bound); see WorkerRun.say_done.
     done_reported: bool | None = None
+    # Chief: checkpoint saves that failed for want of room under --logdir, and the last one's
+    # warning. The run trained on (the model is on the ps), so they leave its exit code alone.
+    failed_saves: int = 0
+    save_error: str | None = None
     exit_code: int = config_lib.EXIT_OK
     error: str | None = None
 
@@ -175,7 +179,9 @@ def latest_reading(results: list[TaskResult]) -> TaskResult | None:
 def _note(result: TaskResult) -> str:
     if result.blocked:
         return f"BLOCKED: {result.error}" if result.error else "BLOCKED"
-    return f"error: {result.error}" if result.error else ""
+    if result.error:
+        return f"error: {result.error}"
+    return f"{result.failed_saves} checkpoint saves failed" if result.failed_saves else ""
 
 
 def _fmt(value, spec: str = "") -> str:

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import logging
+import os
 import re
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -57,6 +60,8 @@ class SessionStatus:
 
     sessions: int = 0  # sessions created; more than one means a ps was lost and came back
     model: str | None = None  # chief: "initialised", "restored" (from a checkpoint), "continued"
+    failed_saves: int = 0  # chief: checkpoint saves that failed for want of room (warned)
+    save_error: str | None = None  # chief: the last one's warning
 
 
 def session_config(device_filters: list[str]) -> tf1.ConfigProto:
@@ -194,12 +199,12 @@ class _ChiefSessionManager(tf1.train.SessionManager):
     """
 
     def __init__(self, *, model_missing: tf.Tensor, model_size: int, status: SessionStatus,
-                 checkpoint_dir: str | None, timeout: float, ps_hosts: Sequence[str],
-                 **kwargs):
+                 checkpoint_dir: str | None, restore: Restorable | None, timeout: float,
+                 ps_hosts: Sequence[str], **kwargs):
         super().__init__(**kwargs)
         self._model_missing, self._status = model_missing, status
         self._model_size = model_size
-        self._checkpoint_dir = checkpoint_dir
+        self._checkpoint_dir, self._restore = checkpoint_dir, restore
         self._local_init = kwargs["local_init_op"]
         self._timeout, self._ps_hosts = timeout, tuple(ps_hosts)
 
@@ -223,7 +228,13 @@ class _ChiefSessionManager(tf1.train.SessionManager):
             close_bounded(sess.close, sess)
             raise
         close_bounded(sess.close, sess)
-        restoring = bool(self._checkpoint_dir and tf.train.latest_checkpoint(self._checkpoint_dir))
+        # The first session restores the checkpoint check_checkpoint chose: the newest intact
+        # one, which is not latest_checkpoint's when the newest is damaged (latest_checkpoint
+        # would fail mid-restore, or, with its index missing, return None: a silent fresh
+        # start). A later one (a ps was lost) restores this run's newest, complete save.
+        restore = self._restore if not self._status.sessions else None
+        restoring = bool(restore or self._checkpoint_dir and
+                         tf.train.latest_checkpoint(self._checkpoint_dir))
         # Sync: some variables there and others not: a ps was restarted and lost its share,
         # while another kept its own and the sync state beside it (accumulators, token
         # queues). Initialising over that would mix the old state into the new updates; a
@@ -236,16 +247,23 @@ class _ChiefSessionManager(tf1.train.SessionManager):
                             "checkpoint to restore it from (give the chief --logdir)" + (
                                 f"; {len(missing)} of its {self._model_size} variables are "
                                 f"missing, such as {missing[0].decode()}" if partial else ""))
+        if restore:
+            kwargs.update(checkpoint_dir=None, checkpoint_filename_with_path=restore.path)
         sess = super().prepare_session(master, **kwargs)
+        if restore:
+            # What the stock restore from checkpoint_dir does, less the damaged ones: so the
+            # Saver goes on keeping (and in time deletes) the older checkpoints, not only its own.
+            kwargs["saver"].recover_last_checkpoints(list(restore.kept))
         self._status.model = "restored" if restoring else "initialised"
         return sess
 
 
 class _ChiefSessionCreator(tf1.train.ChiefSessionCreator, _Bounded):
-    def __init__(self, scaffold, master, config, *, checkpoint_dir, model_missing, model_size,
-                 status, prepare_timeout, ps_hosts):
+    def __init__(self, scaffold, master, config, *, checkpoint_dir, restore, model_missing,
+                 model_size, status, prepare_timeout, ps_hosts):
         super().__init__(scaffold, master, config, checkpoint_dir=checkpoint_dir)
         self._model_missing, self._status_for_manager = model_missing, status
+        self._restore = restore
         self._model_size = model_size
         self._prepare_timeout, self._ps_hosts_for_manager = prepare_timeout, ps_hosts
 
@@ -254,7 +272,8 @@ class _ChiefSessionCreator(tf1.train.ChiefSessionCreator, _Bounded):
             self._session_manager = _ChiefSessionManager(
                 model_missing=self._model_missing, model_size=self._model_size,
                 status=self._status_for_manager,
-                checkpoint_dir=self._checkpoint_dir, timeout=self._prepare_timeout,
+                checkpoint_dir=self._checkpoint_dir, restore=self._restore,
+                timeout=self._prepare_timeout,
                 ps_hosts=self._ps_hosts_for_manager,
                 local_init_op=self._scaffold.local_init_op,
                 local_init_feed_dict=self._scaffold.local_init_feed_dict,
@@ -294,12 +313,14 @@ def monitored_session(master: str, *, is_chief: bool, hooks: list, config: tf1.C
                       save_steps: int | None = None, save_secs: float | None = None,
                       transient: Sequence[tf.Variable] = (), ps_hosts: Sequence[str] = (),
                       recovery_timeout: float | None = None,
-                      status: SessionStatus | None = None) -> tf1.train.MonitoredSession:
+                      status: SessionStatus | None = None,
+                      restore: Restorable | None = None) -> tf1.train.MonitoredSession:
     """A MonitoredSession for one worker.
 
-    The chief keeps the model on the ps if it is there, else restores the latest checkpoint in
-    checkpoint_dir, else initialises; it saves every save_secs seconds if given, else every
-    save_steps global steps. The others wait at most `timeout` seconds for the chief.
+    The chief keeps the model on the ps if it is there, else restores `restore` (see
+    check_checkpoint) or else the latest checkpoint in checkpoint_dir, else initialises; it
+    saves every save_secs seconds if given, else every save_steps global steps, keeping
+    KEEP_CHECKPOINTS. The others wait at most `timeout` seconds for the chief.
 
     Args:
       transient: variables on the ps that checkpoints leave out; the chief initialises them
@@ -308,7 +329,9 @@ def monitored_session(master: str, *, is_chief: bool, hooks: list, config: tf1.C
         them to accept connections.
       recovery_timeout: how long re-creating a session after a lost ps may take (default:
         `timeout`).
-      status: filled in as sessions are created.
+      status: filled in as sessions are created (and, on the chief, as saves fail).
+      restore: the checkpoint the chief's first session restores, if the model is not on the
+        ps (check_checkpoint's choice); later sessions restore the latest in checkpoint_dir.
     """
     status = status if status is not None else SessionStatus()
     tf.get_logger().addFilter(_recovery_log_filter)  # idempotent: a logger holds a filter once
@@ -318,18 +341,21 @@ def monitored_session(master: str, *, is_chief: bool, hooks: list, config: tf1.C
         everything = tf1.global_variables()
         kept = [v for v in everything if all(v is not t for t in transient)]
         scaffold = tf1.train.Scaffold(
-            saver=tf1.train.Saver(kept, sharded=True, allow_empty=True) if transient else None,
+            saver=tf1.train.Saver(kept if transient else None, sharded=True, allow_empty=True,
+                                  max_to_keep=KEEP_CHECKPOINTS),
             ready_for_local_init_op=tf1.report_uninitialized_variables(kept),
             local_init_op=tf.group(tf1.train.Scaffold.default_local_init_op(),
                                    *[_init_if_uninitialized(v) for v in transient]))
         creator = _ChiefSessionCreator(
-            scaffold, master, config, checkpoint_dir=checkpoint_dir, status=status,
+            scaffold, master, config, checkpoint_dir=checkpoint_dir, restore=restore,
+            status=status,
             model_missing=tf1.report_uninitialized_variables(everything),
             model_size=len(everything),
             prepare_timeout=bound, ps_hosts=ps_hosts)
         if checkpoint_dir:
             hooks.append(_SharedCheckpointSaverHook(
-                checkpoint_dir, timeout=bound, ps_hosts=ps_hosts, save_secs=save_secs,
+                checkpoint_dir, timeout=bound, ps_hosts=ps_hosts, status=status,
+                save_secs=save_secs,
                 save_steps=None if save_secs else save_steps, scaffold=scaffold))
     else:
         scaffold = tf1.train.Scaffold()
@@ -372,31 +398,59 @@ class _BoundedHook(tf1.train.SessionRunHook):
 
 class _SharedCheckpointSaverHook(tf1.train.CheckpointSaverHook):
     """CheckpointSaverHook that checks, at a session's first save, that the checkpoint is
-    complete where the chief restores from.
+    complete where the chief restores from, and that outlives a full disk.
 
     Sync: the saver is sharded. Each ps runs the save of its own variables and writes their
     shard to its own filesystem, and the last ps merges the shards' indexes there; the chief
     writes only the `checkpoint` file. On hosts that do not share --logdir, the chief would
     never find a checkpoint to restore: a lost ps would be a lost model, a resume a fresh start.
+
+    A save that fails for want of room (ENOSPC, EDQUOT, EFBIG: TensorFlow's
+    ResourceExhaustedError) is a warning, and training goes on: the model is on the ps, and the
+    `checkpoint` file, written only after a save is complete, still names the last complete
+    one. Stopping would lose the run for the sake of a checkpoint. The first save of the run is
+    the exception: nothing is trained yet, and a --logdir with no room for one checkpoint is
+    bad input (ConfigError, exit 2).
     """
 
     def __init__(self, checkpoint_dir: str, *, timeout: float, ps_hosts: Sequence[str],
-                 **kwargs):
+                 status: SessionStatus, **kwargs):
         super().__init__(checkpoint_dir, **kwargs)
         self._logdir, self._timeout, self._ps_hosts = checkpoint_dir, timeout, tuple(ps_hosts)
+        self._status, self._checked = status, False
 
     def _save(self, session, step):
         # Sync: the ps write the shards; a save has no RunOptions, so a stopped ps would hold
         # the chief's step (this runs in after_run) without end.
-        return bounded_call(lambda: super(_SharedCheckpointSaverHook, self)._save(session, step),
-                            self._timeout,
-                            f"the chief: waited {self._timeout:g} s for the ps "
-                            f"({', '.join(self._ps_hosts)}) to save the checkpoint of "
-                            f"global_step {step} in {self._logdir}")
+        try:
+            return bounded_call(
+                lambda: super(_SharedCheckpointSaverHook, self)._save(session, step),
+                self._timeout, f"the chief: waited {self._timeout:g} s for the ps "
+                               f"({', '.join(self._ps_hosts)}) to save the checkpoint of "
+                               f"global_step {step} in {self._logdir}")
+        except tf.errors.ResourceExhaustedError as e:
+            # A shard that was written (another ps's) would hold room the next save needs.
+            shutil.rmtree(f"{self._save_path}-{step}_temp", ignore_errors=True)
+            self._no_room(e, f"the checkpoint of global_step {step}")
+            return False
+
+    def _no_room(self, error: tf.errors.ResourceExhaustedError, what: str) -> None:
+        reason = storage_error(error)
+        if not self._checked:
+            raise ConfigError(f"--logdir {self._logdir} has no room for a checkpoint: {reason} "
+                              f"while saving {what}: free some space there, or give another "
+                              "--logdir") from None
+        self._status.failed_saves += 1
+        self._status.save_error = (f"could not save {what} in {self._logdir}: {reason}; "
+                                   "training on: the model is on the ps")
+        log.warning("%s", self._status.save_error)
 
     def after_create_session(self, session, coord):
         try:
             super().after_create_session(session, coord)  # saves the model as it is now
+        except tf.errors.ResourceExhaustedError as e:  # writing graph.pbtxt, before the save
+            self._no_room(e, "graph.pbtxt")
+            return
         except tf.errors.OpError as e:
             missing = re.search(r"NOT_FOUND: (\S+) not found", str(e))
             if "MergeV2Checkpoints" not in str(e) or not missing:
@@ -407,13 +461,21 @@ class _SharedCheckpointSaverHook(tf1.train.CheckpointSaverHook):
         # Not tf.train.latest_checkpoint, which logs an error of its own for a missing shard.
         state = tf.train.get_checkpoint_state(self._logdir)  # the chief's own file: present
         path = state.model_checkpoint_path
-        try:
-            reader = tf.train.load_checkpoint(path)
-            for name in reader.get_variable_to_shape_map():
-                reader.get_tensor(name)
-        except (tf.errors.OpError, ValueError) as e:
+        damage = checkpoint_damage(path)
+        if damage is not None:
             raise ConfigError(_not_shared(self._logdir, f"the chief cannot read "
-                                          f"{Path(path).name}: {first_line(e)}")) from None
+                                          f"{Path(path).name}: {damage}"))
+        self._checked = True
+
+
+def storage_error(error: tf.errors.OpError) -> str:
+    """What a failed file write says, with its errno's name: "No space left on device
+    (ENOSPC)"; TensorFlow's message ends in "<file>; <strerror>"."""
+    for line in error.message.splitlines():
+        for number, name in errno.errorcode.items():
+            if line.endswith(f"; {os.strerror(number)}"):
+                return f"{os.strerror(number)} ({name})"
+    return first_line(error)
 
 
 def _not_shared(logdir: str, reason: str) -> str:
@@ -422,12 +484,32 @@ def _not_shared(logdir: str, reason: str) -> str:
             "so --logdir must be storage that every ps and the chief share, at the same path")
 
 
-def check_checkpoint(logdir: Path, variables: Sequence[tf.Variable],
-                     planned: int | None = None) -> None:
-    """Raises ConfigError if logdir's latest checkpoint cannot be restored into `variables`,
-    or is already past `planned` updates (global steps).
+# Sync: a checkpoint can be damaged where it lies: a sharded save that lost a shard while the
+# `checkpoint` file already named it (tensorflow#14608), an index cut short by a crash ("too
+# short to be an sstable", #13588, #6644; neither the shards nor the `checkpoint` file are
+# fsynced). A resume then falls back to the newest intact one, so the Saver keeps more than one.
+KEEP_CHECKPOINTS = 5
 
-    Restoring it would fail mid-start with a long TensorFlow error; this names the variable.
+
+@dataclasses.dataclass(frozen=True)
+class Restorable:
+    """The checkpoint a resume restores (check_checkpoint's choice), and the ones the chief's
+    Saver goes on keeping: those listed in the `checkpoint` file up to it, oldest first, less
+    any found damaged."""
+
+    path: str
+    kept: tuple[str, ...]
+
+
+def check_checkpoint(logdir: Path, variables: Sequence[tf.Variable],
+                     planned: int | None = None) -> Restorable | None:
+    """The checkpoint in logdir that a resume restores: the newest intact one that logdir's
+    `checkpoint` file lists; None if there is none to restore.
+
+    A damaged newer one is passed over with one warning line. Raises ConfigError if none is
+    intact, if the one found cannot be restored into `variables`, or if it is already past
+    `planned` updates (global steps). Restoring it would fail mid-start with a long
+    TensorFlow error; this names the variable.
     A `checkpoint` file that TensorFlow cannot use (unparsable, or naming files that are not
     there, as after the directory moved: a TF1 Saver writes absolute paths) is refused too:
     TensorFlow would ignore it and silently train from scratch.
@@ -437,7 +519,7 @@ def check_checkpoint(logdir: Path, variables: Sequence[tf.Variable],
     """
     index = Path(logdir) / "checkpoint"
     if not index.exists():
-        return
+        return None
     try:
         state = tf.train.get_checkpoint_state(str(logdir))
     except ValueError:  # empty, no model_checkpoint_path, or not UTF-8
@@ -445,16 +527,9 @@ def check_checkpoint(logdir: Path, variables: Sequence[tf.Variable],
     if state is None:
         raise ConfigError(f"--logdir {logdir} has a checkpoint file that cannot be read as one "
                           f"({index}): fix or remove it, or give a new --logdir")
-    path = tf.train.latest_checkpoint(str(logdir))
-    if path is None:
-        raise ConfigError(f"--logdir {logdir}: its checkpoint file ({index}) names "
-                          f"{state.model_checkpoint_path}, which does not exist (was the "
-                          "directory moved?): fix or remove that file, or give a new --logdir")
-    try:
-        shapes = dict(tf.train.list_variables(path))
-    except (tf.errors.OpError, ValueError) as e:
-        raise ConfigError(f"--logdir {logdir} holds a checkpoint that cannot be read "
-                          f"({Path(path).name}): {first_line(e)}") from None
+    chosen = _newest_intact(Path(logdir), state)
+    path = chosen.path
+    shapes = dict(tf.train.list_variables(path))
     wholes = placement.whole_variables(variables)
     for name, whole in wholes.items():  # a shape that differs says more than a missing name
         if name in shapes and list(shapes[name]) != whole.shape:
@@ -470,6 +545,49 @@ def check_checkpoint(logdir: Path, variables: Sequence[tf.Variable],
         raise ConfigError(f"--logdir {logdir} holds a checkpoint at global_step {step}, past "
                           f"the {planned} updates planned (--train-steps or --epochs): give a "
                           f"new --logdir, or plan at least {step}")
+    return chosen
+
+
+def _newest_intact(logdir: Path, state) -> Restorable:
+    """The newest checkpoint `state` lists whose every tensor reads back intact."""
+    listed = list(state.all_model_checkpoint_paths)
+    if state.model_checkpoint_path not in listed:
+        listed.append(state.model_checkpoint_path)
+    if not any(tf.io.gfile.glob(f"{p}.*") for p in listed):
+        raise ConfigError(f"--logdir {logdir}: its checkpoint file ({logdir / 'checkpoint'}) "
+                          f"names {state.model_checkpoint_path}, which does not exist (was the "
+                          "directory moved?): fix or remove that file, or give a new --logdir")
+    damaged = []
+    for n in range(len(listed) - 1, -1, -1):
+        reason = checkpoint_damage(listed[n])
+        if reason is None:
+            if damaged:
+                log.warning("--logdir %s: the newest checkpoint, %s, is damaged (%s); restoring "
+                            "%s, the newest intact one", logdir, Path(damaged[0][0]).name,
+                            damaged[0][1], Path(listed[n]).name)
+            return Restorable(listed[n], tuple(listed[:n + 1]))
+        damaged.append((listed[n], reason))
+    raise ConfigError(f"--logdir {logdir}: none of its {len(listed)} checkpoints is intact (" +
+                      "; ".join(f"{Path(p).name}: {reason}" for p, reason in damaged) +
+                      "): restore them, or give a new --logdir")
+
+
+def checkpoint_damage(path: str) -> str | None:
+    """Why the checkpoint `path` cannot be restored, or None if it is intact.
+
+    Every tensor is read: that checks each one's checksum against the index, so a data file
+    cut short or overwritten is found, not only a missing or truncated index (which costs a
+    read of the checkpoint, as the restore does once more).
+    """
+    if not tf.io.gfile.glob(f"{path}.index"):
+        return "its index file is missing"  # load_checkpoint's error would not say which
+    try:
+        reader = tf.train.load_checkpoint(path)
+        for name in reader.get_variable_to_shape_map():
+            reader.get_tensor(name)
+    except (tf.errors.OpError, ValueError, IndexError) as e:  # IndexError: a data file cut short
+        return first_line(e)
+    return None
 
 
 def first_line(error: Exception) -> str:

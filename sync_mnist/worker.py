@@ -254,13 +254,15 @@ class WorkerRun:
                                  dataset=self.train_config.dataset, target=self.target)
             if self.train_config.eval_every:
                 evaluation.check_accuracy_metric(self.model, self.params, self.example)
+            self.restore = None
             if self.logdir:
                 # A checkpoint of another model (say, of a cluster with another number of
                 # workers) would fail mid-restore with a long error: name the variable instead.
                 # In sync mode global_step counts updates, so a checkpoint past the plan
                 # has nothing left to train (in async mode, each worker's local steps count).
+                # A damaged newest checkpoint is passed over: the chief restores the one chosen.
                 transient = self.g.transient
-                session.check_checkpoint(self.logdir, [
+                self.restore = session.check_checkpoint(self.logdir, [
                     v for v in tf1.global_variables() if all(v is not t for t in transient)],
                     planned=self.target if self.train_config.mode == "sync" else None)
             # The writer CheckpointSaverHook also uses (one cache per logdir): one events file.
@@ -303,6 +305,7 @@ class WorkerRun:
             with no_silent_end(config.name):
                 yield sess
         self.result.sessions = status.sessions
+        self.result.failed_saves, self.result.save_error = status.failed_saves, status.save_error
         self.side.close()
         if self.evaluator is not None:
             self.evaluator.close()
@@ -319,7 +322,7 @@ class WorkerRun:
                     checkpoint_dir=str(self.logdir) if self.logdir else None,
                     save_steps=train.save_steps, save_secs=train.save_secs,
                     transient=self.g.transient, ps_hosts=config.cluster.ps_hosts,
-                    recovery_timeout=train.timeout, status=status)
+                    recovery_timeout=train.timeout, status=status, restore=self.restore)
             except tf.errors.DeadlineExceededError:
                 raise TaskTimeout(
                     f"worker {config.index}: waited {chief_wait:g} s for the chief (worker 0 at "

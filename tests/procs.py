@@ -6,6 +6,7 @@ finally) kills each group, so a failing test leaves nothing behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -316,3 +317,17 @@ def apt_installed(packages: tuple[str, ...], tools: tuple[str, ...]) -> str | No
     missing = [tool for tool in tools if not which(tool)]
     return f"still missing after installing {' '.join(packages)}: {', '.join(missing)}" \
         if missing else None
+
+
+@contextlib.contextmanager
+def small_tmpfs(path: Path, size: str):
+    """A tmpfs of `size` (mount's size=, e.g. "256k") mounted at `path` for the block: a disk
+    that fills up. Root only; unmounted however the block ends."""
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "sync-mnist-test", str(path)],
+                   check=True, capture_output=True, timeout=30)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "--lazy", str(path)], check=True, capture_output=True,
+                       timeout=30)

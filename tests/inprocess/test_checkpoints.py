@@ -1,9 +1,15 @@
 """The chief's --logdir and its checkpoints: what is checked before training (a writable
 directory, a checkpoint of the same model, one TensorFlow can read, one not past the plan), and
-when the chief saves (--save-secs or --save-steps, without the transient variables).
+when the chief saves (--save-secs or --save-steps, without the transient variables). Storage
+faults: a damaged newest checkpoint falls back to the newest intact one, and a logdir with no
+room for the first checkpoint is refused (a full disk later: tests/cluster/test_storage_faults).
 """
 
 from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
 
 import pytest
 import tensorflow as tf
@@ -170,3 +176,122 @@ def test_chief_saves_every_save_secs_when_given_else_every_save_steps(tmp_path, 
     # The checkpoint leaves the transient variable out.
     names = [name for name, _ in tf.train.list_variables(tf.train.latest_checkpoint(tmp_path))]
     assert names == ["global_step"]
+
+
+# ---------------------------------------------------------------------------- storage faults
+
+def _save_steps(logdir, steps):
+    with tf.Graph().as_default():
+        step = tf1.train.get_or_create_global_step()
+        tf1.get_variable("weights", initializer=tf.ones([1000]))
+        saver = tf1.train.Saver(sharded=True)
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            for s in steps:
+                sess.run(tf1.assign(step, s))
+                saver.save(sess, str(logdir / "model.ckpt"), global_step=s)
+
+
+def _damage(prefix, how: str) -> None:
+    """Damages the checkpoint files of `prefix` as a crash or a full disk leaves them."""
+    index, data = Path(f"{prefix}.index"), Path(f"{prefix}.data-00000-of-00001")
+    if how == "index cut short":  # tensorflow#13588, #6644: "too short to be an sstable"
+        os.truncate(index, 0)
+    elif how == "index missing":
+        index.unlink()
+    elif how == "shard missing":  # tensorflow#14608: the checkpoint file named a lost shard
+        data.unlink()
+    elif how == "data cut short":  # the state file renamed into place before the data reached disk
+        os.truncate(data, 100)
+    else:
+        raise ValueError(how)
+
+
+DAMAGES = ["index cut short", "index missing", "shard missing", "data cut short"]
+
+
+def _variables():
+    return [tf1.train.get_or_create_global_step(), tf1.get_variable("weights", [1000])]
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_intact_one(tmp_path, how, caplog):
+    # Before: a checkpoint TensorFlow could not read was refused (exit 2), or, with its index
+    # missing, latest_checkpoint found nothing and the chief said the directory had moved.
+    _save_steps(tmp_path, [5, 10, 15])
+    _damage(tmp_path / "model.ckpt-15", how)
+    with tf.Graph().as_default(), caplog.at_level(logging.WARNING, "sync_mnist"):
+        chosen = session.check_checkpoint(tmp_path, _variables())
+    assert chosen.path == str(tmp_path / "model.ckpt-10")
+    # The ones the Saver goes on keeping: the listed ones, less the damaged one.
+    assert chosen.kept == (str(tmp_path / "model.ckpt-5"), str(tmp_path / "model.ckpt-10"))
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warning.startswith(f"--logdir {tmp_path}: the newest checkpoint, model.ckpt-15, is "
+                              "damaged (")
+    assert warning.endswith("); restoring model.ckpt-10, the newest intact one"), warning
+
+
+def test_no_intact_checkpoint_is_refused_naming_the_directory(tmp_path):
+    _save_steps(tmp_path, [5, 10])
+    _damage(tmp_path / "model.ckpt-10", "index cut short")
+    _damage(tmp_path / "model.ckpt-5", "shard missing")
+    with tf.Graph().as_default(), pytest.raises(ConfigError) as raised:
+        session.check_checkpoint(tmp_path, _variables())
+    assert str(raised.value).startswith(
+        f"--logdir {tmp_path}: none of its 2 checkpoints is intact (model.ckpt-10: file is too "
+        "short to be an sstable; model.ckpt-5: ")
+    assert str(raised.value).endswith(": restore them, or give a new --logdir")
+
+
+def test_a_resume_restores_the_newest_intact_checkpoint_and_keeps_the_older_ones(tmp_path):
+    # Before: the chief refused the logdir (its newest checkpoint's index is missing, so
+    # latest_checkpoint found none: "was the directory moved?"). With the fallback but the stock
+    # restore, it restored the damaged one the `checkpoint` file names and failed.
+    from inprocess_cluster import run_cluster
+
+    logdir = tmp_path / "logdir"
+    first = run_cluster(1, train_steps=20, save_steps=4, logdir=logdir)
+    assert first.chief.synchronous is True, first.chief.verdict
+    # More than one checkpoint is kept, so a damaged newest one has one to fall back to.
+    assert session.KEEP_CHECKPOINTS >= 2
+    assert _listed(logdir) == [4, 8, 12, 16, 20][-session.KEEP_CHECKPOINTS:]
+    assert not list(logdir.glob("model.ckpt-0.*"))  # the oldest was deleted
+    _damage(logdir / "model.ckpt-20", "index missing")
+
+    resumed = run_cluster(1, train_steps=24, save_steps=4, logdir=logdir)
+    assert resumed.chief.start_step == 16
+    assert resumed.chief.synchronous is True, resumed.chief.verdict
+    # The Saver went on from the checkpoints the resume found, not from an empty list.
+    assert _listed(logdir) == [8, 12, 16, 20, 24][-session.KEEP_CHECKPOINTS:]
+
+
+def _listed(logdir) -> list[int]:
+    state = tf.train.get_checkpoint_state(str(logdir))
+    return [int(p.rsplit("-", 1)[1]) for p in state.all_model_checkpoint_paths]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
+def test_a_logdir_with_no_room_for_the_first_checkpoint_is_refused(tmp_path):
+    # Before: ResourceExhaustedError "Graph execution error:" (exit 1), naming neither the
+    # directory nor the full disk.
+    from procs import small_tmpfs
+
+    server = tf.distribute.Server.create_local_server()
+    with small_tmpfs(tmp_path / "logdir", "256k") as logdir, tf.Graph().as_default():
+        tf1.train.get_or_create_global_step()
+        tf1.get_variable("weights", initializer=tf.zeros([100_000]))  # 400 kB: no room
+        try:
+            with pytest.raises(ConfigError) as raised:
+                with session.monitored_session(server.target, is_chief=True, hooks=[],
+                                               config=None, timeout=10,
+                                               checkpoint_dir=str(logdir), save_steps=10):
+                    pass
+        finally:
+            tf1.summary.FileWriterCache.clear()  # its events file is on the tmpfs
+        assert str(raised.value) == (
+            f"--logdir {logdir} has no room for a checkpoint: No space left on device (ENOSPC) "
+            "while saving the checkpoint of global_step 0: free some space there, or give "
+            "another --logdir")
+        # Nothing a resume would trust: no checkpoint named, no half-written shard left.
+        assert tf.train.get_checkpoint_state(str(logdir)) is None
+        assert not list(logdir.glob("model.ckpt-0*"))

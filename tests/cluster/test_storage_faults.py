@@ -1,0 +1,75 @@
+"""A disk that fills up under --logdir while the chief saves checkpoints (issue 35, storage).
+
+The run goes on: the model is on the ps, a failed save is one warning line naming the directory
+and the error, and the result record says so; the `checkpoint` file names only checkpoints that
+were completely written, so a resume trusts only those. The logdir is a small tmpfs (root only)
+with room for the graph, the summaries and one checkpoint of the MLP (3.4 MB), not two; the
+second test's has no room left for the SavedModel either, the run's product, which fails it.
+(A logdir with no room for the first checkpoint is refused at once: test_checkpoints.py.)
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import tensorflow as tf
+
+from hand_cluster import Cluster
+from procs import small_tmpfs
+from sync_mnist.config import EXIT_FAILED, EXIT_OK
+
+STEPS = 30
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
+def test_a_full_disk_fails_the_later_saves_with_a_warning_and_the_run_goes_on(processes,
+                                                                             tmp_path):
+    # Before: the chief failed at its second save, "ResourceExhaustedError: Graph execution
+    # error:" (exit 1), and the launcher stopped the cluster.
+    with small_tmpfs(tmp_path / "logdir", "6m") as logdir:
+        cluster = Cluster(processes, tmp_path, 1, "--train-steps", str(STEPS), "--timeout",
+                          "60", "--logdir", str(logdir), "--save-steps", "10")
+        cluster.start_all(1)
+        codes = cluster.wait_all()
+        chief = cluster.tasks["worker", 0]
+        assert codes == {("ps", 0): EXIT_OK, ("worker", 0): EXIT_OK}, chief.output
+        record = cluster.record("worker", 0)
+        assert record["synchronous"] is True, record["verdict"]
+        # The saves at global_step 10, 20 and the last one, at 30, each failed with one line.
+        warnings = [line for line in chief.output.splitlines() if "could not save" in line]
+        assert [w.split("] warning: ", 1)[1] for w in warnings] == [
+            f"could not save the checkpoint of global_step {step} in {logdir}: No space left "
+            "on device (ENOSPC); training on: the model is on the ps" for step in (10, 20, 30)]
+        assert record["failed_saves"] == 3
+        assert record["save_error"] == warnings[-1].split("] warning: ", 1)[1]
+        # The checkpoint file names only the complete checkpoint, and nothing half-written is
+        # left to take the room of the next save.
+        state = tf.train.get_checkpoint_state(str(logdir))
+        assert list(state.all_model_checkpoint_paths) == [str(logdir / "model.ckpt-0")]
+        assert sorted(p.name for p in logdir.glob("model.ckpt-*")) == [
+            "model.ckpt-0.data-00000-of-00001", "model.ckpt-0.index", "model.ckpt-0.meta"]
+        reader = tf.train.load_checkpoint(state.model_checkpoint_path)
+        for name in reader.get_variable_to_shape_map():
+            reader.get_tensor(name)  # intact: every tensor's checksum holds
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
+def test_a_disk_too_full_for_the_trained_model_fails_the_export_in_one_line(processes,
+                                                                           tmp_path):
+    # No room for the SavedModel (1 MB of weights) either, which the chief writes at the end
+    # to --logdir/saved_model by default. That is the run's product, so it fails, exit 1; the
+    # ps has its done report first. Before: "ResourceExhaustedError: Graph execution error:",
+    # and the half-written model left in .saved_model.partial-<pid>.
+    with small_tmpfs(tmp_path / "logdir", "4600k") as logdir:
+        cluster = Cluster(processes, tmp_path, 1, "--train-steps", "10", "--timeout", "60",
+                          "--logdir", str(logdir), "--save-steps", "10")
+        cluster.start_all(1)
+        codes = cluster.wait_all()
+        chief = cluster.tasks["worker", 0]
+        assert codes == {("ps", 0): EXIT_OK, ("worker", 0): EXIT_FAILED}, chief.output
+        errors = [line.split("] ", 1)[1] for line in chief.output.splitlines()
+                  if "] error:" in line]
+        assert errors == [f"error: failed: ExportError: could not write the trained model to "
+                          f"{logdir / 'saved_model'}: No space left on device (ENOSPC)"]
+        assert sorted(p.name for p in logdir.iterdir() if "saved_model" in p.name) == []
