@@ -20,7 +20,8 @@ restarted task). Every task's first process writes its pid to `ROLE-INDEX.pid`. 
   slow-replacement every worker's first process logs a progress line, then worker 1's kills
                    itself (SIGKILL); its second process takes 3 x --timeout to start, while the
                    others' first processes exit 200 after 2 x --timeout naming worker 1 as
-                   missing. Restarted, every worker ends as in `ok`.
+                   missing (it has not said it waits for the chief yet). Restarted, every
+                   worker ends as in `ok`.
   lost-backup      worker 2 kills itself (SIGKILL) once the chief has started; the others end
                    synchronous and name it lost, as with --replicas-to-aggregate 2.
   ps-dies-at-start the ps's first process exits 201 at once, before the chief has started;
@@ -105,6 +106,8 @@ def main() -> int:
     else:
         if args.role == "worker":
             _wait_for(marks / "ps-started", "the ps")
+            if behaviour == "slow-replacement" and run > 1 and args.index == 1:
+                time.sleep(3 * args.timeout)  # a start-up under load: importing TensorFlow
             print(f"[worker {args.index}] {report.WAITING_FOR_CHIEF}", flush=True)
         _wait_for(marks / "chief-started", "the chief")
     if behaviour == "preempted":
@@ -165,8 +168,6 @@ def main() -> int:
                          f"worker {args.index}: waited {args.timeout:g} s for an update after "
                          "local step 2; contributions so far [2, 2, 2]; missing: worker 1 (no "
                          "gradient for update 3)")
-        if args.index == 1:
-            time.sleep(3 * args.timeout)  # a start-up under load: importing TensorFlow
     if behaviour == "chatty":
         for line in range(10_000):
             print(f"[worker {args.index}] line {line} " + "x" * 200, flush=True)

@@ -69,6 +69,8 @@ class _Task:
         self.overdue: str | None = None  # why the launcher stopped it past a bound of its own
         self.pids: list[int] = []  # every process started for it, the current one last
         self.waiting_for_chief = threading.Event()
+        self.ready = threading.Event()  # it logged `ready after`: it joined the training
+        self.verdict_printed = False  # a worker past the finish barrier: it logged its verdict
         self._argv, self._namespace = argv, namespace
         self._spawn()
 
@@ -78,6 +80,7 @@ class _Task:
         self.ended: float | None = None  # monotonic, like the two below
         self.progressed: float | None = None  # its latest progress line
         self.waiting_for_chief.clear()
+        self.ready.clear()
         # A record left by the process before must not pass for this one's.
         self.summary.unlink(missing_ok=True)
         self.spawned = time.monotonic()
@@ -106,10 +109,18 @@ class _Task:
     def _forward(self, line: str) -> None:
         if report.WAITING_FOR_CHIEF in line:
             self.waiting_for_chief.set()
+        if f"[{self.tag}] ready after " in line:
+            self.ready.set()
+        if f"[{self.tag}] verdict: " in line:
+            self.verdict_printed = True
         line = line if f"[{self.tag}]" in line else f"[{self.tag}] {line}"
         if progress.parse(line):
             self.progressed = time.monotonic()
         self._output(line)
+
+    def started_up(self) -> bool:
+        """Whether it said it waits for the chief, or is ready: past its start-up."""
+        return self.waiting_for_chief.is_set() or self.ready.is_set()
 
     def poll(self) -> int | None:
         code = self.proc.poll()
@@ -496,10 +507,10 @@ class _Policy:
                    for t in self._tasks)
 
     def _verdict_read(self) -> bool:
-        """Whether a worker has ended with its verdict, past the finish barrier."""
-        return any(t.role == "worker" and t.poll() in (config_lib.EXIT_OK,
-                                                       config_lib.EXIT_NOT_SYNCHRONOUS)
-                   for t in self._tasks)
+        """Whether a worker has read its verdict, past the finish barrier: it logged it, or
+        ended with it."""
+        return any(t.role == "worker" and (t.verdict_printed or t.poll() in (
+            config_lib.EXIT_OK, config_lib.EXIT_NOT_SYNCHRONOUS)) for t in self._tasks)
 
     def _mended(self, task: _Task) -> _Task | None:
         """The peer that `task`'s timeout names which the policy restarted after `task`'s
@@ -518,13 +529,15 @@ class _Policy:
 
         A process still starting is spared, as its peers' waits are meant to spare it: one
         started after the cluster's latest progress line, within its start-up allowance
-        (START_SECS + --timeout), is a replacement on its way, not the one that was waited for.
+        (START_SECS + --timeout), that has not yet said it waits for the chief or is ready, is
+        a replacement on its way, not the one that was waited for.
         """
         named = report.missing_tasks(task.result().error)
         progressed = max((t.progressed for t in self._tasks if t.progressed), default=0.0)
         now = time.monotonic()
         return [t for t in self._tasks if t.tag in named and t is not task and not t.lost
-                and t.poll() is None and (t.spawned < progressed or now - t.spawned
+                and t.poll() is None and (t.spawned < progressed or t.started_up()
+                                          or now - t.spawned
                                           > config_lib.START_SECS + self._timeout)]
 
     def _restart(self, task: _Task, what: str, charged: bool = True) -> bool:

@@ -20,6 +20,14 @@ class _FakeTask:
         self.codes, self.starts, self.lost, self.spent = list(codes), 1, False, False
         self.spawned, self.progressed, self.ended = time.monotonic() - 1.0, None, None
         self.restarted, self.error = None, error
+        self.verdict_printed = self.up = False
+        self.killed = 0
+
+    def started_up(self):
+        return self.up
+
+    def kill(self):
+        self.killed += 1
 
     def poll(self):
         return self.codes[self.starts - 1]
@@ -95,9 +103,28 @@ def test_a_worker_that_dies_after_another_verified_the_run_does_not_stop_it():
                              _FakeTask("worker", 2, 0))
     policy = _policy([chief, dead, verified])
     assert policy.after_exit(dead, -9) and dead.spent and dead.starts == 1
+    # Seen again: worker 2 had logged its verdict but not yet ended.
+    dead, printed = _FakeTask("worker", 1, -9), _FakeTask("worker", 2, None)
+    printed.verdict_printed = True
+    assert _policy([chief, dead, printed]).after_exit(dead, -9) and dead.spent
     # The chief is needed until it ends: its death still stops the cluster.
     chief = _FakeTask("worker", 0, -9)
     assert not _policy([chief, _FakeTask("worker", 1, None), verified]).after_exit(chief, -9)
+
+
+def test_a_task_frozen_past_its_start_up_is_restarted_though_training_never_began():
+    # Seen in the chaos soak (R = N, --max-restarts 1): worker 2, frozen after it said it waited
+    # for the chief, held up update 1; with no progress line yet it was spared as "still
+    # starting", worker 1 was restarted instead, and the chief's timeout then stopped the run.
+    frozen = _FakeTask("worker", 2, None, 0)
+    timed_out = _FakeTask("worker", 1, EXIT_TIMEOUT, 0, error=_MISSING_1.replace(
+        "worker 1 (", "worker 2 (").format(1))
+    policy = _policy([frozen, timed_out], max_restarts=1)
+    assert policy._culprits(timed_out) == []  # still starting, as far as anyone knows
+    frozen.up = True  # it said it waits for the chief
+    assert policy._culprits(timed_out) == [frozen]
+    assert policy.after_exit(timed_out, EXIT_TIMEOUT)
+    assert (frozen.killed, frozen.starts, timed_out.starts) == (1, 2, 2)
 
 
 def test_launcher_goes_on_without_a_dead_backup_worker_but_not_without_the_chief():
