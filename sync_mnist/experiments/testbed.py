@@ -17,6 +17,9 @@ removed with it), so that the task and its peers see nothing but missing packets
              its carrier stays up and nothing answers, the silent case a pulled cable at a
              far switch makes (`cut`, a link down, is the loud one).
   loss       each frame to and from the task dropped with a probability (`lose`).
+  delay      every packet the task sends and receives held for a time (`delay`): netem is
+             missing here, so iptables' NFQUEUE in the task's namespace hands each packet to
+             a process (delay.py) that releases it that much later.
 
 Slowing a task:
   link  tbf on both ends of its veth: tbf shapes only what leaves an interface, so `eth0`'s
@@ -35,6 +38,7 @@ import logging
 import os
 import re
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -166,6 +170,7 @@ class Testbed:
         self._fds: list[int] = []
         self._entries: dict[Task, _Entry] = {}
         self._nft_ready = False  # the switch's fault table exists
+        self._delayers: list[subprocess.Popen] = []  # delay.py, one per delayed task
 
     def __enter__(self) -> Testbed:
         self.build()
@@ -286,6 +291,27 @@ class Testbed:
                 _run(["ip", "netns", "exec", self.switch, "nft", "delete", "rule", "bridge",
                       NFT_TABLE, "forward", "handle", str(rule["handle"])])
 
+    def delay(self, role: str, index: int, ms: float) -> None:
+        """Delays every packet task (role, index) sends or receives by `ms` (each way).
+
+        Raises:
+          Unavailable: the delaying process or the iptables rules could not be set up.
+        """
+        ns = self.namespace[role, index]
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", ns, sys.executable, "-m", "sync_mnist.experiments.delay",
+             "--queue", "0", "--delay-ms", f"{ms:g}"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True)
+        self._delayers.append(proc)
+        ready, _, _ = select.select([proc.stdout], [], [], IP_TIMEOUT_SECS)
+        first = proc.stdout.readline().strip() if ready else "no answer"
+        if first != "ready":
+            raise Unavailable(f"the delay for {role} {index} did not start: {first}")
+        for chain, direction in (("POSTROUTING", "-o"), ("PREROUTING", "-i")):
+            _run(["ip", "netns", "exec", ns, "iptables", "-w", "-t", "mangle", "-A", chain,
+                  direction, "eth0", "-j", "NFQUEUE", "--queue-num", "0"])
+
     def dropped(self, role: str, index: int) -> int:
         """Frames to and from task (role, index) that the faults dropped so far (nft counters)."""
         port = self.port[role, index]
@@ -339,6 +365,12 @@ class Testbed:
     def close(self) -> None:
         """Kills what still runs in the namespaces, deletes them (their veths and qdiscs go
         with them) and the cgroups. Safe to call more than once, and after a failed build."""
+        for proc in self._delayers:  # its queue goes with the namespace; it need not outlive it
+            proc.kill()
+            proc.wait()
+            proc.stdin.close()
+            proc.stdout.close()
+        self._delayers.clear()
         for fd in self._fds:
             os.close(fd)
         self._fds.clear()
