@@ -9,6 +9,8 @@ when the test ends, and checks that nothing of them is left.
 from __future__ import annotations
 
 import dataclasses
+import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -66,6 +68,25 @@ class LanCluster:
                             if (r, i) in ended else "running")
             for r, i in self.procs)
 
+    def throttle(self, role: str, index: int) -> None:
+        """Moves the task into its CPU cgroup (testbed `slow`): `ip netns exec` and `env`
+        exec in place, so the pid the test started is the task's Python, threads and all."""
+        self.bed.confine(role, index, self.procs[role, index].popen.pid)
+
+    def stack(self, role: str, index: int) -> str:
+        """The project's frames of a hung task, innermost first (faulthandler, on SIGABRT)."""
+        proc = self.procs[role, index]
+        proc.popen.send_signal(signal.SIGABRT)
+        try:
+            proc.wait(10)
+        except AssertionError:
+            return "(no stack: SIGABRT did not end it)"
+        frames = [m.group(1, 2, 3) for m in re.finditer(
+            r'File "[^"]*/((?:sync_mnist/\w+|tensorflow/python/client/session|threading)\.py)", '
+            r"line (\d+) in (\w+)", proc.output)]
+        return " < ".join(f"{path}:{line} {name}" for path, line, name in frames[:8]) or (
+            proc.output[-800:])
+
     def tails(self, lines: int = 4) -> str:
         return "\n".join(f"--- {r} {i}\n" + "\n".join(p.lines[-lines:])
                          for (r, i), p in self.procs.items())
@@ -90,7 +111,4 @@ def start(bed: testbed.Testbed, processes, tmp_path: Path, *extra: str,
              "--data-dir", str(tmp_path / "data"),  # a marker in every task's command line
              "--summary-json", str(tmp_path / f"{role}{index}.json"), *extra],
             f"{role} {index}")
-        if (role, index) in bed.slow and bed.slow[role, index].cpu_share:
-            # `ip netns exec` and `env` exec in place: this pid is the task's Python.
-            bed.confine(role, index, procs[role, index].popen.pid)
     return LanCluster(bed, procs, tmp_path)
