@@ -47,6 +47,9 @@ GLOBAL_STEP = "global_step"  # the variable's name, as tf.train.get_or_create_gl
 # the graphs it registered there), and MonitoredSession closes the old session before it makes
 # a new one. A close gets this long; then it is left to finish, or not, in the background.
 CLOSE_SECS = 2.0
+# A side session's bounded run whose RunOptions timeout did not hold is given up this long
+# after it (SideSession._run); TensorFlow's own DeadlineExceededError comes first when it does.
+RUN_GRACE_SECS = 2.0
 _abandoned: list = []  # sessions whose close did not return; kept so no destructor re-closes
 
 
@@ -611,13 +614,34 @@ class SideSession:
 
     def run(self, fetches, feed_dict=None, options=None):
         try:
-            return self._sess.run(fetches, feed_dict, options=options)
+            return self._run(fetches, feed_dict, options)
         except _LOST_PS:
             if any(membership.probe(address) for address in self._ps_hosts):
                 raise
             self.close()
             self._sess = tf1.Session(*self._args)
+            return self._run(fetches, feed_dict, options)
+
+    def _run(self, fetches, feed_dict, options):
+        """A run whose RunOptions timeout holds even where TensorFlow does not apply it.
+
+        The first run of a fetch in a session registers its graph on the ps first, and that
+        RPC takes no timeout: with the ps silent (partitioned, its packets dropped) it waits on
+        TCP for many minutes (the chief's finish barrier did, issue 35). So a bounded run goes
+        to a thread of its own; RUN_GRACE_SECS past its timeout it is left there and reported
+        as the DeadlineExceededError TensorFlow gives when the timeout does hold.
+        """
+        if options is None or not options.timeout_in_ms:
             return self._sess.run(fetches, feed_dict, options=options)
+        bound = options.timeout_in_ms / 1000 + RUN_GRACE_SECS
+        try:
+            return bounded_call(lambda: self._sess.run(fetches, feed_dict, options=options),
+                                bound, "")
+        except TaskTimeout as e:
+            e.handled()  # the caller decides, as with TensorFlow's own DeadlineExceededError
+            raise tf.errors.DeadlineExceededError(
+                None, None, f"no answer within {bound:g} s (the graph's registration on a "
+                            "ps, which no timeout bounds, did not return)") from None
 
     def close(self) -> None:
         close_bounded(self._sess.close, self._sess)

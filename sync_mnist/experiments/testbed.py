@@ -11,6 +11,16 @@ and exec (launch.py's `network` seam), so every TensorFlow process is the plain
 `python -m sync_mnist` a user runs. tests/soak/test_multihost.py starts a cluster on it through
 `ip netns exec` and cuts a task's link (`cut`).
 
+Network faults, made at the switch with nftables (a `bridge` table in the switch's namespace,
+removed with it), so that the task and its peers see nothing but missing packets:
+  partition  every frame to and from the task's port dropped (`partition`, undone by `heal`):
+             its carrier stays up and nothing answers, the silent case a pulled cable at a
+             far switch makes (`cut`, a link down, is the loud one).
+  loss       each frame to and from the task dropped with a probability (`lose`).
+  delay      every packet the task sends and receives held for a time (`delay`): netem is
+             missing here, so iptables' NFQUEUE in the task's namespace hands each packet to
+             a process (delay.py) that releases it that much later.
+
 Slowing a task:
   link  tbf on both ends of its veth: tbf shapes only what leaves an interface, so `eth0`'s
         caps what the task sends (gradients), the switch port's what it receives (weights).
@@ -28,6 +38,7 @@ import logging
 import os
 import re
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -53,6 +64,7 @@ TBF_LATENCY = "100ms"  # the longest a packet may queue in tbf before it is drop
 # testbed measured its own shaping, not the cluster.
 TBF_BURST_BYTES = 131072
 IP_TIMEOUT_SECS = 30.0  # one `ip` or `tc` command
+NFT_TABLE = "syncmnist"  # the switch's bridge table for faults; it dies with the namespace
 NAME = re.compile(r"sync-mnist-tb-(\d+)-[0-9a-f]{6}")  # this module's names: creator's pid
 _RATE = re.compile(r"(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
 _RATE_SCALE = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}  # tc's units: SI, in bits
@@ -78,16 +90,18 @@ def rate_bits(rate: str) -> float:
     return float(match.group(1)) * _RATE_SCALE[match.group(2)]
 
 
-def check(*, cpu: bool) -> None:
-    """Raises Unavailable unless this machine can build a testbed (with CPU caps if `cpu`)."""
+def check(*, cpu: bool, faults: bool = False) -> None:
+    """Raises Unavailable unless this machine can build a testbed (with CPU caps if `cpu`,
+    and network faults, which need nftables, if `faults`)."""
     if not sys.platform.startswith("linux"):
         raise Unavailable(f"network namespaces are Linux-only (this is {sys.platform})")
     if os.geteuid() != 0:
         raise Unavailable(f"needs root (euid is {os.geteuid()}): it creates network "
                           "namespaces, veth pairs, tc qdiscs and cgroups")
-    for tool in ("ip", "tc"):
+    for tool in ("ip", "tc") + (("nft",) if faults else ()):
         if shutil.which(tool) is None:
-            raise Unavailable(f"`{tool}` (iproute2) is not installed")
+            raise Unavailable(f"`{tool}` ({'nftables' if tool == 'nft' else 'iproute2'}) "
+                              "is not installed")
     if cpu and not (CPU_CGROUP / "cpu.cfs_quota_us").exists():
         raise Unavailable(f"no cgroup v1 cpu controller at {CPU_CGROUP} "
                           "(cpu.cfs_quota_us is missing)")
@@ -155,6 +169,8 @@ class Testbed:
         self._cgroups: dict[Task, Path] = {}
         self._fds: list[int] = []
         self._entries: dict[Task, _Entry] = {}
+        self._nft_ready = False  # the switch's fault table exists
+        self._delayers: list[subprocess.Popen] = []  # delay.py, one per delayed task
 
     def __enter__(self) -> Testbed:
         self.build()
@@ -237,6 +253,11 @@ class Testbed:
         """What task (role, index)'s child enters between fork and exec (`enter()`)."""
         return self._entries[role, index]
 
+    def confine(self, role: str, index: int, pid: int) -> None:
+        """Moves process `pid` (all its threads) into task (role, index)'s CPU cgroup: for a
+        task started through `ip netns exec` rather than `entry`."""
+        (self._cgroups[role, index] / "cgroup.procs").write_text(str(pid))
+
     def cut(self, role: str, index: int) -> None:
         """Unplugs task (role, index)'s cable at the switch: its host keeps running, unreachable.
 
@@ -244,6 +265,74 @@ class Testbed:
           Unavailable: the command failed (the message quotes it and its error).
         """
         _ip("-n", self.switch, "link", "set", self.port[role, index], "down")
+
+    def partition(self, role: str, index: int) -> None:
+        """Drops every frame to and from task (role, index) at the switch; `heal` undoes it.
+
+        Unlike `cut`, the link stays up: neither side gets an error, only silence.
+        """
+        self._fault(role, index, "partition", "")
+
+    def lose(self, role: str, index: int, fraction: float) -> None:
+        """Drops each frame to and from task (role, index) with probability `fraction`."""
+        if not 0 < fraction < 1:
+            raise ValueError(f"loss {fraction} is not a fraction between 0 and 1")
+        self._fault(role, index, "loss", f"numgen random mod 1000000 < {round(fraction * 1e6)}")
+
+    def heal(self, role: str, index: int) -> None:
+        """Removes every fault `partition` or `lose` put on task (role, index)."""
+        port = self.port[role, index]
+        listed = json.loads(_run(["ip", "netns", "exec", self.switch, "nft", "-j", "-a", "list",
+                                  "chain", "bridge", NFT_TABLE, "forward"])) \
+            if self._nft_ready else {}
+        for item in listed.get("nftables", []):
+            rule = item.get("rule")
+            if rule and rule.get("comment", "").endswith(f" {port}"):
+                _run(["ip", "netns", "exec", self.switch, "nft", "delete", "rule", "bridge",
+                      NFT_TABLE, "forward", "handle", str(rule["handle"])])
+
+    def delay(self, role: str, index: int, ms: float) -> None:
+        """Delays every packet task (role, index) sends or receives by `ms` (each way).
+
+        Raises:
+          Unavailable: the delaying process or the iptables rules could not be set up.
+        """
+        ns = self.namespace[role, index]
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", ns, sys.executable, "-m", "sync_mnist.experiments.delay",
+             "--queue", "0", "--delay-ms", f"{ms:g}"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True)
+        self._delayers.append(proc)
+        ready, _, _ = select.select([proc.stdout], [], [], IP_TIMEOUT_SECS)
+        first = proc.stdout.readline().strip() if ready else "no answer"
+        if first != "ready":
+            raise Unavailable(f"the delay for {role} {index} did not start: {first}")
+        for chain, direction in (("POSTROUTING", "-o"), ("PREROUTING", "-i")):
+            _run(["ip", "netns", "exec", ns, "iptables", "-w", "-t", "mangle", "-A", chain,
+                  direction, "eth0", "-j", "NFQUEUE", "--queue-num", "0"])
+
+    def dropped(self, role: str, index: int) -> int:
+        """Frames to and from task (role, index) that the faults dropped so far (nft counters)."""
+        port = self.port[role, index]
+        text = _run(["ip", "netns", "exec", self.switch, "nft", "list", "chain", "bridge",
+                     NFT_TABLE, "forward"]) if self._nft_ready else ""
+        return sum(int(m.group(1)) for m in re.finditer(
+            rf"counter packets (\d+) bytes \d+ drop comment \"\w+ {port}\"", text))
+
+    def _fault(self, role: str, index: int, kind: str, match: str) -> None:
+        port = self.port[role, index]
+        if not self._nft_ready:
+            _run(["ip", "netns", "exec", self.switch, "nft", "add", "table", "bridge",
+                  NFT_TABLE])
+            _run(["ip", "netns", "exec", self.switch, "nft", "add", "chain", "bridge",
+                  NFT_TABLE, "forward",
+                  "{ type filter hook forward priority 0; policy accept; }"])
+            self._nft_ready = True
+        for direction in ("iifname", "oifname"):
+            _run(["ip", "netns", "exec", self.switch, "nft", "add", "rule", "bridge", NFT_TABLE,
+                  "forward", direction, port, *match.split(), "counter", "drop", "comment",
+                  f'"{kind} {port}"'])
 
     def pids(self) -> dict[str, list[int]]:
         """{namespace: pids of the processes in it}, for the testbed's namespaces that have any."""
@@ -276,6 +365,12 @@ class Testbed:
     def close(self) -> None:
         """Kills what still runs in the namespaces, deletes them (their veths and qdiscs go
         with them) and the cgroups. Safe to call more than once, and after a failed build."""
+        for proc in self._delayers:  # its queue goes with the namespace; it need not outlive it
+            proc.kill()
+            proc.wait()
+            proc.stdin.close()
+            proc.stdout.close()
+        self._delayers.clear()
         for fd in self._fds:
             os.close(fd)
         self._fds.clear()
