@@ -76,8 +76,8 @@ soak: install
 	    tests/fast/test_fuzz.py
 
 # The chaos soak: the localhost cluster again and again, each run with one random fault
-# (SIGKILL, or SIGSTOP then SIGCONT, of a random task at a random moment), every outcome
-# classified against the README. About 15 minutes; `make chaos ARGS=--quick` is 3 runs (the
+# (SIGKILL, SIGSTOP then SIGCONT, or SIGTERM, of a random task at a random moment), every outcome
+# classified against the README. About 15 minutes; `make chaos ARGS=--quick` is 4 runs (the
 # soak tier runs those). Writes chaos-results/chaos.json.
 chaos: install
 	$(BIN)/python -m sync_mnist.experiments.chaos $(ARGS)

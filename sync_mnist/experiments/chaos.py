@@ -489,7 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=None,
                    help="exactly this many runs instead (default: as --minutes allow)")
     p.add_argument("--quick", action="store_true",
-                   help="three fixed runs, one of each fault (the soak tier's form)")
+                   help="four fixed runs, one of each fault (the soak tier's form)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: from time)")
     p.add_argument("--timeout", type=float, default=20.0,
                    help="each cluster's --timeout (default: 20)")

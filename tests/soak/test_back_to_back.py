@@ -226,8 +226,9 @@ def test_back_to_back_clusters_leave_nothing_behind(processes, tmp_path, capsys)
 
 
 def test_chaos_quick_runs_classify_every_run_and_find_no_defect(processes, tmp_path, capsys):
-    """`make chaos ARGS=--quick`: three runs, one of each fault (a worker killed with restarts,
-    a backup stopped for less than --timeout, a worker stopped for more), each classified."""
+    """`make chaos ARGS=--quick`: four runs, one of each fault (a worker killed with restarts,
+    a backup stopped for less than --timeout, a worker stopped for more, a ps preempted and
+    the rerun resumed), each classified."""
     out = tmp_path / "chaos.json"
     chaos = processes.start([sys.executable, "-m", "sync_mnist.experiments.chaos", "--quick",
                              "--json", str(out)], "chaos")
@@ -235,8 +236,8 @@ def test_chaos_quick_runs_classify_every_run_and_find_no_defect(processes, tmp_p
     with capsys.disabled():
         print("\n" + chaos.output)
     runs = read_json(out)["runs"]
-    assert [r["category"] for r in runs] == ["restarted", "verified", "failed-named"], \
-        chaos.output
+    assert [r["category"] for r in runs] == ["restarted", "verified", "failed-named",
+                                             "preempted"], chaos.output
     assert all(r["fault_landed"] and r["leftovers"] == [] for r in runs), runs
     assert runs[2]["code"] == 200  # every failure a bounded wait: the frozen worker's peers
     assert code == 0, chaos.output
