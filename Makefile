@@ -17,7 +17,9 @@ JOBS   ?= 4
 #   test-cluster:   tests/cluster, whole clusters through the real command line
 # Not in `make test`: `make soak` (tests/soak), and `make test-slurm` (tests/slurm), the sbatch
 # script under a real Slurm of its own (root; installs slurm-wlm and munge where missing, else
-# skips saying why; a few minutes), and `make test-container` (tests/container), the TFJob's
+# skips saying why; a few minutes), `make test-network` (tests/network), a worker partitioned
+# on the testbed's network namespaces (root, else skips saying why; about a minute), and
+# `make test-container` (tests/container), the TFJob's
 # image built with podman and its pods run as containers (root; installs podman, runc and
 # mmdebstrap where missing, else skips saying why; keeps only the Debian base's tarball, in
 # build/container; 3 to 5 minutes), which .ci/run runs after `make test`, in that order.
@@ -27,7 +29,8 @@ TIERS := tests/fast tests/inprocess tests/cluster
 # failed, naming the test the process crashed in.
 XDIST := -n $(JOBS) --dist loadgroup --max-worker-restart=0
 
-.PHONY: install run-cluster test test-fast test-inprocess test-cluster test-slurm test-container \
+.PHONY: install run-cluster test test-fast test-inprocess test-cluster test-slurm test-network \
+	test-container \
 	soak chaos bench clean
 
 install: $(STAMP)
@@ -61,6 +64,11 @@ test-cluster: install
 test-slurm: install
 	@start=$$(date +%s); $(BIN)/python -m pytest -q -rs tests/slurm; \
 	    code=$$?; echo "test-slurm: the real-Slurm tier took $$(($$(date +%s) - start)) s"; \
+	    exit $$code
+
+test-network: install
+	@start=$$(date +%s); $(BIN)/python -m pytest -q -rs tests/network; \
+	    code=$$?; echo "test-network: the network tier took $$(($$(date +%s) - start)) s"; \
 	    exit $$code
 
 test-container: install

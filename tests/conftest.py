@@ -7,6 +7,8 @@ The tiers are the directories below this one, chosen by what a test starts:
   inprocess/  TensorFlow sessions and servers in the test's own process
   cluster/    tasks and launchers as processes, through the real command line
   soak/       long cluster runs (`make soak`)
+  network/    clusters on the testbed's namespaces, a link partitioned (`make test-network`,
+              root; about a minute)
   slurm/      the sbatch script under a real Slurm of its own (`make test-slurm`)
   container/  the TFJob's image built with podman, its pods run as containers
               (`make test-container`)

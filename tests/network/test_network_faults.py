@@ -8,7 +8,8 @@ error reaches either side, the case a TCP connection notices last.
   - Longer: every task ends within --timeout plus a slack with a retryable code (200 or 201),
     the others naming worker 1; the cut-off worker too. Never a hang.
 The longer forms (the ps or the chief partitioned, packet loss, a slow CPU) are in
-tests/soak/test_network_soak.py. Root only; skips, saying why, elsewhere.
+tests/soak/test_network_soak.py. Root only; skips, saying why, elsewhere. `make test-network`,
+which .ci/run runs after `make test`.
 """
 
 from __future__ import annotations

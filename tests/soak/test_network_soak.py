@@ -1,6 +1,6 @@
 """Network faults and a slow task on the testbed, the longer forms (issue 35, items 3 and 5).
 
-tests/cluster/test_network_faults.py partitions a worker mid-run; here, on the same testbed
+tests/network/test_network_faults.py partitions a worker mid-run; here, on the same testbed
 (a namespace and a veth per task, a bridge between them; faults made at the bridge with
 nftables, so neither side gets an error, only silence):
   - the ps, or the chief, partitioned past --timeout mid-run;
