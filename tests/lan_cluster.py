@@ -24,10 +24,11 @@ from sync_mnist.experiments import testbed
 RETRYABLE = (200, 201)  # README's "Exit codes": a bounded wait expired, a peer was lost
 
 
-def lan_fixture(num_ps: int, num_workers: int, slow: dict | None = None):
-    """A testbed of num_ps + num_workers tasks (skips, saying why, where none can be built)."""
+def lan_fixture(num_ps: int, num_workers: int, slow: dict | None = None, faults: bool = True):
+    """A testbed of num_ps + num_workers tasks (skips, saying why, where none can be built;
+    `faults`: where nftables is missing too)."""
     try:
-        testbed.check(cpu=bool(slow), faults=True)
+        testbed.check(cpu=bool(slow), faults=faults)
     except testbed.Unavailable as e:
         pytest.skip(f"cannot build a testbed here: {e}")
     bed = testbed.Testbed(num_ps=num_ps, num_workers=num_workers, slow=slow)

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import re
 import signal
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+import lan_cluster
 from procs import processes_mentioning, read_json
-from sync_mnist.cluster import free_ports
 from sync_mnist.experiments import testbed
 
 # About a minute each: in tests/soak (`make soak`), to keep `make test` near five minutes.
@@ -41,47 +40,17 @@ SLACK = 30
 START_BOUND = 150  # seconds until the chief reports progress (TensorFlow start-up, loaded box)
 CUT_AT = 20  # the chief's local step whose progress line triggers the cut
 LOST = 2  # the worker whose link is cut (not the chief)
-TASKS = (("ps", 0), ("worker", 0), ("worker", 1), ("worker", 2))
 
 
 @pytest.fixture
 def lan():
     """The testbed (sync_mnist/experiments/testbed.py): a namespace per task and a switch,
     all removed when the test ends."""
-    try:
-        testbed.check(cpu=False)
-    except testbed.Unavailable as e:
-        pytest.skip(f"cannot build a testbed here: {e}")
-    bed = testbed.Testbed(num_ps=1, num_workers=3)
-    try:
-        try:
-            bed.build()
-        except testbed.Unavailable as e:
-            pytest.skip(f"cannot build namespaces, veth pairs and a bridge here: {e}")
-        yield bed
-    finally:
-        bed.close()
-    left = [name for name in testbed.leftovers() if name.startswith(bed.prefix)]
-    assert not left, f"namespaces left behind: {left}"
+    yield from lan_cluster.lan_fixture(num_ps=1, num_workers=3, faults=False)
 
 
 def _start_cluster(lan: testbed.Testbed, processes, tmp_path: Path, *extra: str) -> dict:
-    ports = free_ports(len(TASKS))  # any port is free in a new namespace; still, none fixed
-    hosts = {task: f"{lan.address[task]}:{port}" for task, port in zip(TASKS, ports)}
-    cluster = ("--ps-hosts", hosts["ps", 0],
-               "--worker-hosts", ",".join(hosts["worker", i] for i in range(3)))
-    procs = {}
-    for role, index in TASKS:
-        procs[role, index] = processes.start(
-            # -X faulthandler: SIGABRT prints the Python stack, should a task need looking into.
-            ["ip", "netns", "exec", lan.namespace[role, index], sys.executable, "-X",
-             "faulthandler", "-m", "sync_mnist",
-             "--role", role, "--index", str(index), *cluster, "--dataset", "synthetic",
-             "--timeout", str(TIMEOUT), "--log-every", "10",
-             "--data-dir", str(tmp_path / "data"),  # a marker in every task's command line
-             "--summary-json", str(tmp_path / f"{role}{index}.json"), *extra],
-            f"{role} {index}")
-    return procs
+    return lan_cluster.start(lan, processes, tmp_path, "--timeout", str(TIMEOUT), *extra).procs
 
 
 def _cut_mid_run(lan: testbed.Testbed, procs: dict) -> float:
