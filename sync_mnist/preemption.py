@@ -33,7 +33,6 @@ SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 class _State:
     armed = False  # a task between its first step and its last: the signal is only recorded
     signum: int | None = None  # the first preemption signal received
-    received_at: float | None = None  # monotonic
 
 
 def install(grace: float, on_overdue, on_unarmed, saved: str) -> None:
@@ -48,7 +47,7 @@ def install(grace: float, on_overdue, on_unarmed, saved: str) -> None:
     def handle(signum, frame):
         first = _State.signum is None
         if first:
-            _State.signum, _State.received_at = signum, time.monotonic()
+            _State.signum = signum
         if not _State.armed:
             on_unarmed(signum, frame)
             return

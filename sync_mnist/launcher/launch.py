@@ -69,7 +69,7 @@ class _Task:
         self.overdue: str | None = None  # why the launcher stopped it past a bound of its own
         self.pids: list[int] = []  # every process started for it, the current one last
         self.waiting_for_chief = threading.Event()
-        self.ready = threading.Event()  # it logged `ready after`: it joined the training
+        self.ready = False  # it logged `ready after`: it joined the training
         self.verdict_printed = False  # a worker past the finish barrier: it logged its verdict
         self._argv, self._namespace = argv, namespace
         self._spawn()
@@ -80,7 +80,7 @@ class _Task:
         self.ended: float | None = None  # monotonic, like the two below
         self.progressed: float | None = None  # its latest progress line
         self.waiting_for_chief.clear()
-        self.ready.clear()
+        self.ready = False
         # A record left by the process before must not pass for this one's.
         self.summary.unlink(missing_ok=True)
         self.spawned = time.monotonic()
@@ -110,7 +110,7 @@ class _Task:
         if report.WAITING_FOR_CHIEF in line:
             self.waiting_for_chief.set()
         if f"[{self.tag}] ready after " in line:
-            self.ready.set()
+            self.ready = True
         if f"[{self.tag}] verdict: " in line:
             self.verdict_printed = True
         line = line if f"[{self.tag}]" in line else f"[{self.tag}] {line}"
@@ -120,7 +120,7 @@ class _Task:
 
     def started_up(self) -> bool:
         """Whether it said it waits for the chief, or is ready: past its start-up."""
-        return self.waiting_for_chief.is_set() or self.ready.is_set()
+        return self.waiting_for_chief.is_set() or self.ready
 
     def poll(self) -> int | None:
         code = self.proc.poll()
