@@ -142,3 +142,25 @@ def _worker_1(script: str, tmp_path):
          "127.0.0.1:2,127.0.0.1:3", "--dataset", "synthetic", "--train-steps", "5",
          "--summary-json", str(record)], timeout=120, script=script)
     return code, err, record
+
+
+def test_a_stop_that_lands_while_an_extension_initialises_is_an_interrupt_not_a_traceback():
+    # Seen in the chaos soak: the launcher's SIGINT came while TensorFlow imported
+    # _pywrap_profiler_plugin, whose initialisation turned it into "ImportError:
+    # initialization failed", raised from the KeyboardInterrupt, and printed a traceback.
+    script = (
+        "import sys\n"
+        "from sync_mnist import cli, tfcompat\n"
+        "def graph_mode(verbose):\n"
+        "    try:\n"
+        "        raise KeyboardInterrupt\n"
+        "    except KeyboardInterrupt as e:\n"
+        "        raise ImportError('initialization failed') from e\n"
+        "tfcompat.graph_mode = graph_mode\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n")
+    code, _, err, _ = run_task_process(
+        ["--role", "worker", "--index", "1", "--ps-hosts", "127.0.0.1:1", "--worker-hosts",
+         "127.0.0.1:2,127.0.0.1:3", "--dataset", "synthetic", "--train-steps", "5"],
+        timeout=120, script=script)
+    assert code == config.EXIT_INTERRUPTED, err
+    assert "Traceback" not in err, err
