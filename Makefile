@@ -15,22 +15,24 @@ JOBS   ?= 4
 #   test-inprocess: tests/inprocess, sessions and in-process clusters (exact sync
 #                   arithmetic, counters)
 #   test-cluster:   tests/cluster, whole clusters through the real command line
-# Not in `make test`: `make soak` (tests/soak), and `make test-slurm` (tests/slurm), the sbatch
-# script under a real Slurm of its own (root; installs slurm-wlm and munge where missing, else
-# skips saying why; a few minutes), `make test-network` (tests/network), a worker partitioned
-# on the testbed's network namespaces (root, else skips saying why; about a minute), and
-# `make test-container` (tests/container), the TFJob's
-# image built with podman and its pods run as containers (root; installs podman, runc and
-# mmdebstrap where missing, else skips saying why; keeps only the Debian base's tarball, in
-# build/container; 3 to 5 minutes), which .ci/run runs after `make test`, in that order.
+# Not in `make test`, and run by .ci/run after it, in this order: `make test-recovery`
+# (tests/recovery), clusters with faults injected (tasks killed, frozen or preempted, a full
+# disk), which wait out timeouts and restarts (about 2 minutes); `make test-slurm`
+# (tests/slurm), the sbatch script under a real Slurm of its own (root; installs slurm-wlm and
+# munge where missing, else skips saying why; a few minutes); `make test-network`
+# (tests/network), a worker partitioned on the testbed's network namespaces (root, else skips
+# saying why; about a minute); and `make test-container` (tests/container), the TFJob's image
+# built with podman and its pods run as containers (root; installs podman, runc and mmdebstrap
+# where missing, else skips saying why; keeps only the Debian base's tarball, in
+# build/container; 3 to 5 minutes). `make soak` (tests/soak): long runs, not in CI.
 TIERS := tests/fast tests/inprocess tests/cluster
 # A test process that crashes is not replaced: pytest-xdist 3.8's loadgroup scheduling hangs
 # for good once it replaces one (pytest-dev/pytest-xdist#1323, #1327). The run then ends,
 # failed, naming the test the process crashed in.
 XDIST := -n $(JOBS) --dist loadgroup --max-worker-restart=0
 
-.PHONY: install run-cluster test test-fast test-inprocess test-cluster test-slurm test-network \
-	test-container \
+.PHONY: install run-cluster test test-fast test-inprocess test-cluster test-recovery test-slurm \
+	test-network test-container \
 	soak chaos bench clean
 
 install: $(STAMP)
@@ -60,6 +62,11 @@ test-inprocess: install
 
 test-cluster: install
 	$(BIN)/python -m pytest -q $(XDIST) tests/cluster
+
+test-recovery: install
+	@start=$$(date +%s); $(BIN)/python -m pytest -q $(XDIST) tests/recovery; \
+	    code=$$?; echo "test-recovery: the recovery tier took $$(($$(date +%s) - start)) s"; \
+	    exit $$code
 
 test-slurm: install
 	@start=$$(date +%s); $(BIN)/python -m pytest -q -rs tests/slurm; \

@@ -6,6 +6,9 @@ The tiers are the directories below this one, chosen by what a test starts:
               `make test-fast`, under 30 s
   inprocess/  TensorFlow sessions and servers in the test's own process
   cluster/    tasks and launchers as processes, through the real command line
+  recovery/   clusters through the real command line with faults injected: tasks killed,
+              frozen or preempted, a full disk (`make test-recovery`; they wait out
+              timeouts and restarts, about 2 minutes)
   soak/       long cluster runs (`make soak`)
   network/    clusters on the testbed's namespaces, a link partitioned (`make test-network`,
               root; about a minute)

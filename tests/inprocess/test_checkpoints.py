@@ -2,7 +2,7 @@
 directory, a checkpoint of the same model, one TensorFlow can read, one not past the plan), and
 when the chief saves (--save-secs or --save-steps, without the transient variables). Storage
 faults: a damaged newest checkpoint falls back to the newest intact one, and a logdir with no
-room for the first checkpoint is refused (a full disk later: tests/cluster/test_storage_faults).
+room for the first checkpoint is refused (a full disk later: tests/recovery/test_storage_faults).
 """
 
 from __future__ import annotations

@@ -4,13 +4,14 @@ Every test runs the real command line in separate processes on synthetic data, a
 step read from the logs (a `step=N ` progress line), never after a fixed sleep. Processes are
 killed by process group when a test ends, pass or fail.
 
-In the default suite (`make test`): the whole-cluster resume (1), a lost backup worker (2), a
-lost worker without backup (3, not restarted), and the launcher's --max-restarts (6), which
-restarts a worker killed with R = N and so covers the rejoin of scenario 3 through the real
-command line (tests/inprocess/test_rejoin.py pins the rejoin down exactly, in-process). The
-others are in tests/soak/test_restarts.py (`make soak`), to keep the default suite short: a
-worker restarted by hand (3), the chief restarted (4), the ps restarted (5), not restarted, or
-restarted with no checkpoint to restore, and a frozen worker the launcher restarts (6).
+Here (`make test-recovery`, which CI runs after `make test`): the whole-cluster resume (1), a
+lost backup worker (2), a lost worker without backup (3, not restarted), and the launcher's
+--max-restarts (6), which restarts a worker killed with R = N and so covers the rejoin of
+scenario 3 through the real command line (tests/inprocess/test_rejoin.py pins the rejoin down
+exactly, in-process). The others are in tests/soak/test_restarts.py (`make soak`), to keep
+this tier short: a worker restarted by hand (3), the chief restarted (4), the ps restarted (5),
+not restarted, or restarted with no checkpoint to restore, and a frozen worker the launcher
+restarts (6).
 """
 
 from __future__ import annotations

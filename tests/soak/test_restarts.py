@@ -1,7 +1,7 @@
 """Faults (issue 4, scenarios 3-6), the long runs: a task killed, then restarted or not.
 
-As tests/cluster/test_faults.py, whose quicker cases run in `make test`: the real command line
-in separate processes on synthetic data, a kill at a step read from the logs, never after a
+As tests/recovery/test_faults.py, whose quicker cases run in `make test-recovery`: the real
+command line in separate processes on synthetic data, a kill at a step read from the logs, never after a
 fixed sleep. Here (`make soak`): a worker restarted by hand (3), the chief restarted (4), the ps
 restarted (5), not restarted, or restarted with no checkpoint to restore, and a frozen worker
 the launcher kills and restarts (6).
