@@ -18,7 +18,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import tensorflow as tf
 
@@ -65,6 +65,7 @@ class SessionStatus:
     model: str | None = None  # chief: "initialised", "restored" (from a checkpoint), "continued"
     failed_saves: int = 0  # chief: checkpoint saves that failed for want of room (warned)
     save_error: str | None = None  # chief: the last one's warning
+    final_save: Callable | None = None  # chief with a logdir: save_final's hook (its end)
 
 
 def session_config(device_filters: list[str]) -> tf1.ConfigProto:
@@ -356,16 +357,34 @@ def monitored_session(master: str, *, is_chief: bool, hooks: list, config: tf1.C
             model_size=len(everything),
             prepare_timeout=bound, ps_hosts=ps_hosts)
         if checkpoint_dir:
-            hooks.append(_SharedCheckpointSaverHook(
+            saver_hook = _SharedCheckpointSaverHook(
                 checkpoint_dir, timeout=bound, ps_hosts=ps_hosts, status=status,
                 save_secs=save_secs,
-                save_steps=None if save_secs else save_steps, scaffold=scaffold))
+                save_steps=None if save_secs else save_steps, scaffold=scaffold)
+            hooks.append(saver_hook)
+            status.final_save = _BoundedHook(saver_hook, bound, ps_hosts).end
     else:
         scaffold = tf1.train.Scaffold()
         creator = _PromptWorkerSessionCreator(scaffold, master, config, max_wait_secs=timeout)
     creator._setup_bound(bound, ps_hosts, status)  # pylint: disable=protected-access
     hooks = [_BoundedHook(h, bound, ps_hosts) for h in hooks]
     return tf1.train.MonitoredSession(creator, hooks, stop_grace_period_secs=STOP_GRACE_SECS)
+
+
+def save_final(sess: tf1.train.MonitoredSession, status: SessionStatus) -> None:
+    """The chief: saves the model as training left it, unless its last step was saved.
+
+    Sync: MonitoredSession saves it only when it closes (the saver hook's end), after the
+    finish, the evaluation and the export, which read the ps for seconds more; a ps lost then
+    would lose every update since the last periodic save. Saved here, right after the last
+    step, the run's final state is on disk before anything else can go wrong. The hook's end
+    at close then finds this step saved and saves nothing.
+    """
+    if status.final_save is not None:
+        # The session itself, not MonitoredSession's recovery: after a lost ps, run_step_fn
+        # re-creates the session but retries with the closed one ("Attempted to use a closed
+        # Session"). A ps lost here fails the chief (201), and the launcher restarts both.
+        status.final_save(sess.run_step_fn(lambda step_context: step_context.session))
 
 
 class _BoundedHook(tf1.train.SessionRunHook):

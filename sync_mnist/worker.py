@@ -413,6 +413,8 @@ class WorkerRun:
                                 stopped=stopped)
         self._record_training(local, last_token, train_started,
                               stopped_early=stopped(last_token))
+        if config.is_chief:
+            session.save_final(sess, self.status)
 
     def _record_training(self, local: int, last_token: int, train_started: float, *,
                          stopped_early: bool) -> None:

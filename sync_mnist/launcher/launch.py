@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -70,7 +71,9 @@ class _Task:
         self.pids: list[int] = []  # every process started for it, the current one last
         self.waiting_for_chief = threading.Event()
         self.ready = False  # it logged `ready after`: it joined the training
-        self.verdict_printed = False  # a worker past the finish barrier: it logged its verdict
+        # A worker past the finish barrier and its done report: when (monotonic) it logged its
+        # verdict.
+        self.verdict_at: float | None = None
         self._argv, self._namespace = argv, namespace
         self._spawn()
 
@@ -112,7 +115,7 @@ class _Task:
         if f"[{self.tag}] ready after " in line:
             self.ready = True
         if f"[{self.tag}] verdict: " in line:
-            self.verdict_printed = True
+            self.verdict_at = time.monotonic()
         line = line if f"[{self.tag}]" in line else f"[{self.tag}] {line}"
         if progress.parse(line):
             self.progressed = time.monotonic()
@@ -416,9 +419,11 @@ class _Policy:
     first if it still runs: frozen (SIGSTOP) or stuck, it has not answered for a whole
     --timeout (unless it is still starting: see _culprits). The peers that timed out waiting
     for a task restarted after they started are restarted too, at no charge: the fault was
-    that task's, and it is paid for once. Failing a restart, a worker other than the chief
-    may be left dead while `spare_workers` allow (backups, R < N): the chief declares it lost
-    and the rest finish without it.
+    that task's, and it is paid for once. So are the tasks that lost a ps restarted after they
+    started (exit 201): a training step recovers from a lost ps by itself, but the finish
+    (its barrier, the counters, the evaluation) fails on it. Failing a restart, a worker other
+    than the chief may be left dead while `spare_workers` allow (backups, R < N): the chief
+    declares it lost and the rest finish without it.
 
     Once a worker has ended with its verdict (exit 0 or 3), it has passed the finish barrier:
     every worker's last gradient is in, and the counters it read are final. A worker other
@@ -466,6 +471,12 @@ class _Policy:
                 self._restart(task, f"{exited} waiting for {mended.tag}, restarted for that "
                                     "fault", charged=False)
                 return True
+        if code == config_lib.EXIT_PEER_LOST:
+            mended = self._ps_restarted_since(task)
+            if mended:  # Sync: it lost that ps, outside a training step's recovery
+                self._restart(task, f"{exited} after losing {mended.tag}, restarted for that "
+                                    "fault", charged=False)
+                return True
         if self._restart(task, exited):
             return True
         if self._spare_left(task):
@@ -479,10 +490,11 @@ class _Policy:
         """Of the tasks still running past the end bound, those a verified run did without.
 
         Once the chief has ended 0: a backup (R < N) restarted after the chief declared its
-        predecessor lost waits for a run that is over; and a ps left with no worker running
+        predecessor lost waits for a run that is over; so does a worker restarted that never
+        joined (it lost a ps in its finish, and waits to be initialised by the chief); and a ps left with no worker running
         waits for done reports that no one is left to send (a worker gave up its report, or
-        died, after the verdict, or reported to the ps this one replaced: it ended before this
-        one started). Its own bound allows for restarts that will not come. A ps that every
+        died, after the verdict, or reported to the ps this one replaced: it logged its verdict,
+        or ended, before this one started). Its own bound allows for restarts that will not come. A ps that every
         worker reported done to is stuck, and stays overdue.
         """
         if not any(t.role == "worker" and t.index == 0 and t.poll() == config_lib.EXIT_OK
@@ -493,12 +505,14 @@ class _Policy:
             if self._spare_left(t):
                 t.lost = True  # counted by _spare_left for the next one
                 spared.append(t)
+            elif t.role == "worker" and t.restarts and not t.ready:
+                spared.append(t)  # a replacement that waits for a chief who is gone
         workers = [t for t in self._tasks if t.role == "worker"]
         if not all(t.role == "ps" for t in live if t not in spared):
             return spared
         unreported = any(t.spent or t.lost or t.result().done_reported is False for t in workers)
         for ps in (t for t in live if t.role == "ps"):
-            if unreported or any(w.ended is not None and w.ended < ps.spawned for w in workers):
+            if unreported or any(_done(w) < ps.spawned for w in workers):
                 spared.append(ps)
         return spared
 
@@ -509,7 +523,7 @@ class _Policy:
     def _verdict_read(self) -> bool:
         """Whether a worker has read its verdict, past the finish barrier: it logged it, or
         ended with it."""
-        return any(t.role == "worker" and (t.verdict_printed or t.poll() in (
+        return any(t.role == "worker" and (t.verdict_at is not None or t.poll() in (
             config_lib.EXIT_OK, config_lib.EXIT_NOT_SYNCHRONOUS)) for t in self._tasks)
 
     def _mended(self, task: _Task) -> _Task | None:
@@ -518,6 +532,11 @@ class _Policy:
         named = report.missing_tasks(task.result().error)
         return next((t for t in self._tasks if t.tag in named and t is not task
                      and t.restarted is not None and t.restarted > task.spawned), None)
+
+    def _ps_restarted_since(self, task: _Task) -> _Task | None:
+        """A ps that the policy restarted after `task`'s process started, if any."""
+        return next((t for t in self._tasks if t.role == "ps" and t.restarted is not None
+                     and t.restarted > task.spawned), None)
 
     def _spare_left(self, task: _Task) -> bool:
         """Whether `task` is a worker other than the chief that the backups can do without."""
@@ -553,6 +572,15 @@ class _Policy:
             log.warning("%s; restarting it (%s)", what, count)
         task.restart()
         return True
+
+
+def _done(worker: _Task) -> float:
+    """When (monotonic) `worker` was done with the ps: it logged its verdict, which it does
+    after its done report, or it ended; infinity while neither."""
+    for when in (worker.verdict_at, worker.ended):
+        if when is not None:
+            return when
+    return math.inf
 
 
 def _wait_until_waiting(tasks: list[_Task], others: list[_Task], timeout: float,
@@ -627,8 +655,9 @@ def _wait(tasks: list[_Task], policy: _Policy, *, ps_serve_forever: bool,
         spared = policy.spared_at_the_end(live)
         for t in spared:
             log.warning("%s %s, after the chief had verified the run and ended: %s; stopping it",
-                        t.tag, why, "a backup the run did without" if t.role == "worker"
-                        else "no worker is left to report done to it")
+                        t.tag, why, "no worker is left to report done to it" if t.role == "ps"
+                        else "a backup the run did without" if t.lost
+                        else "a replacement that never joined the run")
         live = [t for t in live if t not in spared]
         if not live:
             return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from sync_mnist.config import EXIT_FAILED, EXIT_TIMEOUT, EXIT_USAGE
+from sync_mnist.config import EXIT_FAILED, EXIT_PEER_LOST, EXIT_TIMEOUT, EXIT_USAGE
 from sync_mnist.report import TaskResult
 
 
@@ -20,7 +20,7 @@ class _FakeTask:
         self.codes, self.starts, self.lost, self.spent = list(codes), 1, False, False
         self.spawned, self.progressed, self.ended = time.monotonic() - 1.0, None, None
         self.restarted, self.error = None, error
-        self.verdict_printed = self.up = False
+        self.verdict_at, self.up, self.restarts, self.ready = None, False, 0, False
         self.killed = 0
 
     def started_up(self):
@@ -95,6 +95,24 @@ def test_one_fault_costs_one_restart_whoever_timed_out_waiting_for_it():
         alone, EXIT_TIMEOUT)
 
 
+def test_the_workers_that_lost_a_restarted_ps_in_their_finish_are_part_of_its_fault():
+    # Found by killing the ps as the chief logged its last step (--max-restarts 1): worker 1,
+    # then the chief, failed on the lost ps in the finish (201; a training step recovers from
+    # it by itself), and the launcher stopped the cluster, its one restart spent on the ps.
+    ps = _FakeTask("ps", 0, -9, None)
+    chief, other = _FakeTask("worker", 0, EXIT_PEER_LOST, 0), _FakeTask("worker", 1,
+                                                                        EXIT_PEER_LOST, 0)
+    policy = _policy([ps, chief, other], max_restarts=1)
+    assert policy.after_exit(ps, -9)
+    assert policy.after_exit(other, EXIT_PEER_LOST) and policy.after_exit(chief, EXIT_PEER_LOST)
+    assert (ps.starts, chief.starts, other.starts) == (2, 2, 2)
+    # The same exit with no ps restarted since the task started is a fault of its own.
+    alone = _FakeTask("worker", 1, EXIT_PEER_LOST, EXIT_PEER_LOST)
+    policy = _policy([_FakeTask("ps", 0, None), alone], max_restarts=1)
+    assert policy.after_exit(alone, EXIT_PEER_LOST) and alone.starts == 2
+    assert not policy.after_exit(alone, EXIT_PEER_LOST)
+
+
 def test_a_worker_that_dies_after_another_verified_the_run_does_not_stop_it():
     # Seen in the chaos soak (R = N, no restart): worker 1 was killed after worker 2 had
     # verified the final counters and ended 0, while the chief was still evaluating; the
@@ -105,7 +123,7 @@ def test_a_worker_that_dies_after_another_verified_the_run_does_not_stop_it():
     assert policy.after_exit(dead, -9) and dead.spent and dead.starts == 1
     # Seen again: worker 2 had logged its verdict but not yet ended.
     dead, printed = _FakeTask("worker", 1, -9), _FakeTask("worker", 2, None)
-    printed.verdict_printed = True
+    printed.verdict_at = time.monotonic()
     assert _policy([chief, dead, printed]).after_exit(dead, -9) and dead.spent
     # The chief is needed until it ends: its death still stops the cluster.
     chief = _FakeTask("worker", 0, -9)
@@ -155,6 +173,18 @@ def test_a_backup_still_running_after_the_chief_verified_the_run_is_lost_not_ove
     tasks = [ps, chief, successor, other]
     assert _wait(tasks, max_restarts=3, spare_workers=0, end_bound=0.0) is successor
     assert not successor.lost and "stopped by the launcher" in successor.overdue
+    # Found by killing the ps as the chief evaluated (R = N, --max-restarts 1): worker 1 lost it
+    # in its finish (201) and was restarted; the chief verified the run and ended 0, and the
+    # replacement, which never joined, waited for it to initialise the model: a verified run
+    # ended 200 at the end bound.
+    replacement = _FakeTask("worker", 1, None)
+    replacement.overdue, replacement.restarts, replacement.ready = None, 1, False
+    assert _wait([ps, chief, replacement], max_restarts=1, end_bound=0.0) is None
+    assert replacement.overdue is None
+    # One that joined the run and still runs is stuck: overdue.
+    replacement.ready = True
+    assert _wait([ps, chief, replacement], max_restarts=1, end_bound=0.0) is replacement
+    assert "stopped by the launcher" in replacement.overdue
 
 
 def test_a_ps_left_waiting_for_done_reports_after_a_verified_run_is_stopped_not_overdue():
@@ -184,6 +214,18 @@ def test_a_ps_left_waiting_for_done_reports_after_a_verified_run_is_stopped_not_
     for worker in ended_before:
         worker.ended = restarted.spawned - 1.0
     tasks = [restarted, chief, *ended_before]
+    for t in tasks:
+        t.overdue = None
+    assert _wait(tasks, max_restarts=3, spare_workers=0, end_bound=0.0) is None
+    assert restarted.overdue is None
+    # Found by killing the ps as worker 1 logged its verdict, the chief still evaluating: the
+    # launcher restarted the ps before it noticed worker 1's end, so worker 1 seemed to have
+    # ended after the new ps started; its verdict, logged after its done report, came before.
+    restarted = _FakeTask("ps", 0, None)
+    reported_first = _FakeTask("worker", 1, 0)
+    reported_first.verdict_at, reported_first.ended = (restarted.spawned - 0.1,
+                                                       restarted.spawned + 0.1)
+    tasks = [restarted, chief, reported_first]
     for t in tasks:
         t.overdue = None
     assert _wait(tasks, max_restarts=3, spare_workers=0, end_bound=0.0) is None

@@ -150,6 +150,32 @@ def test_launcher_restarts_a_killed_worker_and_reports_it(processes, tmp_path):
     assert processes_mentioning(marker) == []
 
 
+def test_a_ps_killed_as_training_ends_costs_one_restart(processes, tmp_path):
+    """Issue 35: the ps SIGKILLed as the chief logs its last step, as the workers enter the
+    finish, whose barrier and counters read the ps outside any training step and fail on a lost
+    ps (201). Before: each worker that failed so cost a restart of its own, and the launcher
+    stopped the cluster with its one restart spent on the ps."""
+    steps, logdir = 200, tmp_path / "logdir"
+    launcher = processes.launcher("--base-port", "0", "--workers", "2", *COMMON,
+                                  "--train-steps", str(steps), "--timeout", "30",
+                                  "--max-restarts", "1", "--logdir", str(logdir),
+                                  "--save-steps", "7",
+                                  "--summary-json", str(tmp_path / "cluster.json"))
+    pid = int(launcher.wait_for_line(r"started ps 0 \(pid (\d+)\)", BOUND)[1])
+    launcher.wait_for_line(rf"\[worker 0\] step={steps} ", BOUND)
+    os.kill(pid, signal.SIGKILL)
+
+    assert launcher.wait(BOUND) == EXIT_OK, launcher.output
+    launcher.wait_for_line(r"ps 0 exited with code -9; restarting it \(fault 1 of 1\)", 1)
+    summary = read_json(tmp_path / "cluster.json")
+    # Where the kill landed, before or after the chief's save of update 200, decides whether
+    # the restarted cluster redid the updates since the last periodic save (196); the counters
+    # were restored with the weights, so each update counts once either way.
+    assert summary["synchronous"] is True and summary["contributions"] == [steps, steps]
+    assert summary["restarts"]["ps 0"] == 1
+    assert max(checkpoint_steps(logdir)) == steps
+
+
 # ------------------------------------------------- a worker killed while it waits for its token
 
 class PsReading:
