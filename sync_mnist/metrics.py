@@ -59,6 +59,9 @@ def contributions_so_far(side, state: sync.SharedState) -> str:
         return "unreadable (the ps is unreachable)"
 
 
+STALLED_READ_MS = 5000
+
+
 def stalled(side, state: sync.SharedState, members: membership.Membership,
             config: TaskConfig) -> str:
     """What a worker waiting for an update can say: the contributions, and who is missing."""
@@ -71,7 +74,13 @@ def stalled(side, state: sync.SharedState, members: membership.Membership,
     try:
         step, last_push, accepted = side.run(
             [state.global_step, members.last_push, state.accepted],
-            options=tf1.RunOptions(timeout_in_ms=5000))
+            options=tf1.RunOptions(timeout_in_ms=STALLED_READ_MS))
+    except tf.errors.DeadlineExceededError:
+        # Sync: it accepts connections but does not serve (frozen, stuck): that ps is what the
+        # update waits for, and the launcher restarts the task a timeout names (report.py).
+        ps = tf.DeviceSpec.from_string(state.global_step.device).task
+        return (f"missing: ps {ps} (it accepts connections but did not answer a read of the "
+                f"counters in {STALLED_READ_MS // 1000} s)")
     except tf.errors.OpError:
         return "the ps is reachable but its counters cannot be read"
     return (f"contributions so far {[int(a) for a in accepted]}; missing: "

@@ -176,6 +176,29 @@ def test_a_ps_killed_as_training_ends_costs_one_restart(processes, tmp_path):
     assert max(checkpoint_steps(logdir)) == steps
 
 
+def test_a_ps_frozen_mid_run_is_named_restarted_and_the_run_ends_verified(processes, tmp_path):
+    """Found by the chaos soak (issue 35): ps 0 SIGSTOPped mid-run, --max-restarts 1. The
+    workers timed out saying "the ps is reachable but its counters cannot be read", naming no
+    one; the launcher restarted the first of them instead of the ps, and the run ended 200."""
+    steps, logdir = 200, tmp_path / "logdir"
+    launcher = processes.launcher("--base-port", "0", "--workers", "2", *COMMON,
+                                  "--train-steps", str(steps), "--timeout", "10",
+                                  "--max-restarts", "1", "--logdir", str(logdir),
+                                  "--save-steps", "10",
+                                  "--summary-json", str(tmp_path / "cluster.json"))
+    pid = int(launcher.wait_for_line(r"started ps 0 \(pid (\d+)\)", BOUND)[1])
+    launcher.wait_for_line(r"\[worker 0\] step=50 ", BOUND)
+    os.kill(pid, signal.SIGSTOP)  # the launcher kills it: a SIGKILL ends a stopped process
+
+    assert launcher.wait(BOUND) == EXIT_OK, launcher.output
+    launcher.wait_for_line(r"missing: ps 0 \(it accepts connections but did not answer", 1)
+    launcher.wait_for_line(r"naming ps 0 as missing; ps 0 is still running: killing it and "
+                           r"restarting it \(fault 1 of 1\)", 1)
+    summary = read_json(tmp_path / "cluster.json")
+    assert summary["synchronous"] is True and summary["contributions"] == [steps, steps]
+    assert summary["restarts"]["ps 0"] == 1
+
+
 # ------------------------------------------------- a worker killed while it waits for its token
 
 class PsReading:
