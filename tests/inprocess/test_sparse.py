@@ -16,9 +16,6 @@ import tensorflow as tf
 
 import sync_mnist.api as sm
 from inprocess_cluster import run_cluster
-from sync_mnist import placement, worker
-from sync_mnist.cluster import ClusterLayout
-from sync_mnist.config import TaskConfig, TrainConfig
 from sync_mnist.models import ctr
 
 tf1 = tf.compat.v1
@@ -64,3 +61,18 @@ def _exported(export_dir, name: str) -> np.ndarray:
     with tf.Graph().as_default(), tf1.Session() as sess:
         tf1.saved_model.loader.load(sess, [tf1.saved_model.SERVING], str(export_dir))
         return sess.run(next(v for v in tf1.global_variables() if v.op.name == name))
+
+
+def test_the_ctr_model_nears_its_planted_optimum_synchronously():
+    """models/ctr.py's SMALL (10,000 rows over 2 ps, 8 fields of 200 ids, 40,000 clicks): 400
+    updates of 2 workers bring the log-loss within 6% of the planted model's own (measured:
+    4.2%, 0.5636 against 0.5407; a constant guess is 0.664), the AUC near the planted one."""
+    model = dataclasses.replace(ctr.SMALL, params={**ctr.SMALL.params, "learning_rate": 0.5})
+    result = run_cluster(2, model, num_ps=2, train_steps=400, batch_size=100)
+    assert result.chief.synchronous, result.chief.verdict
+    assert result.chief.verdict.startswith("synchronous: each of 400 updates averaged exactly "
+                                           "one gradient from each of 2 workers")
+    m = result.chief.test_metrics
+    assert m["planted_log_loss"] == pytest.approx(0.5407, abs=1e-4)  # the generator's, seed 0
+    assert m["log_loss"] < 1.06 * m["planted_log_loss"], m
+    assert m["auc"] > 0.95 * m["planted_auc"], m
