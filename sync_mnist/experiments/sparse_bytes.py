@@ -20,7 +20,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
+import sys
+
+_SERVERS: list = []
 
 
 def measure(rows: int, num_ps: int, traced: int, batch_size: int = 100) -> dict:
@@ -44,6 +48,9 @@ def measure(rows: int, num_ps: int, traced: int, batch_size: int = 100) -> dict:
     servers = [tf.distribute.Server(layout.spec(), job_name="ps", task_index=p)
                for p in range(num_ps)]
     chief = tf.distribute.Server(layout.spec(), job_name="worker", task_index=0)
+    # An in-process server cannot be stopped, and destroying one waits forever for its
+    # threads: kept until the process ends (main ends it with os._exit).
+    _SERVERS.extend([*servers, chief])
     config = TaskConfig(role="worker", index=0, cluster=layout,
                         train=TrainConfig(model="ctr", train_steps=traced + 1,
                                           batch_size=batch_size))
@@ -73,7 +80,6 @@ def measure(rows: int, num_ps: int, traced: int, batch_size: int = 100) -> dict:
                 continue
     finally:
         sess.close()
-    del servers
     if not moved:
         raise RuntimeError(f"none of {traced} traced steps recorded every tensor received")
 
@@ -101,7 +107,7 @@ def main(argv=None) -> None:
 
     tfcompat.graph_mode(verbose=False)
     print(f"ctr model, 26 fields x 16, batch {args.batch_size}, {args.ps} ps, 1 worker; "
-          "bytes per step, mean over the traced steps")
+          "bytes per step, mean over the traced steps", flush=True)
     for rows in args.rows:
         m = measure(rows, args.ps, args.traced, args.batch_size)
         print(f"rows={m['rows']:>10,} table={m['table_bytes'] / 1e6:8.1f} MB  "
@@ -109,6 +115,8 @@ def main(argv=None) -> None:
               f"ps->worker={m['pulled']:>9,.0f} B ({m['pulled'] / m['table_bytes']:.3%})  "
               f"per ps pushed={[round(b) for b in m['per_ps_pushed']]}  "
               f"traced steps={m['steps']}", flush=True)
+    sys.stdout.flush()
+    os._exit(0)  # the in-process servers would hold an ordinary exit forever
 
 
 if __name__ == "__main__":

@@ -176,4 +176,5 @@ MODEL = sm.Model(model_fn, train_input_fn, eval_input_fn, serving_input_fn=servi
 # Small enough for tests: 10,000 rows, 8 fields of 200 ids.
 SMALL = dataclasses.replace(MODEL, params={
     **PARAMS, "rows": 10_000, "fields": 8, "vocabulary": 200, "hidden_units": [16],
-    "weight_scale": 0.5, "train_examples": 40_000, "eval_examples": 10_000})
+    "weight_scale": 0.5, "train_examples": 40_000, "eval_examples": 10_000,
+    "learning_rate": 0.5})
