@@ -13,4 +13,4 @@ BUILT_IN = {
 READ_DATASET = ("mlp", "cnn")
 DEFAULT = "mlp"
 # --epochs when neither it nor --train-steps is given; other models: options.DEFAULT_EPOCHS.
-DEFAULT_EPOCHS = {"cnn": 6}
+DEFAULT_EPOCHS = {"cnn": 6, "ctr": 1}
