@@ -87,3 +87,30 @@ def test_the_ctr_model_nears_its_planted_optimum_synchronously(tmp_path):
     p = np.clip(p, 1e-7, 1 - 1e-7)
     served = np.mean(-(clicks.labels * np.log(p) + (1 - clicks.labels) * np.log(1 - p)))
     assert served == pytest.approx(m["log_loss"], abs=1e-4)
+
+
+@pytest.mark.parametrize("wire_dtype", ["float32", "bfloat16"])
+def test_a_sparse_gradient_crosses_as_sorted_unique_rows_beside_the_dense_ones(wire_dtype):
+    """sync.to_ps and sync.restored on one device (no cluster): a dense gradient comes back
+    as it was, a sparse one with its repeated rows summed and its rows sorted, as the sparse
+    accumulator needs (test_a_sparse_update_is_the_mean... shows what it does otherwise)."""
+    from sync_mnist import sync
+
+    with tf.Graph().as_default():
+        dense = tf1.get_variable("dense", [2, 3])
+        table = tf1.get_variable("table", [10, 2])
+        other = tf1.get_variable("other", [7, 1])
+        grads = [
+            (tf.constant([[1., 2., 3.], [4., 5., 6.]]), dense),
+            (tf.IndexedSlices(tf.constant([[1., 1.], [2., 2.], [4., 4.], [8., 8.]]),
+                              tf.constant([7, 2, 7, 0]), tf.constant([10, 2])), table),
+            (tf.IndexedSlices(tf.constant([[0.5]]), tf.constant([6], tf.int64)), other)]
+        back = sync.restored(sync.to_ps(grads, wire_dtype), grads)
+        with tf1.Session() as sess:
+            d, t, o = sess.run([back[0][0], back[1][0], back[2][0]])
+    np.testing.assert_array_equal(d, [[1, 2, 3], [4, 5, 6]])
+    np.testing.assert_array_equal(t.indices, [0, 2, 7])
+    np.testing.assert_array_equal(t.values, [[8, 8], [2, 2], [5, 5]])
+    np.testing.assert_array_equal(t.dense_shape, [10, 2])
+    np.testing.assert_array_equal(o.indices, [6])
+    np.testing.assert_array_equal(o.values, [[0.5]])
