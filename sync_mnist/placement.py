@@ -13,6 +13,14 @@ compares). Then in the task's graph, under a custom getter that:
   - hands the model function that read (float32) where it asks for the variable, so its ops
     run on the worker. Non-trainable variables (batch norm's moving statistics) are handed
     over as variables: the model writes them.
+
+Sparse variables are the exception: a trainable variable that the model function reads only
+through gathers (`tf.nn.embedding_lookup`, `tf.gather`), as the scratch graph shows, is an
+embedding table. It is cut the same way, but never pulled: the model function gets the
+variable itself (a PartitionedVariable with K ps), so `tf.nn.embedding_lookup` gathers on
+each ps the rows that ps holds, and only those rows cross to the worker; its gradient is
+IndexedSlices of those rows (sync.to_ps keeps it sparse). A read of a sparse variable whole
+in the task's graph (tf.gather on a PartitionedVariable concatenates it first) is refused.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ class Recorded(NamedTuple):
     dtype: str
     trainable: bool
     kwargs: dict  # what the model passed to get_variable
+    sparse: bool = False  # trainable, and read only through gathers: an embedding table
 
 
 class Built(NamedTuple):
@@ -58,12 +67,14 @@ def record(model_fn: Callable, features, labels, mode: str, params: Mapping[str,
     """Calls model_fn in a scratch graph, on placeholders like `features` and `labels`, and
     returns the variables it makes, in the order it makes them."""
     recorded: dict[str, Recorded] = {}
+    made: dict[str, tf.Variable] = {}
 
     def recording_getter(getter, name, *args, **kwargs):
         v = getter(name, *args, **kwargs)
         if name not in recorded:
             recorded[name] = Recorded(name, v.shape.as_list(), v.dtype.base_dtype.name,
                                       bool(kwargs.get("trainable", True)), dict(kwargs))
+            made[name] = v
         return v
 
     with tf.Graph().as_default():
@@ -72,7 +83,28 @@ def record(model_fn: Callable, features, labels, mode: str, params: Mapping[str,
         like_labels = None if labels is None else _placeholders_like(labels)
         with tf1.variable_scope(tf1.get_variable_scope(), custom_getter=recording_getter):
             call(model_fn, like_features, like_labels, mode, params)
-    return list(recorded.values())
+        return [r._replace(sparse=r.trainable and _read_by_gathers_only(made[r.name]))
+                for r in recorded.values()]
+
+
+_GATHERS = ("ResourceGather", "GatherV2", "Gather")
+
+
+def _read_by_gathers_only(v) -> bool:
+    """Whether the model function reads `v` (a plain variable, in the scratch graph) through
+    gathers only, at least once. Its own initialiser and read ops (`v/...`) do not count."""
+    handle = v.op.outputs[0]
+    reads = [c for c in handle.consumers() if not c.name.startswith(v.op.name + "/")]
+    for c in list(reads):
+        if c.type == "Identity":  # a reference variable's read (use_resource=False)
+            reads.remove(c)
+            reads += c.outputs[0].consumers()
+    return bool(reads) and all(c.type in _GATHERS for c in reads)
+
+
+def sparse_names(recorded: Sequence[Recorded]) -> list[str]:
+    """The variables that stay on the ps and are read row by row: the embedding tables."""
+    return [r.name for r in recorded if r.sparse]
 
 
 def fingerprint(recorded: Sequence[Recorded]) -> list[str]:
@@ -128,9 +160,25 @@ def build(model_fn: Callable, features, labels, mode: str, params: Mapping[str, 
     getter.create_first([r for r in recorded if r.trainable])
     with tf1.variable_scope(tf1.get_variable_scope(), custom_getter=getter):
         spec = call(model_fn, features, labels, mode, params)
-    return Built(spec, getter.state,
-                 {op.name for op in graph.get_operations()[first:]},
+    ops = {op.name for op in graph.get_operations()[first:]}
+    _check_sparse_reads(getter.sparse, graph, ops)
+    return Built(spec, getter.state, ops,
                  graph.get_collection(tf1.GraphKeys.UPDATE_OPS)[updates:])
+
+
+def _check_sparse_reads(sparse: dict[str, list], graph: tf.Graph, model_ops: set[str]) -> None:
+    """Raises ContractError if the model function read a sparse variable other than by
+    gathers of its slices: tf.gather on a PartitionedVariable, say, which concatenates the
+    whole table on the worker (every row crossing in every step)."""
+    for name, slices in sparse.items():
+        for v in slices:
+            for c in v.op.outputs[0].consumers():
+                if (c.name in model_ops and c.type not in _GATHERS
+                        and not c.name.startswith(v.op.name + "/")):  # its own init and read
+                    raise api.ContractError(
+                        f"the model function reads the embedding table {name} whole ({c.type} "
+                        f"{c.name}), which would move all of it to the worker in every step: "
+                        "look its rows up with tf.nn.embedding_lookup")
 
 
 class _Getter:
@@ -138,6 +186,7 @@ class _Getter:
         self.num_ps, self.wire_dtype, self.ps_job = num_ps, wire_dtype, ps_job
         self.values: dict[str, tf.Tensor] = {}  # full name -> what the model is handed
         self.state: dict[str, tf.Variable] = {}
+        self.sparse: dict[str, list[tf.Variable]] = {}  # full name -> its slices
 
     def device(self, op) -> str:
         """Sync: slice k on ps k; a whole variable on the ps its name hashes to."""
@@ -169,6 +218,12 @@ class _Getter:
             partitioner = self.partitioner(r.shape, True)
             with tf1.device(self.device):
                 v = tf1.get_variable(r.name, partitioner=partitioner, **kwargs)
+            if r.sparse:
+                # Sync: never pulled. The model's gathers run where the rows are (on each ps),
+                # and only the rows a batch looks up cross to the worker.
+                self.values[r.name] = v
+                self.sparse[r.name] = list(v) if partitioner else [v]
+                continue
             made.append((r.name, list(v) if partitioner else [v]))
         self._pull(made)
 

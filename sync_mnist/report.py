@@ -271,8 +271,17 @@ def closing_lines(s: dict) -> str:
     return (f"global_step={s['global_step']} test_accuracy={acc} test_loss={loss} "
             f"model={s['model']}{'' if s['dataset'] is None else ' dataset=' + s['dataset']} "
             f"examples_per_sec={s['examples_per_sec']:.0f} wall={s['wall_s']:.1f} s "
-            f"ready_lag={lag} exit_lag={exit_lag}\n"
+            f"ready_lag={lag} exit_lag={exit_lag}\n{metrics_line(s)}"
             f"verification: {verdict}{target_line(s)}{preempted_line(s)}")
+
+
+def metrics_line(s: dict) -> str:
+    """The model's other evaluation metrics, if it has any besides accuracy (ctr's log-loss,
+    AUC and the planted model's), as a line of their own."""
+    others = {k: v for k, v in (s.get("test_metrics") or {}).items() if k != "accuracy"}
+    if not others:
+        return ""
+    return "test_metrics: " + " ".join(f"{k}={v:.4f}" for k, v in sorted(others.items())) + "\n"
 
 
 def preempted_line(s: dict) -> str:

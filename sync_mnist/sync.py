@@ -133,6 +133,7 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
     with tf1.variable_creator_scope(_local_step_by_reference):
         stock_train_op = sync_optimizer.apply_gradients(grads_and_vars,
                                                         global_step=state.global_step)
+    _sparse_accumulators_sum(sync_optimizer)
     _copy_the_local_step_at_init(sync_optimizer, local_step, who, state)
     token, queue, taken = _token(sync_optimizer, stock_train_op, state,
                                  own_queues[worker_index] if owned else None)
@@ -198,7 +199,7 @@ def _copy_count_push(grads_and_vars, state: SharedState, who, local_step: tf.Var
     # Everything the counts need is made on the ps too, so that nothing waits for this worker
     # once the gradient has arrived.
     with tf1.device(state.global_step.device), \
-            tf.control_dependencies([a.packed for a in arrived]):
+            tf.control_dependencies([t for a in arrived for t in a.tensors]):
         counted = [] if who is None else [
             tf1.scatter_add(state.pushed, [worker_index], tf.ones([1], tf.int64)),
             who.apply_grad(tf.one_hot(worker_index, num_workers), local_step=pushed_step)]
@@ -210,21 +211,34 @@ def _copy_count_push(grads_and_vars, state: SharedState, who, local_step: tf.Var
 
 
 class Arrived(NamedTuple):
-    """Every gradient of one ps's variables, as one flat tensor made on that ps (to_ps)."""
+    """Every gradient of one ps's variables, as made on that ps (to_ps): the dense ones and
+    the sparse ones' rows in one flat tensor; the sparse ones' row numbers in another."""
 
     device: str
     packed: tf.Tensor  # in the wire dtype
     variables: list  # whose gradients it holds, in order
+    rows: tf.Tensor | None = None  # int64: for each sparse gradient its row count, then rows
+
+    @property
+    def tensors(self) -> list[tf.Tensor]:
+        """What crossed: what the counts wait for."""
+        return [self.packed] + ([] if self.rows is None else [self.rows])
 
 
 def to_ps(grads_and_vars, wire_dtype: str = "float32") -> list[Arrived]:
-    """The gradients, made on this worker, copied to their variables' ps: one tensor each ps.
+    """The gradients, made on this worker, copied to their variables' ps: one tensor each ps
+    (two when it holds a sparse variable).
 
     Sync: one push per ps, not one per slice (every RecvTensor costs both tasks CPU). With
     "bfloat16" the packed gradient is cast on this worker, so half the bytes cross; `restored`
     makes it float32 again on the ps, so the accumulators average float32 values and the
     optimizer applies them in float32, each element rounded once (to nearest, 8 significant
     bits: a relative error of at most 2**-9).
+
+    A sparse gradient (IndexedSlices: an embedding table's) stays sparse: its rows are summed
+    per row number here and sorted by it, and only those rows and their numbers cross. The
+    sparse accumulators on the ps need that form: they merge pushes as sorted lists of unique
+    rows (an unsorted or repeated row is added as a row of its own).
     """
     by_device: dict[str, list] = {}
     for g, v in grads_and_vars:
@@ -232,29 +246,65 @@ def to_ps(grads_and_vars, wire_dtype: str = "float32") -> list[Arrived]:
             by_device.setdefault(v.device, []).append((g, v))
     arrived = []
     for device, pairs in by_device.items():
-        packed = tf.concat([tf.reshape(g, [-1]) for g, _ in pairs], axis=0)
+        flat, counts, rows = [], [], []
+        for g, v in pairs:
+            if isinstance(g, tf.IndexedSlices):
+                unique, values = _summed_by_row(g)
+                flat.append(tf.reshape(values, [-1]))
+                counts.append(tf.size(unique, out_type=tf.int64)[None])
+                rows.append(unique)
+            else:
+                flat.append(tf.reshape(g, [-1]))
+        packed = tf.concat(flat, axis=0)
         sent = packed if wire_dtype == "float32" else tf.cast(packed, wire_dtype)  # Sync: here
+        row_numbers = tf.concat(counts + rows, axis=0) if rows else None
         with tf1.device(device):
-            arrived.append(Arrived(device, tf.identity(sent), [v for _, v in pairs]))
+            arrived.append(Arrived(device, tf.identity(sent), [v for _, v in pairs],
+                                   None if row_numbers is None else tf.identity(row_numbers)))
     return arrived
+
+
+def _summed_by_row(g: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:
+    """(rows, values): the rows g touches, sorted and unique (int64), and g's values summed
+    over each."""
+    indices = tf.cast(g.indices, tf.int64)
+    unique, position = tf.unique(indices)
+    order = tf.argsort(unique)
+    summed = tf.math.unsorted_segment_sum(g.values, position, tf.size(unique))
+    return tf.gather(unique, order), tf.gather(summed, order)
 
 
 def restored(arrived: list[Arrived], grads_and_vars) -> list:
     """grads_and_vars with each gradient as it arrived (to_ps): float32, cut out of its ps's
-    packed tensor on that ps, in new ops (None stays None).
+    packed tensor on that ps, in new ops (None stays None); a sparse one as IndexedSlices.
 
     The cast back comes after the copy, not in it: Grappler's arithmetic optimizer swaps an
     Identity that follows a widening cast with it, and in doing so moved the counts' wait
     from the gradient's arrival on the ps to a signal from the worker (the partition graphs
     showed it; tests/inprocess/test_partition.py checks the wait).
     """
+    sparse = {id(v) for g, v in grads_and_vars if isinstance(g, tf.IndexedSlices)}
     grads = {}
     for a in arrived:
         with tf1.device(a.device):
             flat = tf.identity(a.packed) if a.packed.dtype == tf.float32 else tf.cast(
                 a.packed, tf.float32)
-            pieces = tf.split(flat, [v.shape.num_elements() for v in a.variables])
-            grads.update((id(v), tf.reshape(p, v.shape)) for v, p in zip(a.variables, pieces))
+            cut = [v for v in a.variables if id(v) in sparse]
+            if not cut:
+                pieces = tf.split(flat, [v.shape.num_elements() for v in a.variables])
+                grads.update((id(v), tf.reshape(p, v.shape)) for v, p in zip(a.variables, pieces))
+                continue
+            counts = a.rows[:len(cut)]
+            rows = dict(zip((id(v) for v in cut),
+                            tf.split(a.rows[len(cut):], counts, num=len(cut))))
+            count = {id(v): counts[k] for k, v in enumerate(cut)}
+            sizes = [count[id(v)] * v.shape[1:].num_elements() if id(v) in sparse
+                     else tf.constant(v.shape.num_elements(), tf.int64) for v in a.variables]
+            for v, p in zip(a.variables, tf.split(flat, tf.stack(sizes), num=len(sizes))):
+                grads[id(v)] = tf.IndexedSlices(
+                    tf.reshape(p, [-1, *v.shape[1:]]), rows[id(v)],
+                    tf.constant(v.shape.as_list(), tf.int64)) if id(v) in sparse \
+                    else tf.reshape(p, v.shape)
     return [(None if g is None else grads[id(v)], v) for g, v in grads_and_vars]
 
 
@@ -278,6 +328,25 @@ def _copy_the_local_step_at_init(sync_optimizer, local_step: tf.Variable, who,
     sync_optimizer.chief_init_op = tf.group(
         sync_optimizer.chief_init_op, copy_init,
         *([] if who is None else [who.set_global_step(state.global_step)]))
+
+
+def _sparse_accumulators_sum(sync_optimizer) -> None:
+    """Makes each sparse gradient accumulator sum its pushes; _Update divides by R.
+
+    Sync: a SparseConditionalAccumulator that averages ("MEAN", SyncReplicasOptimizer's only
+    choice) divides each row by the number of pushes that held that row, not by the number of
+    pushes: a row that one worker of three looked up got that worker's gradient whole, three
+    times its weight in the mean of the three gradients (tests/inprocess/test_sparse.py shows
+    it). Summed and divided by R, each row is the mean of one gradient from each worker, a
+    worker that did not look the row up counting as zero: what the dense accumulators give.
+    (The optimizer has no public handle on its accumulators, nor a way to choose this.)
+    """
+    from tensorflow.core.framework import attr_value_pb2
+
+    for accumulator, _ in sync_optimizer._accumulator_list:  # pylint: disable=W0212
+        if isinstance(accumulator, tf1.SparseConditionalAccumulator):
+            accumulator.accumulator_ref.op._set_attr(  # pylint: disable=W0212
+                "reduction_type", attr_value_pb2.AttrValue(s=b"SUM"))
 
 
 def _optimizer_local_step(sync_optimizer) -> tf.Variable:
@@ -401,7 +470,10 @@ class _Update(_Wrapper):
         self.update_op: tf.Operation | None = None
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
-        grads_and_vars = list(grads_and_vars)
+        # Sync: a sparse gradient arrives summed (_sparse_accumulators_sum): the mean of the R
+        # gradients is the sum over R, as a dense accumulator divides it.
+        grads_and_vars = [(self._mean(g) if isinstance(g, tf.IndexedSlices) else g, v)
+                          for g, v in grads_and_vars]
         # Each slice's apply waits for its own gradient's take alone (its input), on its ps:
         # nothing of one ps waits for another until the new step is handed out.
         applied = self._optimizer.apply_gradients(grads_and_vars, name=name)
@@ -413,7 +485,8 @@ class _Update(_Wrapper):
             # who-push precedes the gradient push; the who-take follows the gradient take and
             # precedes the update's hand-out. Both accumulators thus see the same pushes,
             # unless one worker's two pushes straddle the take, microseconds apart.
-            with tf.control_dependencies([g for g, _ in grads_and_vars if g is not None]):
+            with tf.control_dependencies([g.values if isinstance(g, tf.IndexedSlices) else g
+                                          for g, _ in grads_and_vars if g is not None]):
                 per_worker = tf.cast(tf.round(self._who.take_grad(self._replicas)), tf.int64)
             handed_out.append(per_worker)
         with tf.control_dependencies(handed_out):
@@ -442,6 +515,11 @@ class _Update(_Wrapper):
                       count_if(state.over_aggregated, total > r)]
         self.update_op = tf.group(step, *counts)
         return self.update_op
+
+    def _mean(self, summed: tf.IndexedSlices) -> tf.IndexedSlices:
+        with tf1.colocate_with(summed.values):  # on the table's ps, not global_step's
+            return tf.IndexedSlices(summed.values / self._replicas, summed.indices,
+                                    summed.dense_shape)
 
 
 def _chief_queue_runner_that_never_closes(sync_optimizer, update_op) -> None:

@@ -172,7 +172,7 @@ def load_shard(config: TaskConfig, model: api.Model) -> tuple[data.Shard, int, s
     shard = data.Shard(features, labels, index=config.index,
                        num_workers=config.cluster.num_workers, batch_size=train.batch_size,
                        seed=train.seed)
-    source = train.dataset if train.model in models.BUILT_IN else train.model
+    source = train.dataset if train.model in models.READ_DATASET else train.model
     description = f"{source}: {len(labels):,} training examples"
     log.info("dataset %s; this worker's shard: %s examples", description, f"{shard.size:,}")
     return shard, train.train_steps or train.epochs * shard.batches_per_epoch, description
@@ -233,7 +233,7 @@ class WorkerRun:
         self.result.target_steps = self.target
         # --dataset is the built-in models' data; a model of the user's brings its own.
         self.result.dataset = (self.train_config.dataset
-                               if self.train_config.model in models.BUILT_IN else None)
+                               if self.train_config.model in models.READ_DATASET else None)
         self.result.dataset_description = description
 
     def start_server(self, server) -> None:

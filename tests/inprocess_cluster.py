@@ -1,4 +1,5 @@
-"""A cluster in one process: 1 ps and N workers, each a thread running the real task."""
+"""A cluster in one process: 1 ps (or num_ps) and N workers, each a thread running the real
+task."""
 
 from __future__ import annotations
 
@@ -11,18 +12,20 @@ from sync_mnist.config import TaskConfig, TrainConfig
 GUARD = 120.0  # seconds for a whole in-process run; past it a task is taken to be stuck
 
 
-def run_cluster(num_workers: int, model=None, **train_kwargs) -> types.SimpleNamespace:
-    """1 ps + num_workers workers, each a thread running the real task (on `model`, a
-    sync_mnist.api.Model, or the one --model names); their result records."""
+def run_cluster(num_workers: int, model=None, num_ps: int = 1,
+                **train_kwargs) -> types.SimpleNamespace:
+    """num_ps ps + num_workers workers, each a thread running the real task (on `model`, a
+    sync_mnist.api.Model, or the one --model names); their result records (`ps`: ps 0's)."""
     import tensorflow as tf
 
     from sync_mnist import ps, worker
 
-    ports = free_ports(num_workers + 1)
-    layout = ClusterLayout((f"localhost:{ports[0]}",),
-                           tuple(f"localhost:{p}" for p in ports[1:]))
+    ports = free_ports(num_workers + num_ps)
+    layout = ClusterLayout(tuple(f"localhost:{p}" for p in ports[:num_ps]),
+                           tuple(f"localhost:{p}" for p in ports[num_ps:]))
     train = TrainConfig(dataset="synthetic", timeout=30.0, log_every=10, **train_kwargs)
-    servers = {("ps", 0): tf.distribute.Server(layout.spec(), job_name="ps", task_index=0)}
+    servers = {("ps", p): tf.distribute.Server(layout.spec(), job_name="ps", task_index=p)
+               for p in range(num_ps)}
     for i in range(num_workers):
         servers["worker", i] = tf.distribute.Server(layout.spec(), job_name="worker",
                                                     task_index=i)

@@ -7,7 +7,10 @@ a user's `sync_mnist.api.Model` (sync_mnist/model_spec.py loads it).
 BUILT_IN = {
     "mlp": "sync_mnist.models.mlp:MODEL",  # the question's MLP 784-256-256-10
     "cnn": "sync_mnist.models.cnn:MODEL",  # two convolutions with batch norm: 99% on MNIST
+    "ctr": "sync_mnist.models.ctr:MODEL",  # clicks: a 1,000,000-row embedding table on the ps
 }
+# The built-in models that read --dataset and --data-dir (MNIST); ctr generates its clicks.
+READ_DATASET = ("mlp", "cnn")
 DEFAULT = "mlp"
 # --epochs when neither it nor --train-steps is given; other models: options.DEFAULT_EPOCHS.
-DEFAULT_EPOCHS = {"cnn": 6}
+DEFAULT_EPOCHS = {"cnn": 6, "ctr": 1}

@@ -205,9 +205,9 @@ def test_a_built_in_name_a_module_and_a_file_resolve(tmp_path):
 
 
 @pytest.mark.parametrize("spec, line", [
-    ("cnn2", "--model 'cnn2' is neither a built-in model (mlp, cnn) nor MODULE:NAME or "
+    ("cnn2", "--model 'cnn2' is neither a built-in model (mlp, cnn, ctr) nor MODULE:NAME or "
              "FILE.py:NAME"),
-    ("mine.py", "--model 'mine.py' is neither a built-in model (mlp, cnn) nor MODULE:NAME or "
+    ("mine.py", "--model 'mine.py' is neither a built-in model (mlp, cnn, ctr) nor MODULE:NAME or "
                 "FILE.py:NAME"),
     ("no/such/file.py:MODEL", "--model 'no/such/file.py:MODEL': no such file no/such/file.py"),
     ("no_such_package.models:MODEL", "--model 'no_such_package.models:MODEL': no module named "

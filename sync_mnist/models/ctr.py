@@ -1,0 +1,180 @@
+"""A sparse click-through-rate model on generated clicks with a planted truth, written as a
+user writes a model.
+
+The model: F categorical fields (26 by default, as in Criteo's click logs), each an int64 id.
+Each (field, id) is hashed in the graph into one row of one embedding table of R rows x 16
+(1,000,000 rows by default: 64 MB of float32): the row is
+`tf.strings.to_hash_bucket_fast("<field>:<id>", R)`, FarmHash64 of the string, so the same id
+in two fields lands in two rows, and any int64 id needs no vocabulary. The F rows of an
+example are concatenated into a small MLP (one ReLU layer of 64), which gives the logit of a
+click; the loss is the logistic loss.
+
+The table is read only through `tf.nn.embedding_lookup`, so the package keeps it on the ps,
+cut into one slice of rows per ps, and each lookup gathers the rows on the ps that holds them
+(sync_mnist/placement.py). A batch looks each distinct row up once (`tf.unique` first): with
+ids drawn from a Zipf law most of a batch's ids repeat. Its gradient is IndexedSlices of those
+rows, and stays so up to the optimizer on the ps (sync_mnist/sync.py).
+
+The optimizer is Adagrad, whose sparse apply touches only the rows of the gradient: each row's
+accumulator grows by its own squared gradient. Not the stock AdamOptimizer: its sparse apply
+still decays both moments of every row in every update (m = beta1 * m over the whole slot),
+a pass over the whole table and its two slots, 192 MB, on every update.
+
+The data (`generate`): per field, ids drawn from a Zipf law over a vocabulary of V ids (the
+skew of real click logs: a few ids in most examples); a planted weight per (field, id), drawn
+from N(0, sigma^2); and a click with probability sigmoid(bias + the sum of the example's F
+planted weights). That planted model is the best any model can do, so its own log-loss on the
+evaluation set is the floor a run is judged against: the evaluation prints it beside the
+model's (`planted_log_loss`, `log_loss`, and the two AUCs). The evaluation examples carry the
+planted probability as a feature (`planted_probability`) for that metric alone; the model
+never reads it otherwise, and the SavedModel takes the ids only.
+
+`--model ctr` trains it (1,000,000 rows); `--model sync_mnist.models.ctr:SMALL`, 10,000 rows
+and fewer, smaller fields, for tests and quick runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+import tensorflow as tf
+
+import sync_mnist.api as sm
+
+tf1 = tf.compat.v1
+
+IDS = "ids"  # int64 [n, fields]: the raw ids, one column per field
+PLANTED = "planted_probability"  # float32 [n]: the generator's own probability of a click
+
+PARAMS = {
+    "fields": 26,
+    "rows": 1_000_000,  # of the embedding table
+    "dimension": 16,
+    "hidden_units": [64],
+    "learning_rate": 0.1,  # Adagrad's
+    "vocabulary": 10_000,  # ids per field
+    "zipf": 1.1,  # the exponent: P(k-th most frequent id) ~ k**-zipf
+    "weight_scale": 0.25,  # sigma of the planted weights
+    "bias": -1.0,  # of the planted logit
+    "train_examples": 600_000,
+    "eval_examples": 50_000,
+    "seed": 0,
+}
+
+
+def model_fn(features, labels, mode, params):
+    ids = features[IDS]
+    fields, dimension = params["fields"], params["dimension"]
+    rows = hashed_rows(ids, params["rows"])
+    table = tf1.get_variable("embedding/table", [params["rows"], dimension],
+                             initializer=tf1.truncated_normal_initializer(stddev=0.05))
+    distinct, position = tf.unique(tf.reshape(rows, [-1]))
+    vectors = tf.nn.embedding_lookup(table, distinct)  # gathered where the rows are
+    x = tf.reshape(tf.gather(vectors, position), [-1, fields * dimension])
+    for layer, units in enumerate(params["hidden_units"]):
+        with tf1.variable_scope(f"layer{layer}"):
+            x = tf.nn.relu(_dense(x, units))
+    with tf1.variable_scope("logit"):
+        logits = tf.squeeze(_dense(x, 1), axis=1)
+    probabilities = tf.sigmoid(logits)
+    if mode == sm.ModeKeys.PREDICT:
+        return sm.ModelSpec(mode, predictions={"probabilities": probabilities})
+    losses = tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
+    loss = tf.reduce_mean(losses)
+    if mode == sm.ModeKeys.TRAIN:
+        return sm.ModelSpec(mode, loss=loss, optimizer=tf1.train.AdagradOptimizer(
+            params["learning_rate"], initial_accumulator_value=0.1))
+    planted = features[PLANTED]
+    return sm.ModelSpec(mode, loss=loss, eval_metric_ops={
+        "log_loss": tf1.metrics.mean(losses),
+        "planted_log_loss": tf1.metrics.mean(log_loss(labels, planted)),
+        "auc": tf1.metrics.auc(labels, probabilities, num_thresholds=1000),
+        "planted_auc": tf1.metrics.auc(labels, planted, num_thresholds=1000),
+    })
+
+
+def hashed_rows(ids: tf.Tensor, rows: int) -> tf.Tensor:
+    """int64 [n, fields]: the table row of each (field, id), FarmHash64("<field>:<id>") % rows."""
+    fields = ids.shape[1]
+    prefixes = tf.constant([f"{f}:" for f in range(fields)])
+    keys = tf.strings.join([tf.broadcast_to(prefixes, tf.shape(ids)), tf.strings.as_string(ids)])
+    return tf.strings.to_hash_bucket_fast(keys, rows)
+
+
+def _dense(x: tf.Tensor, units: int) -> tf.Tensor:
+    weights = tf1.get_variable("weights", [x.shape[-1], units],
+                               initializer=tf1.glorot_uniform_initializer())
+    biases = tf1.get_variable("biases", [units], initializer=tf1.zeros_initializer())
+    return tf.matmul(x, weights) + biases
+
+
+def log_loss(labels: tf.Tensor, p: tf.Tensor) -> tf.Tensor:
+    p = tf.clip_by_value(p, 1e-7, 1 - 1e-7)
+    return -(labels * tf.math.log(p) + (1 - labels) * tf.math.log(1 - p))
+
+
+@dataclasses.dataclass(frozen=True)
+class Clicks:
+    ids: np.ndarray  # int64 [n, fields]
+    labels: np.ndarray  # float32 [n], 0 or 1
+    planted: np.ndarray  # float32 [n]: sigmoid of the planted logit
+
+    def features(self) -> dict:
+        return {IDS: self.ids, PLANTED: self.planted}
+
+    def planted_log_loss(self) -> float:
+        p = np.clip(self.planted.astype(np.float64), 1e-7, 1 - 1e-7)
+        y = self.labels
+        return float(np.mean(-(y * np.log(p) + (1 - y) * np.log(1 - p))))
+
+
+@functools.lru_cache(maxsize=4)
+def planted_weights(fields: int, vocabulary: int, weight_scale: float, seed: int) -> np.ndarray:
+    """float64 [fields, vocabulary]: the planted weight of each (field, id)."""
+    return np.random.default_rng([seed, 1]).normal(0, weight_scale, (fields, vocabulary))
+
+
+def generate(params, examples: int, part: int) -> Clicks:
+    """`examples` clicks drawn from the planted model of `params`; `part` 0 for the training
+    set, 1 for the evaluation set (another stream of the same seed, the same planted model).
+
+    Field f's id of rank k (0 the most frequent) is k: P(k) ~ (k + 1)**-zipf over the
+    vocabulary; each field draws its own ids. Deterministic in params["seed"].
+    """
+    fields, vocabulary = params["fields"], params["vocabulary"]
+    weights = planted_weights(fields, vocabulary, params["weight_scale"], params["seed"])
+    rng = np.random.default_rng([params["seed"], 2, part])
+    cumulative = np.cumsum(np.arange(1, vocabulary + 1, dtype=np.float64) ** -params["zipf"])
+    cumulative /= cumulative[-1]
+    ids = np.searchsorted(cumulative, rng.random((examples, fields)), side="right")
+    ids = np.minimum(ids, vocabulary - 1).astype(np.int64)
+    logit = params["bias"] + weights[np.arange(fields), ids].sum(axis=1)
+    planted = 1 / (1 + np.exp(-logit))
+    labels = (rng.random(examples) < planted).astype(np.float32)
+    return Clicks(ids, labels, planted.astype(np.float32))
+
+
+def train_input_fn(params):
+    clicks = generate(params, params["train_examples"], part=0)
+    return clicks.features(), clicks.labels
+
+
+def eval_input_fn(params):
+    clicks = generate(params, params["eval_examples"], part=1)
+    return clicks.features(), clicks.labels
+
+
+def serving_input_fn(params):
+    ids = tf1.placeholder(tf.int64, [None, params["fields"]], name=IDS)
+    return {IDS: ids}, {IDS: ids}
+
+
+MODEL = sm.Model(model_fn, train_input_fn, eval_input_fn, serving_input_fn=serving_input_fn,
+                 params=PARAMS)
+# Small enough for tests: 10,000 rows, 8 fields of 200 ids.
+SMALL = dataclasses.replace(MODEL, params={
+    **PARAMS, "rows": 10_000, "fields": 8, "vocabulary": 200, "hidden_units": [16],
+    "weight_scale": 0.5, "train_examples": 40_000, "eval_examples": 10_000,
+    "learning_rate": 0.5})
