@@ -266,10 +266,10 @@ def test_task_without_length_flags_trains_the_default_epochs(hosts, recorders, c
     # ... and --help states that same number.
     assert _call(cli.main, ["--help"]) == 0
     entries = _help_entries(capsys.readouterr().out)
-    assert entries["--train-steps"].endswith(f"(default: --epochs {options.DEFAULT_EPOCHS}; "
-                                             "6 for --model cnn)")
+    own = "6 for --model cnn, 1 for --model ctr)"
+    assert entries["--train-steps"].endswith(f"(default: --epochs {options.DEFAULT_EPOCHS}; {own}")
     assert entries["--epochs"].endswith(
-        f"(default: {options.DEFAULT_EPOCHS} unless --train-steps is given; 6 for --model cnn)")
+        f"(default: {options.DEFAULT_EPOCHS} unless --train-steps is given; {own}")
     # ... and a built-in model with epochs of its own trains those.
     assert cli.main([a.format(**hosts) for a in WORKER_1] + ["--model", "cnn"]) == RAN
     assert recorders["task"][-1].train.epochs == models.DEFAULT_EPOCHS["cnn"] == 6
