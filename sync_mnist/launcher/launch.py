@@ -506,11 +506,13 @@ class _Policy:
                 t.lost = True  # counted by _spare_left for the next one
                 spared.append(t)
             elif t.role == "worker" and t.restarts and not t.ready:
-                spared.append(t)  # a replacement that waits for a chief who is gone
+                t.spent = True  # a replacement that waits for a chief who is gone: no judge
+                spared.append(t)
         workers = [t for t in self._tasks if t.role == "worker"]
         if not all(t.role == "ps" for t in live if t not in spared):
             return spared
-        unreported = any(t.spent or t.lost or t.result().done_reported is False for t in workers)
+        unreported = any(t.spent or t.lost or t in spared or t.result().done_reported is False
+                         for t in workers)
         for ps in (t for t in live if t.role == "ps"):
             if unreported or any(_done(w) < ps.spawned for w in workers):
                 spared.append(ps)

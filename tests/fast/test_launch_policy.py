@@ -177,13 +177,19 @@ def test_a_backup_still_running_after_the_chief_verified_the_run_is_lost_not_ove
     # in its finish (201) and was restarted; the chief verified the run and ended 0, and the
     # replacement, which never joined, waited for it to initialise the model: a verified run
     # ended 200 at the end bound.
-    replacement = _FakeTask("worker", 1, None)
-    replacement.overdue, replacement.restarts, replacement.ready = None, 1, False
-    assert _wait([ps, chief, replacement], max_restarts=1, end_bound=0.0) is None
-    assert replacement.overdue is None
+    # The ps, restarted too, waits for the done report the replacement will never send.
+    replacement, waiting_ps = _FakeTask("worker", 1, None), _FakeTask("ps", 0, None)
+    replacement.restarts = waiting_ps.restarts = 1
+    tasks = [waiting_ps, chief, replacement]
+    for t in tasks:
+        t.overdue = None
+    assert _wait(tasks, max_restarts=1, end_bound=0.0) is None
+    assert replacement.overdue is None and waiting_ps.overdue is None
+    assert replacement.spent  # not a judge of the run: it has no verdict of its own
+    replacement.spent = False
     # One that joined the run and still runs is stuck: overdue.
     replacement.ready = True
-    assert _wait([ps, chief, replacement], max_restarts=1, end_bound=0.0) is replacement
+    assert _wait(tasks, max_restarts=1, end_bound=0.0) is not None
     assert "stopped by the launcher" in replacement.overdue
 
 
