@@ -225,7 +225,10 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_intact_one(tmp_pat
     assert chosen.path == str(tmp_path / "model.ckpt-10")
     # The ones the Saver goes on keeping: the listed ones, less the damaged one.
     assert chosen.kept == (str(tmp_path / "model.ckpt-5"), str(tmp_path / "model.ckpt-10"))
-    (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    # Only the package's own: TensorFlow's "Object was never used" error, logged when another
+    # test's graph is collected, can land in this test's capture (seen under `make test`).
+    (warning,) = [r.getMessage() for r in caplog.records
+                  if r.levelno >= logging.WARNING and r.name.startswith("sync_mnist")]
     assert warning.startswith(f"--logdir {tmp_path}: the newest checkpoint, model.ckpt-15, is "
                               "damaged (")
     assert warning.endswith("); restoring model.ckpt-10, the newest intact one"), warning
