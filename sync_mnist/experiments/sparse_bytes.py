@@ -40,7 +40,10 @@ def measure(rows: int, num_ps: int, traced: int, batch_size: int = 100) -> dict:
     from sync_mnist.models import ctr
 
     tf1 = tf.compat.v1
+    # 10,000 ids a field, more than the default run's 200: a batch touches more rows (about
+    # 1,600 of its 2,600 lookups), as measured in docs/sparse.md.
     model = dataclasses.replace(ctr.MODEL, params={**ctr.PARAMS, "rows": rows,
+                                                   "vocabulary": 10_000,
                                                    "train_examples": 20 * batch_size})
     ports = free_ports(num_ps + 1)
     layout = ClusterLayout(tuple(f"localhost:{p}" for p in ports[:num_ps]),

@@ -54,7 +54,10 @@ PARAMS = {
     "dimension": 16,
     "hidden_units": [64],
     "learning_rate": 0.1,  # Adagrad's
-    "vocabulary": 10_000,  # ids per field
+    # Adagrad's starting accumulator, small next to a row's squared gradient (docs/sparse.md):
+    # TensorFlow's default of 0.1 held a rare id's row to a fixed, tiny step.
+    "initial_accumulator": 1e-5,
+    "vocabulary": 200,  # ids per field: every id seen often enough to learn (docs/sparse.md)
     "zipf": 1.1,  # the exponent: P(k-th most frequent id) ~ k**-zipf
     "weight_scale": 0.25,  # sigma of the planted weights
     "bias": -1.0,  # of the planted logit
@@ -85,7 +88,7 @@ def model_fn(features, labels, mode, params):
     loss = tf.reduce_mean(losses)
     if mode == sm.ModeKeys.TRAIN:
         return sm.ModelSpec(mode, loss=loss, optimizer=tf1.train.AdagradOptimizer(
-            params["learning_rate"], initial_accumulator_value=0.1))
+            params["learning_rate"], initial_accumulator_value=params["initial_accumulator"]))
     planted = features[PLANTED]
     return sm.ModelSpec(mode, loss=loss, eval_metric_ops={
         "log_loss": tf1.metrics.mean(losses),
@@ -177,4 +180,4 @@ MODEL = sm.Model(model_fn, train_input_fn, eval_input_fn, serving_input_fn=servi
 SMALL = dataclasses.replace(MODEL, params={
     **PARAMS, "rows": 10_000, "fields": 8, "vocabulary": 200, "hidden_units": [16],
     "weight_scale": 0.5, "train_examples": 40_000, "eval_examples": 10_000,
-    "learning_rate": 0.5})
+    "learning_rate": 0.5, "initial_accumulator": 0.1})
