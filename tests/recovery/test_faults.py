@@ -150,20 +150,28 @@ def test_launcher_restarts_a_killed_worker_and_reports_it(processes, tmp_path):
     assert processes_mentioning(marker) == []
 
 
+def _signal_the_ps(processes, tmp_path, signum, *, at_step, steps, timeout, save_steps):
+    """A 2-worker launcher run with --max-restarts 1 and a --logdir, ps 0 sent `signum` once the
+    chief logs `at_step`; returns the launcher."""
+    launcher = processes.launcher("--base-port", "0", "--workers", "2", *COMMON,
+                                  "--train-steps", str(steps), "--timeout", str(timeout),
+                                  "--max-restarts", "1", "--logdir", str(tmp_path / "logdir"),
+                                  "--save-steps", str(save_steps),
+                                  "--summary-json", str(tmp_path / "cluster.json"))
+    pid = int(launcher.wait_for_line(r"started ps 0 \(pid (\d+)\)", BOUND)[1])
+    launcher.wait_for_line(rf"\[worker 0\] step={at_step} ", BOUND)
+    os.kill(pid, signum)
+    return launcher
+
+
 def test_a_ps_killed_as_training_ends_costs_one_restart(processes, tmp_path):
     """Issue 35: the ps SIGKILLed as the chief logs its last step, as the workers enter the
     finish, whose barrier and counters read the ps outside any training step and fail on a lost
     ps (201). Before: each worker that failed so cost a restart of its own, and the launcher
     stopped the cluster with its one restart spent on the ps."""
-    steps, logdir = 200, tmp_path / "logdir"
-    launcher = processes.launcher("--base-port", "0", "--workers", "2", *COMMON,
-                                  "--train-steps", str(steps), "--timeout", "30",
-                                  "--max-restarts", "1", "--logdir", str(logdir),
-                                  "--save-steps", "7",
-                                  "--summary-json", str(tmp_path / "cluster.json"))
-    pid = int(launcher.wait_for_line(r"started ps 0 \(pid (\d+)\)", BOUND)[1])
-    launcher.wait_for_line(rf"\[worker 0\] step={steps} ", BOUND)
-    os.kill(pid, signal.SIGKILL)
+    steps = 200
+    launcher = _signal_the_ps(processes, tmp_path, signal.SIGKILL, at_step=steps, steps=steps,
+                              timeout=30, save_steps=7)
 
     assert launcher.wait(BOUND) == EXIT_OK, launcher.output
     launcher.wait_for_line(r"ps 0 exited with code -9; restarting it \(fault 1 of 1\)", 1)
@@ -173,22 +181,17 @@ def test_a_ps_killed_as_training_ends_costs_one_restart(processes, tmp_path):
     # were restored with the weights, so each update counts once either way.
     assert summary["synchronous"] is True and summary["contributions"] == [steps, steps]
     assert summary["restarts"]["ps 0"] == 1
-    assert max(checkpoint_steps(logdir)) == steps
+    assert max(checkpoint_steps(tmp_path / "logdir")) == steps
 
 
 def test_a_ps_frozen_mid_run_is_named_restarted_and_the_run_ends_verified(processes, tmp_path):
     """Found by the chaos soak (issue 35): ps 0 SIGSTOPped mid-run, --max-restarts 1. The
     workers timed out saying "the ps is reachable but its counters cannot be read", naming no
     one; the launcher restarted the first of them instead of the ps, and the run ended 200."""
-    steps, logdir = 200, tmp_path / "logdir"
-    launcher = processes.launcher("--base-port", "0", "--workers", "2", *COMMON,
-                                  "--train-steps", str(steps), "--timeout", "10",
-                                  "--max-restarts", "1", "--logdir", str(logdir),
-                                  "--save-steps", "10",
-                                  "--summary-json", str(tmp_path / "cluster.json"))
-    pid = int(launcher.wait_for_line(r"started ps 0 \(pid (\d+)\)", BOUND)[1])
-    launcher.wait_for_line(r"\[worker 0\] step=50 ", BOUND)
-    os.kill(pid, signal.SIGSTOP)  # the launcher kills it: a SIGKILL ends a stopped process
+    steps = 200
+    # The launcher kills it: a SIGKILL ends a stopped process.
+    launcher = _signal_the_ps(processes, tmp_path, signal.SIGSTOP, at_step=50, steps=steps,
+                              timeout=10, save_steps=10)
 
     assert launcher.wait(BOUND) == EXIT_OK, launcher.output
     launcher.wait_for_line(r"missing: ps 0 \(it accepts connections but did not answer", 1)
