@@ -35,6 +35,7 @@ RUNNING, LOST, FINISHED = 0, 1, 2
 PROBE_SECS = 1.0  # a TCP connect to a worker's server: how long before it counts as unanswered
 LOST_PROBES = 2  # consecutive failed probes, POLL_SECS apart, before a worker is declared lost
 POLL_SECS = 0.5
+NO_ANSWER = "does not answer"  # a probe's connection attempt timed out
 
 
 class Membership(NamedTuple):
@@ -158,7 +159,7 @@ def probe(address: str) -> str | None:
     except ConnectionRefusedError:
         return f"nothing listens at {address}"
     except socket.timeout:
-        return f"{address} does not answer"
+        return f"{address} {NO_ANSWER}"
     except (OSError, ValueError) as e:
         return f"{address} is unreachable ({getattr(e, 'strerror', None) or e})"
 
@@ -187,8 +188,11 @@ def finish_barrier(run: Callable, m: Membership, *, index: int,
                    cluster: cluster_lib.ClusterLayout, timeout: float, log) -> list[int]:
     """Marks this worker FINISHED and waits until no worker is RUNNING; returns the lost ones.
 
-    The chief decides who is lost: a worker whose server no longer accepts connections
-    (LOST_PROBES probes in a row), or one that has not pushed for `timeout` seconds. The
+    The chief decides who is lost: a worker whose server refuses connections or whose host
+    is unreachable (LOST_PROBES probes in a row), or one that has not pushed for `timeout`
+    seconds. A probe that only timed out proves nothing: 500 ms each way on a link takes a
+    connection past PROBE_SECS while the worker is about to finish; silence is the no-push
+    bound's to judge. The
     others only wait, so every task reads the same list. The chief's wait is bounded by
     `timeout`; the others allow `timeout` more for the chief, and otherwise say whom they
     were still waiting for.
@@ -213,6 +217,8 @@ def finish_barrier(run: Callable, m: Membership, *, index: int,
                 if last_seen.get(w, (None,))[0] != last_push[w]:
                     last_seen[w] = (last_push[w], now)
                 down = probe(cluster.address("worker", w))
+                if down and down.endswith(NO_ANSWER):
+                    down = None  # a slow link, maybe: the no-push bound covers silence
                 failed_probes[w] = failed_probes[w] + 1 if down else 0
                 reason = down if failed_probes[w] >= LOST_PROBES else (
                     f"no push for {timeout:g} s" if now - last_seen[w][1] > timeout else None)

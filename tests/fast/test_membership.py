@@ -109,3 +109,34 @@ def test_the_chief_finishes_without_a_backup_silent_for_the_timeout(monkeypatch)
                                      log=logging.getLogger("test"))
     assert lost == [2]
     assert finished == [membership.FINISHED, membership.FINISHED, membership.LOST]
+
+
+@pytest.mark.parametrize("why, lost_expected", [
+    ("does not answer", []),  # a slow link (500 ms each way): the worker finishes after all
+    ("nothing listens at 127.0.0.1:4", [2]),  # its server is gone: lost after LOST_PROBES
+])
+def test_a_probe_that_only_times_out_does_not_declare_a_finishing_worker_lost(
+        monkeypatch, why, lost_expected):
+    m = membership.Membership(*(object() for _ in range(7)))
+    finished = [membership.RUNNING, membership.FINISHED, membership.RUNNING]
+    reads = []
+
+    def run(fetches, feed=None):
+        if fetches is m.mark:
+            w, value = feed[m.mark_worker][0], feed[m.mark_value][0]
+            finished[w] = max(finished[w], value)
+            return None
+        reads.append(1)
+        if len(reads) == 2 * membership.LOST_PROBES + 2:  # worker 2's FINISHED comes in
+            finished[2] = max(finished[2], membership.FINISHED)
+        return [list(finished), [40, 40, 40]]
+
+    monkeypatch.setattr(membership, "probe", lambda address: (
+        f"{address} {why}" if why == membership.NO_ANSWER else why) if address.endswith(":4")
+        else None)
+    monkeypatch.setattr(membership, "POLL_SECS", 0.01)
+    layout = ClusterLayout(("127.0.0.1:1",), tuple(f"127.0.0.1:{p}" for p in (2, 3, 4)))
+    lost = membership.finish_barrier(run, m, index=0, cluster=layout, timeout=30,
+                                     log=logging.getLogger("test"))
+    assert lost == lost_expected
+    assert finished[2] == (membership.LOST if lost_expected else membership.FINISHED)
