@@ -6,9 +6,20 @@
 
 Each run starts `sync-mnist-cluster` (1 or 2 ps, 3 workers, R = N or R = N - 1, with or without
 --max-restarts; synthetic data, a few steps, a --logdir saved every 10 updates) and gives one
-task, picked at random (a ps, the chief or another worker), one fault: SIGKILL, SIGSTOP then
-SIGCONT after less or more than --timeout, or SIGTERM (a preemption), at a random moment of the
-start-up, the training or the end of the run. A run that ends preempted (143) is run again
+task, picked at random (a ps, the chief or another worker), one fault at a random moment of the
+start-up, the training or the end of the run:
+  kill             SIGKILL
+  stop-short/long  SIGSTOP, then SIGCONT after less or more than --timeout
+  term             SIGTERM (a preemption)
+  partition-short/long
+                   every packet the task sends, and every one sent to its port, dropped for
+                   less or more than --timeout (loopback_faults.py: in the launcher's
+                   namespace, by the task's net_cls class and port)
+  loss             5 % of those packets dropped, for longer than --timeout
+  delay            each of those packets held 200 ms, for longer than --timeout
+  disk-full        the run's --logdir (a 64 MB tmpfs) filled to its last block for less than
+                   --timeout, then freed (the victim is the chief, which writes there)
+The network and disk faults need root; elsewhere they are left out, and the soak says so. A run that ends preempted (143) is run again
 with the same --logdir, with no fault: it must resume and end verified, its contributions the
 whole plan. The victim
 is found by the pid the launcher logs when it starts a task (`started worker 1 (pid N)`), and
@@ -30,9 +41,10 @@ and its output:
                 it ended as a failure), repeat (an update averaged two gradients of one
                 worker, R = N), not-resumed (a preempted run's rerun did not end verified
                 with the whole plan's contributions), restart-failed (a run with a restart
-                allowed ended as a failure), unnamed (a
-                failure whose messages do not name the victim), short-stop-failed (a stop
-                shorter than --timeout failed the run), no-fault-failed (the fault never landed,
+                allowed ended as a failure; not the documented exit 1 of a full disk at the
+                export), unnamed (a failure whose messages do not name the victim),
+                survivable-failed (a stop or partition shorter than --timeout, the loss, the
+                delay or a full disk failed the run, other than that exit 1), no-fault-failed (the fault never landed,
                 and the run failed all the same)
 A fault that lands after its victim has ended is "missed"; the run is classified all the same.
 
@@ -46,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import dataclasses
 import json
 import os
@@ -61,19 +74,34 @@ from pathlib import Path
 from typing import Sequence
 
 from sync_mnist import config as config_lib
+from sync_mnist.experiments import loopback_faults
 from sync_mnist.launcher import launch, progress
 
 WORKERS = 3
-FAULTS = ("kill", "stop-short", "stop-long", "term")
+SIGNAL_FAULTS = ("kill", "stop-short", "stop-long", "term")
+NETWORK_FAULTS = ("partition-short", "partition-long", "loss", "delay")
+DISK_FAULTS = ("disk-full",)
+FAULTS = SIGNAL_FAULTS + NETWORK_FAULTS + DISK_FAULTS
 PHASES = ("startup", "training", "end")
-# What a stop lasts, as a fraction of --timeout: well inside it, or well past it.
+# What a stop or another lasting fault lasts, as a fraction of --timeout: well inside it, or
+# well past it.
 SHORT_STOP, LONG_STOP = (0.2, 0.6), (1.2, 1.6)
+SPANS = {"kill": (0.0, 0.0), "stop-short": SHORT_STOP, "stop-long": LONG_STOP, "term": (0.0, 0.0),
+         "partition-short": SHORT_STOP, "partition-long": LONG_STOP, "loss": LONG_STOP,
+         "delay": LONG_STOP, "disk-full": SHORT_STOP}
+# Faults a run must come through verified with no restart: a stop or a partition shorter than
+# --timeout, LOSS of the victim's packets, DELAY_MS on each, the disk full while training.
+SURVIVABLE = ("stop-short", "partition-short", "loss", "delay", "disk-full")
+LOSS = 0.05  # tests/soak/test_network_soak.py: up to 5 % the run ends verified; 10 % may stall
+DELAY_MS = 200.0
+LOGDIR_SIZE = "64m"  # a disk-full run's --logdir, a tmpfs: checkpoints, summaries, the model
 STARTUP_SPAN_SECS = 6.0  # a start-up fault lands this long at most after the victim started
 END_SPAN_SECS = 2.5  # an end fault: at most this long after the last progress line
 # The launcher's own exit codes that a fault may rightly cause (README, "Exit codes").
 FAILURE_CODES = (config_lib.EXIT_FAILED, config_lib.EXIT_TIMEOUT)
 _STARTED = re.compile(r"started (?P<task>ps \d+|worker \d+) \(pid (?P<pid>\d+)\)")
 _HOLDER = re.compile(r"held by pid (?P<pid>\d+)")
+_CLUSTER = re.compile(r"cluster: ps (?P<ps>\S+), workers (?P<workers>\S+);")
 _TRACEBACK = ("Traceback (most recent call last)", "BrokenPipeError", "Exception ignored")
 _REPEATS = re.compile(r"(\d+) of \d+ updates averaged more than one gradient of the same worker")
 _ALERT = re.compile(r"\b(?:error|warning|critical):|exited with code|missing:")
@@ -90,7 +118,7 @@ class Plan:
     replicas: int  # --replicas-to-aggregate; WORKERS: R = N
     max_restarts: int
     victim: str  # "ps 1", "worker 0" (the chief), "worker 2"
-    fault: str  # one of FAULTS
+    fault: str  # one of FAULTS (disk-full: the victim is the chief, which writes --logdir)
     phase: str  # one of PHASES: when the fault is meant to land
     pause: float  # seconds between SIGSTOP and SIGCONT (0 for a kill)
     at_step: int  # training: the global step after which it lands
@@ -105,17 +133,19 @@ class Plan:
 
 
 def plan_runs(rng: random.Random, count: int, *, timeout: float, train_steps: int,
-              log_every: int, max_restarts: int) -> list[Plan]:
-    """`count` runs, each configuration, victim, fault and moment drawn at random."""
+              log_every: int, max_restarts: int, faults: Sequence[str] = FAULTS) -> list[Plan]:
+    """`count` runs, each configuration, victim, fault (of `faults`) and moment drawn at
+    random."""
     plans = []
     for run in range(1, count + 1):
         ps = rng.choice((1, 2))
         victim_kind = rng.choice(("ps", "chief", "worker"))
         victim = {"ps": f"ps {rng.randrange(ps)}", "chief": "worker 0",
                   "worker": f"worker {rng.randrange(1, WORKERS)}"}[victim_kind]
-        fault = rng.choice(FAULTS)
-        span = {"kill": (0.0, 0.0), "stop-short": SHORT_STOP, "stop-long": LONG_STOP,
-                "term": (0.0, 0.0)}[fault]
+        fault = rng.choice(faults)
+        if fault in DISK_FAULTS:
+            victim = "worker 0"
+        span = SPANS[fault]
         phase = rng.choice(PHASES)
         plans.append(Plan(
             run=run, ps=ps, replicas=rng.choice((WORKERS, WORKERS - 1)),
@@ -130,7 +160,7 @@ def plan_runs(rng: random.Random, count: int, *, timeout: float, train_steps: in
 
 def quick_plans(*, timeout: float, train_steps: int, log_every: int,
                 max_restarts: int) -> list[Plan]:
-    """The short form (the soak tier): four fixed runs, one of each fault, in training."""
+    """The short form (the soak tier): four fixed runs, one of each signal, in training."""
     common = dict(phase="training", at_step=train_steps // 2, delay=0.1, timeout=timeout,
                   train_steps=train_steps, log_every=log_every)
     return [
@@ -157,6 +187,8 @@ def launcher_args(plan: Plan, marker: Path, summary: Path, logdir: Path) -> list
         args += ["--replicas-to-aggregate", str(plan.replicas)]
     if plan.max_restarts:
         args += ["--max-restarts", str(plan.max_restarts)]
+    if plan.fault in NETWORK_FAULTS:
+        args += ["--isolate", "on"]  # the namespace the faults are made in
     return args
 
 
@@ -273,41 +305,46 @@ def _trigger(launcher: _Launcher, plan: Plan, deadline: float) -> bool:
     return launcher.proc.poll() is None
 
 
-def run_one(plan: Plan, workdir: Path, fault: bool = True) -> dict:
+def run_one(plan: Plan, workdir: Path, fault: bool = True,
+            net_class: loopback_faults.NetClass | None = None) -> dict:
     """Runs `plan` (without its fault: the rerun of a preempted run); returns what was seen
-    (the input of classify)."""
+    (the input of classify). A network fault needs `net_class`."""
     marker, summary_path = workdir / f"run-{plan.run}-marker", workdir / f"run-{plan.run}.json"
+    logdir = workdir / f"run-{plan.run}-logdir"
     summary_path.unlink(missing_ok=True)
+    with contextlib.ExitStack() as stack:
+        if fault and plan.fault in DISK_FAULTS:
+            stack.enter_context(_tmpfs(logdir, LOGDIR_SIZE))
+        return _run_one(plan, marker, summary_path, logdir, fault, net_class)
+
+
+def _run_one(plan: Plan, marker: Path, summary_path: Path, logdir: Path, fault: bool,
+             net_class: loopback_faults.NetClass | None) -> dict:
     started = time.monotonic()
     deadline = started + hang_bound(plan)
-    launcher = _Launcher([*LAUNCHER, *launcher_args(plan, marker, summary_path,
-                                                    workdir / f"run-{plan.run}-logdir")])
+    launcher = _Launcher([*LAUNCHER, *launcher_args(plan, marker, summary_path, logdir)])
     seen = {"fault_landed": False, "phase_seen": None, "fault_at_s": None, "victim_pid": None,
             "hang": False}
-    resume: threading.Timer | None = None
+    undo: threading.Timer | None = None
     try:
         if fault and _trigger(launcher, plan, deadline):
             pid = (launcher.pids().get(plan.victim) or [None])[-1]
             identity = _identity(pid, launcher.proc.pid) if pid else None
             seen.update(victim_pid=pid, phase_seen=_phase_now(list(launcher.lines), plan),
                         fault_at_s=round(time.monotonic() - started, 2))
-            if plan.fault in ("kill", "term"):
-                seen["fault_landed"] = _signal(pid, launcher.proc.pid, identity, {
-                    "kill": signal.SIGKILL, "term": signal.SIGTERM}[plan.fault])
-            else:
-                seen["fault_landed"] = _signal(pid, launcher.proc.pid, identity, signal.SIGSTOP)
-                if seen["fault_landed"]:
-                    resume = threading.Timer(plan.pause, _signal, (pid, launcher.proc.pid,
-                                                                   identity, signal.SIGCONT))
-                    resume.start()
+            seen["fault_landed"], heal = _inject(plan, launcher, pid, identity, logdir,
+                                                 net_class)
+            if heal is not None:
+                undo = threading.Timer(plan.pause, heal)
+                undo.start()
         try:
             launcher.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             seen["hang"] = True
     finally:  # also on Ctrl-C or SIGTERM (main): nothing of the run outlives the soak
-        if resume is not None:
-            resume.cancel()
-            resume.function(*resume.args)  # nothing of the run stays stopped
+        if undo is not None:
+            undo.cancel()
+            undo.function()  # nothing of the run stays stopped, cut off or full
         if launcher.proc.poll() is None:
             _kill_group(launcher.proc.pid)
             launcher.proc.wait()
@@ -323,6 +360,63 @@ def run_one(plan: Plan, workdir: Path, fault: bool = True) -> dict:
         seen["summary"] = None
     seen["lines"] = launcher.lines
     return seen
+
+
+def _inject(plan: Plan, launcher: _Launcher, pid: int | None, identity: str | None,
+            logdir: Path, net_class: loopback_faults.NetClass | None):
+    """Makes `plan`'s fault on its victim, process `pid`; returns (whether it landed, what
+    undoes it after the pause, or None)."""
+    parent = launcher.proc.pid
+    if plan.fault in ("kill", "term"):
+        return _signal(pid, parent, identity, {"kill": signal.SIGKILL,
+                                               "term": signal.SIGTERM}[plan.fault]), None
+    if plan.fault in ("stop-short", "stop-long"):
+        if not _signal(pid, parent, identity, signal.SIGSTOP):
+            return False, None
+        return True, lambda: _signal(pid, parent, identity, signal.SIGCONT)
+    if plan.fault == "disk-full":
+        disk = loopback_faults.DiskFull(logdir)
+        disk.fill()
+        return True, disk.free
+    # A network fault: in the launcher's namespace, on the victim's packets and its port.
+    if identity is None or _identity(pid, parent) != identity:
+        return False, None
+    lines = list(launcher.lines)
+    holder = next(int(m["pid"]) for line in lines if (m := _HOLDER.search(line)))
+    fault = loopback_faults.LoopbackFault(net_class, holder)
+    port = victim_port(lines, plan.victim)
+    try:
+        if plan.fault == "loss":
+            fault.lose(pid, port, LOSS)
+        elif plan.fault == "delay":
+            fault.delay(pid, port, DELAY_MS)
+        else:
+            fault.partition(pid, port)
+    except BaseException:
+        fault.heal()  # what was made of it; the error is the soak's own, and ends it
+        raise
+    return True, fault.heal
+
+
+def victim_port(lines: list[str], victim: str) -> int:
+    """The server port of task `victim` ("ps 1", "worker 0"), from the launcher's cluster
+    line."""
+    role, index = victim.split()
+    m = next(m for line in lines if (m := _CLUSTER.search(line)))
+    hosts = m["ps" if role == "ps" else "workers"].split(",")
+    return int(hosts[int(index)].rsplit(":", 1)[1])
+
+
+@contextlib.contextmanager
+def _tmpfs(path: Path, size: str):
+    """A tmpfs of `size` mounted at `path` for the block: a disk that can be filled."""
+    path.mkdir(parents=True, exist_ok=True)
+    loopback_faults.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "sync-mnist-chaos",
+                         str(path)])
+    try:
+        yield path
+    finally:
+        loopback_faults.run(["umount", "--lazy", str(path)])
 
 
 def _leftovers(marker: Path, lines: list[str]) -> list[str]:
@@ -382,7 +476,8 @@ def classify(plan: Plan, seen: dict) -> tuple[str, list[str]]:
         category = "restarted" if summary and summary.get("restarts") else "verified"
     elif code in FAILURE_CODES:
         category = "failed-named"
-        if verified:
+        if verified and not (plan.fault in DISK_FAULTS
+                             and _export_failed_on_a_full_disk(code, lines)):
             defects.append("contradiction")  # the counters verified it, yet it failed
         elif summary and any(t.get("role") == "worker" and t.get("synchronous") is True
                              for t in summary.get("tasks", [])) \
@@ -391,12 +486,13 @@ def classify(plan: Plan, seen: dict) -> tuple[str, list[str]]:
             # (Not the model lost before the chief ended: its evaluation and SavedModel are
             # lost, and the README documents the failure.)
             defects.append("verified-but-failed")
-        if plan.max_restarts:
+        disk_full = plan.fault in DISK_FAULTS and _export_failed_on_a_full_disk(code, lines)
+        if plan.max_restarts and not disk_full:
             defects.append("restart-failed")  # issue 35: one restart mends any one fault
         if not seen["fault_landed"]:
             defects.append("no-fault-failed")
-        elif plan.fault == "stop-short":
-            defects.append("short-stop-failed")
+        elif plan.fault in SURVIVABLE and not disk_full:
+            defects.append("survivable-failed")
         elif not _names(lines, plan):
             defects.append("unnamed")
     elif code == config_lib.EXIT_PREEMPTED and plan.fault == "term" and seen["fault_landed"]:
@@ -429,6 +525,14 @@ def _model_lost(plan: Plan, code: int, summary: dict) -> bool:
     if plan.victim_kind == "chief":
         return plan.max_restarts == 0
     return plan.victim_kind == "ps" and (plan.fault == "kill" or plan.max_restarts == 0)
+
+
+def _export_failed_on_a_full_disk(code: int, lines: list[str]) -> bool:
+    """The documented failure of a full --logdir (README, "When something goes wrong"): the
+    chief could not write the trained model, exit 1, however the counters verified the run.
+    No restart frees a disk."""
+    return code == config_lib.EXIT_FAILED and any(
+        "error:" in line and "No space left on device" in line for line in lines)
 
 
 def _counters_agree(plan: Plan, s: dict) -> bool:
@@ -489,7 +593,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=None,
                    help="exactly this many runs instead (default: as --minutes allow)")
     p.add_argument("--quick", action="store_true",
-                   help="four fixed runs, one of each fault (the soak tier's form)")
+                   help="four fixed runs, one of each signal (the soak tier's form)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: from time)")
     p.add_argument("--timeout", type=float, default=20.0,
                    help="each cluster's --timeout (default: 20)")
@@ -506,8 +610,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else int(time.time())
     options = dict(timeout=args.timeout, train_steps=args.train_steps, log_every=log_every,
                    max_restarts=args.max_restarts)
+    left_out = loopback_faults.unavailable()
+    net_class = None
+    if left_out is None and not args.quick:
+        try:
+            net_class = loopback_faults.NetClass()
+        except loopback_faults.FaultError as e:
+            left_out = f"no net_cls cgroup: {e}"
+    if left_out and not args.quick:
+        print(f"chaos: network and disk faults left out: {left_out}", flush=True)
     plans = quick_plans(**options) if args.quick else plan_runs(
-        random.Random(seed), args.runs or 10_000, **options)
+        random.Random(seed), args.runs or 10_000, **options,
+        faults=SIGNAL_FAULTS if left_out else FAULTS)
     budget = None if args.quick or args.runs else args.minutes * 60
     print(f"chaos: seed {seed}; {len(plans) if budget is None else 'for'} "
           f"{'runs' if budget is None else f'{args.minutes:g} minutes'}; --timeout "
@@ -522,7 +636,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 mean = (time.monotonic() - started) / len(records) if records else 0.0
                 if budget is not None and time.monotonic() - started + mean > budget:
                     break
-                seen = run_one(plan, Path(tmp))
+                seen = run_one(plan, Path(tmp), net_class=net_class)
                 if seen["code"] == config_lib.EXIT_PREEMPTED:  # it must resume, and finish
                     again = run_one(plan, Path(tmp), fault=False)
                     seen["rerun"] = {k: again[k] for k in ("code", "summary", "wall_s")}
@@ -542,6 +656,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return config_lib.EXIT_INTERRUPTED
     finally:
+        if net_class is not None:
+            net_class.close()
         if records:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps({"seed": seed, "settings": options,

@@ -455,7 +455,7 @@ def _remove_cgroups(paths: list[Path]) -> list[str]:
                     os.kill(int(pid), signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            _rmdir_when_empty(path)
+            rmdir_when_empty(path)
         except FileNotFoundError:
             pass
         except OSError as e:
@@ -463,7 +463,7 @@ def _remove_cgroups(paths: list[Path]) -> list[str]:
     return errors
 
 
-def _rmdir_when_empty(path: Path, attempts: int = 50) -> None:
+def rmdir_when_empty(path: Path, attempts: int = 50) -> None:
     """rmdir of a cgroup fails with EBUSY until its killed processes are reaped (bounded)."""
     for _ in range(attempts - 1):
         try:
