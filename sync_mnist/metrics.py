@@ -7,6 +7,7 @@ so a slow or absent ps costs a log line, never a training step.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import tensorflow as tf
@@ -85,6 +86,66 @@ def stalled(side, state: sync.SharedState, members: membership.Membership,
         return "the ps is reachable but its counters cannot be read"
     return (f"contributions so far {[int(a) for a in accepted]}; missing: "
             f"{membership.missing([int(s) for s in last_push], int(step), config.cluster)}")
+
+
+class EventsWriter:
+    """The run's TensorBoard events in --logdir, which a disk that fills up costs, not the run.
+
+    TensorFlow's FileWriter writes from a thread of its own. When a write fails (ENOSPC), that
+    thread dies and every later call re-raises its error, so the chief's next summary, or its
+    checkpoint saver's next note, would fail the run. Here the first failure is one warning
+    naming the directory and the error; the events of the rest of the run are left out.
+    The one FileWriter per directory (FileWriterCache) is shared with CheckpointSaverHook,
+    which session.monitored_session hands this instead.
+    """
+
+    def __init__(self, logdir: str):
+        self.logdir = logdir
+        self.error: str | None = None
+        self._writer = tf1.summary.FileWriterCache.get(logdir)
+        if threading.excepthook is not _writer_thread_hook:
+            global _next_thread_hook
+            _next_thread_hook, threading.excepthook = threading.excepthook, _writer_thread_hook
+
+    def _guarded(self, call) -> None:
+        if self.error is not None:
+            return
+        try:
+            call()
+        except (RuntimeError, tf.errors.OpError) as e:
+            self.error = (f"could not write TensorBoard events to {self.logdir}: "
+                          f"{str(e).strip().splitlines()[0]}; training on without them")
+            log.warning("%s", self.error)
+
+    def add_summary(self, summary, global_step=None) -> None:
+        self._guarded(lambda: self._writer.add_summary(summary, global_step))
+
+    def add_session_log(self, session_log, global_step=None) -> None:
+        self._guarded(lambda: self._writer.add_session_log(session_log, global_step))
+
+    def add_graph(self, graph, global_step=None) -> None:
+        self._guarded(lambda: self._writer.add_graph(graph, global_step))
+
+    def add_meta_graph(self, meta_graph_def, global_step=None) -> None:
+        self._guarded(lambda: self._writer.add_meta_graph(meta_graph_def, global_step))
+
+    def flush(self) -> None:
+        self._guarded(self._writer.flush)
+
+    def close(self) -> None:
+        """Closes the events file, so that it ends complete (all of FileWriterCache's)."""
+        self._guarded(tf1.summary.FileWriterCache.clear)
+
+
+_next_thread_hook = threading.excepthook
+
+
+def _writer_thread_hook(args) -> None:
+    """The writer thread's error is raised again by the writer's next call, which
+    EventsWriter reports in one line: no traceback of the thread's own besides."""
+    if not (args.thread is not None and args.thread.name == "EventLoggerThread"
+            and issubclass(args.exc_type, RuntimeError)):
+        _next_thread_hook(args)
 
 
 def write_summaries(writer, counters: verdict_lib.Counters, **scalars) -> None:

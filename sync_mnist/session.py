@@ -318,7 +318,8 @@ def monitored_session(master: str, *, is_chief: bool, hooks: list, config: tf1.C
                       transient: Sequence[tf.Variable] = (), ps_hosts: Sequence[str] = (),
                       recovery_timeout: float | None = None,
                       status: SessionStatus | None = None,
-                      restore: Restorable | None = None) -> tf1.train.MonitoredSession:
+                      restore: Restorable | None = None,
+                      events=None) -> tf1.train.MonitoredSession:
     """A MonitoredSession for one worker.
 
     The chief keeps the model on the ps if it is there, else restores `restore` (see
@@ -336,6 +337,8 @@ def monitored_session(master: str, *, is_chief: bool, hooks: list, config: tf1.C
       status: filled in as sessions are created (and, on the chief, as saves fail).
       restore: the checkpoint the chief's first session restores, if the model is not on the
         ps (check_checkpoint's choice); later sessions restore the latest in checkpoint_dir.
+      events: the checkpoint saver's writer for its notes in the events file, in place of
+        TensorFlow's own (metrics.EventsWriter: a full disk does not fail the run).
     """
     status = status if status is not None else SessionStatus()
     tf.get_logger().addFilter(_recovery_log_filter)  # idempotent: a logger holds a filter once
@@ -358,7 +361,7 @@ def monitored_session(master: str, *, is_chief: bool, hooks: list, config: tf1.C
             prepare_timeout=bound, ps_hosts=ps_hosts)
         if checkpoint_dir:
             saver_hook = _SharedCheckpointSaverHook(
-                checkpoint_dir, timeout=bound, ps_hosts=ps_hosts, status=status,
+                checkpoint_dir, timeout=bound, ps_hosts=ps_hosts, status=status, events=events,
                 save_secs=save_secs,
                 save_steps=None if save_secs else save_steps, scaffold=scaffold)
             hooks.append(saver_hook)
@@ -436,10 +439,15 @@ class _SharedCheckpointSaverHook(tf1.train.CheckpointSaverHook):
     """
 
     def __init__(self, checkpoint_dir: str, *, timeout: float, ps_hosts: Sequence[str],
-                 status: SessionStatus, **kwargs):
+                 status: SessionStatus, events=None, **kwargs):
         super().__init__(checkpoint_dir, **kwargs)
         self._logdir, self._timeout, self._ps_hosts = checkpoint_dir, timeout, tuple(ps_hosts)
-        self._status, self._checked = status, False
+        self._status, self._checked, self._events = status, False, events
+
+    def begin(self):
+        super().begin()
+        if self._events is not None:  # the same events file, behind a guard against ENOSPC
+            self._summary_writer = self._events
 
     def _save(self, session, step):
         # Sync: the ps write the shards; a save has no RunOptions, so a stopped ps would hold

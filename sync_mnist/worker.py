@@ -266,8 +266,7 @@ class WorkerRun:
                     v for v in tf1.global_variables() if all(v is not t for t in transient)],
                     planned=self.target if self.train_config.mode == "sync" else None)
             # The writer CheckpointSaverHook also uses (one cache per logdir): one events file.
-            self.writer = (tf1.summary.FileWriterCache.get(str(self.logdir)) if self.logdir
-                           else None)
+            self.writer = metrics.EventsWriter(str(self.logdir)) if self.logdir else None
 
     @contextlib.contextmanager
     def join(self):
@@ -310,7 +309,7 @@ class WorkerRun:
         if self.evaluator is not None:
             self.evaluator.close()
         if self.writer:
-            tf1.summary.FileWriterCache.clear()  # closes, so the events file ends complete
+            self.writer.close()
 
     def _monitored_session(self, status: session.SessionStatus, chief_wait: float):
         config, train = self.config, self.train_config
@@ -322,7 +321,8 @@ class WorkerRun:
                     checkpoint_dir=str(self.logdir) if self.logdir else None,
                     save_steps=train.save_steps, save_secs=train.save_secs,
                     transient=self.g.transient, ps_hosts=config.cluster.ps_hosts,
-                    recovery_timeout=train.timeout, status=status, restore=self.restore)
+                    recovery_timeout=train.timeout, status=status, restore=self.restore,
+                    events=self.writer)
             except tf.errors.DeadlineExceededError:
                 raise TaskTimeout(
                     f"worker {config.index}: waited {chief_wait:g} s for the chief (worker 0 at "
