@@ -76,6 +76,8 @@ class TaskResult:
     rejoined: bool = False  # restarted into a running cluster; took its predecessor's token
     sessions: int | None = None  # sessions created; more than 1: a ps was lost and came back
     lost: list[int] | None = None  # workers the chief declared lost at the finish
+    # The launcher: why it stopped this task after a verified run that did without it.
+    spared: str | None = None
     restarts: int = 0  # times the launcher restarted this task (--max-restarts)
     peak_rss_mb: float | None = None  # this process's peak resident memory (ru_maxrss)
     # Sync: the global step after the update this worker's last push joined (its last token);
@@ -177,6 +179,8 @@ def latest_reading(results: list[TaskResult]) -> TaskResult | None:
 
 
 def _note(result: TaskResult) -> str:
+    if result.spared:
+        return f"stopped after the verified run: {result.spared}"
     if result.blocked:
         return f"BLOCKED: {result.error}" if result.error else "BLOCKED"
     if result.error:

@@ -68,6 +68,7 @@ class _Task:
         self.lost = False  # a worker that died while backups carried on without it
         self.spent = False  # a task that died once the chief had verified the run and ended
         self.overdue: str | None = None  # why the launcher stopped it past a bound of its own
+        self.spared: str | None = None  # why a verified run did without it (spared_at_the_end)
         self.pids: list[int] = []  # every process started for it, the current one last
         self.waiting_for_chief = threading.Event()
         self.ready = False  # it logged `ready after`: it joined the training
@@ -158,6 +159,8 @@ class _Task:
         if self.stopped:
             result.blocked = True
             result.error = "still running at the end; stopped by the launcher"
+        if self.spared:  # not blocked: the verified run did without it
+            result.blocked, result.error, result.spared = False, None, self.spared
         if self.overdue:
             result.blocked, result.error = True, self.overdue
         return result
@@ -656,10 +659,11 @@ def _wait(tasks: list[_Task], policy: _Policy, *, ps_serve_forever: bool,
             continue
         spared = policy.spared_at_the_end(live)
         for t in spared:
-            log.warning("%s %s, after the chief had verified the run and ended: %s; stopping it",
-                        t.tag, why, "no worker is left to report done to it" if t.role == "ps"
+            t.spared = ("no worker is left to report done to it" if t.role == "ps"
                         else "a backup the run did without" if t.lost
                         else "a replacement that never joined the run")
+            log.warning("%s %s, after the chief had verified the run and ended: %s; stopping it",
+                        t.tag, why, t.spared)
         live = [t for t in live if t not in spared]
         if not live:
             return None

@@ -242,3 +242,23 @@ def test_a_ps_left_waiting_for_done_reports_after_a_verified_run_is_stopped_not_
     tasks = [ps, chief, gave_up, still]
     assert _wait(tasks, max_restarts=3, spare_workers=0, end_bound=0.0) is ps
     assert "stopped by the launcher" in ps.overdue and "stopped by the launcher" in still.overdue
+
+
+def test_a_task_spared_at_the_end_is_stopped_but_not_reported_blocked(tmp_path):
+    """Before, the summary's row of a ps stopped after a verified run said "BLOCKED: still
+    running at the end", in a run that ended 0."""
+    from sync_mnist import report
+    from sync_mnist.launcher import launch
+
+    task = launch._Task.__new__(launch._Task)  # its fields only: no process is started
+    task.role, task.index, task.summary = "ps", 0, tmp_path / "none.json"
+    task.proc = type("Proc", (), {"returncode": -2})()
+    task.restarts, task.lost, task.spent, task.overdue = 0, False, False, None
+    task.stopped, task.spared = True, None
+    assert report._note(task.result()) == (
+        "BLOCKED: still running at the end; stopped by the launcher")
+    task.spared = "no worker is left to report done to it"
+    result = task.result()
+    assert not result.blocked and result.error is None
+    assert report._note(result) == ("stopped after the verified run: no worker is left to "
+                                    "report done to it")
