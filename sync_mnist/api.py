@@ -159,8 +159,8 @@ class Model:
         the chief calls it, after training (or at the first --eval-every evaluation).
       serving_input_fn: serving_input_fn(params) -> (inputs, features), for the SavedModel;
         None: the signature takes the features as the training data has them.
-      params: the defaults of the `params` the functions are given; --param KEY=VALUE
-        overrides them.
+      params: the `params` the functions are given, with the data options added: "dataset",
+        "data_dir" and "seed". No command-line option overrides them.
     """
 
     model_fn: Callable
