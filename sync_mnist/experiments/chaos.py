@@ -14,17 +14,18 @@ start-up, the training or the end of the run:
   partition-short/long
                    every packet the task sends, and every one sent to its port, dropped for
                    less or more than --timeout (loopback_faults.py: in the launcher's
-                   namespace, by the task's net_cls class and port)
+                   namespace, by the task's net_cls class and port). The fault is the
+                   process's, as a stop is: a replacement the launcher starts is not cut off
   loss             5 % of those packets dropped, for longer than --timeout
   delay            each of those packets held 200 ms, for longer than --timeout
   disk-full        the run's --logdir (a 64 MB tmpfs) filled to its last block for less than
                    --timeout, then freed (the victim is the chief, which writes there)
-The network and disk faults need root; elsewhere they are left out, and the soak says so. A run that ends preempted (143) is run again
-with the same --logdir, with no fault: it must resume and end verified, its contributions the
-whole plan. The victim
-is found by the pid the launcher logs when it starts a task (`started worker 1 (pid N)`), and
-checked to be a child of that launcher before each signal: the soak signals nothing else. What
-is left when the launcher has ended is killed by process group.
+The network and disk faults need root; elsewhere they are left out, and the soak says so.
+A run that ends preempted (143) is run again with the same --logdir, with no fault: it must
+resume and end verified, its contributions the whole plan. The victim is found by the pid the
+launcher logs when it starts a task (`started worker 1 (pid N)`), and checked to be a child of
+that launcher before each signal: the soak signals nothing else. What is left when the
+launcher has ended is killed by process group.
 
 Each run is classified against the README, from the launcher's exit code, its --summary-json
 and its output:
@@ -44,8 +45,8 @@ and its output:
                 allowed ended as a failure; not the documented exit 1 of a full disk at the
                 export), unnamed (a failure whose messages do not name the victim),
                 survivable-failed (a stop or partition shorter than --timeout, the loss, the
-                delay or a full disk failed the run, other than that exit 1), no-fault-failed (the fault never landed,
-                and the run failed all the same)
+                delay or a full disk failed the run, other than that exit 1), no-fault-failed
+                (the fault never landed, and the run failed all the same)
 A fault that lands after its victim has ended is "missed"; the run is classified all the same.
 
 It prints one line per run, then the outcomes by (victim, fault) and by phase, and writes every
@@ -395,6 +396,14 @@ def _inject(plan: Plan, launcher: _Launcher, pid: int | None, identity: str | No
     except BaseException:
         fault.heal()  # what was made of it; the error is the soak's own, and ends it
         raise
+
+    def release_at_the_restart():  # the fault is the process's, as a stop is
+        if launcher.wait_for(lambda line: (m := _STARTED.search(line)) is not None
+                             and m["task"] == plan.victim and int(m["pid"]) != pid,
+                             time.monotonic() + plan.pause):
+            fault.release_port()
+
+    threading.Thread(target=release_at_the_restart, daemon=True).start()
     return True, fault.heal
 
 
@@ -569,15 +578,15 @@ def tables(records: list[dict]) -> str:
     """The outcomes by (victim, fault) and by the phase the fault landed in."""
     columns = ("verified", "restarted", "preempted", "failed-named", "defect")
     out = []
-    for title, key in (("victim  fault", lambda r: f"{r['victim_kind']:<7} {r['fault']}"),
+    for title, key in (("victim  fault", lambda r: f"{r['victim_kind']:<7} {r['fault']:<15}"),
                        ("phase", lambda r: r["phase_seen"] or "missed")):
         counts = collections.defaultdict(collections.Counter)
         for r in records:
             counts[key(r)][r["category"] if r["category"] in columns else "defect"] += 1
-        out.append(f"{title:<20}{'runs':>6}" + "".join(f"{c:>14}" for c in columns))
+        out.append(f"{title:<24}{'runs':>6}" + "".join(f"{c:>14}" for c in columns))
         for row in sorted(counts):
             c = counts[row]
-            out.append(f"{row:<20}{sum(c.values()):>6}" + "".join(f"{c[k]:>14}" for k in columns))
+            out.append(f"{row:<24}{sum(c.values()):>6}" + "".join(f"{c[k]:>14}" for k in columns))
         out.append("")
     kinds = collections.Counter(d for r in records for d in r["defects"])
     out.append("defects: " + (", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) or "none"))

@@ -7,8 +7,10 @@ nftables' output hook, which every packet on loopback passes once:
   - every packet the victim's process sends: the process is moved into a cgroup v1 net_cls
     class of its own, which retags its sockets, open ones included, and `meta cgroup`
     matches the class;
-  - every packet sent to the victim's server port, from its peers.
-A replacement the launcher starts for the victim is outside the class: only its port matches.
+  - every packet sent to the victim's server port, from its peers, while the victim lives.
+The fault is the process's, as a SIGSTOP is: once the launcher has replaced the victim (a pod
+made again elsewhere), `release_port` lifts the port's rule, and the replacement, outside the
+class, is not cut off.
 
   partition  all of them dropped: the victim and its peers see silence, no error
   loss       each dropped with a probability
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -36,7 +37,8 @@ from pathlib import Path
 from sync_mnist.experiments import testbed
 
 CLASSID = 0x5EED0001  # the victim's net_cls class: any value no one else here uses
-TABLE = "sync_mnist_chaos"
+TABLE = "sync_mnist_chaos"  # the rule on the victim's class
+PORT_TABLE = "sync_mnist_chaos_port"  # the rule on its port
 QUEUE = 7  # the NFQUEUE number the delay process serves
 COMMAND_SECS = 30.0  # nft, mount: bounded generously for a loaded machine
 
@@ -108,14 +110,16 @@ class LoopbackFault:
         self.net_class = net_class
         self.nsenter = ["nsenter", f"--net=/proc/{holder_pid}/ns/net"]
         self._delayer: subprocess.Popen | None = None
+        self._port: int | None = None
         self._healing = threading.Lock()  # heal: from the soak's timer, and again at the end
 
     def _rules(self, port: int, action: str) -> None:
-        run([*self.nsenter, "nft", "-f", "-"], stdin=(
-            f"table inet {TABLE} {{\n chain out {{\n"
-            "  type filter hook output priority 0; policy accept;\n"
-            f"  meta cgroup {CLASSID} {action}\n"
-            f"  tcp dport {port} {action}\n }}\n}}\n"))
+        for table, match in ((TABLE, f"meta cgroup {CLASSID}"), (PORT_TABLE, f"tcp dport {port}")):
+            run([*self.nsenter, "nft", "-f", "-"], stdin=(
+                f"table inet {table} {{\n chain out {{\n"
+                "  type filter hook output priority 0; policy accept;\n"
+                f"  {match} {action}\n }}\n}}\n"))
+        self._port = port
 
     def partition(self, pid: int, port: int) -> None:
         self.net_class.enter(pid)
@@ -136,30 +140,36 @@ class LoopbackFault:
         if first != "ready":
             raise FaultError(f"the delay process did not start: {first or 'no output'}")
         self.net_class.enter(pid)
-        for match in (["-m", "cgroup", "--cgroup", str(CLASSID)], ["-p", "tcp", "--dport",
-                                                                  str(port)]):
+        for match in (["-m", "cgroup", "--cgroup", str(CLASSID)],
+                      ["-p", "tcp", "--dport", str(port)]):
             run([*self.nsenter, "iptables", "-w", "-t", "mangle", "-A", "OUTPUT", *match,
                  "-j", "NFQUEUE", "--queue-num", str(QUEUE)])
+        self._port = port
 
-    def dropped(self) -> int:
-        """Packets the rules have matched so far (0 once healed)."""
-        try:
-            text = run([*self.nsenter, "nft", "list", "table", "inet", TABLE])
-        except FaultError:
-            return 0
-        return sum(int(n) for n in re.findall(r"counter packets (\d+)", text))
+    def release_port(self) -> None:
+        """Lifts the rule on the victim's port: its replacement listens there now."""
+        with self._healing:
+            self._undo(["nft", "delete", "table", "inet", PORT_TABLE],
+                       ["iptables", "-w", "-t", "mangle", "-D", "OUTPUT", "-p", "tcp", "--dport",
+                        str(self._port), "-j", "NFQUEUE", "--queue-num", str(QUEUE)])
+
+    def _undo(self, *commands: list[str]) -> None:
+        for argv in commands:
+            try:
+                run([*self.nsenter, *argv])
+            except FaultError as e:
+                # No such table or rule (never made, or undone already), or no namespace: the
+                # run has ended and its rules went with it.
+                if "No such" not in str(e) and "Bad rule" not in str(e):
+                    raise
 
     def heal(self) -> None:
         """Removes the rules (if the namespace still exists) and the delay process, and moves
         the victim back out of its class. Twice is harmless."""
         with self._healing:
-            for argv in (["nft", "delete", "table", "inet", TABLE],
-                         ["iptables", "-w", "-t", "mangle", "-F", "OUTPUT"]):
-                try:
-                    run([*self.nsenter, *argv])
-                except FaultError as e:
-                    if "No such" not in str(e):  # the table, or the namespace, already gone
-                        raise
+            self._undo(["nft", "delete", "table", "inet", TABLE],
+                       ["nft", "delete", "table", "inet", PORT_TABLE],
+                       ["iptables", "-w", "-t", "mangle", "-F", "OUTPUT"])
             if self._delayer is not None:
                 self._delayer.terminate()
                 self._delayer.stdin.close()
