@@ -274,6 +274,14 @@ def run_mwms_ctr(args, worker_hosts) -> None:
     (its _apply_sparse_duplicate_indices: the gathered rows of two workers may coincide), then
     ResourceSparseApplyAdagrad on the table, ResourceApplyAdagrad on the dense layers.
 
+    The step reads and updates this worker's own copy of each variable (the strategy's local
+    component, strategy.experimental_local_results), which it may: every worker applies the
+    same all-reduced gradient to identical copies. Not the MirroredVariable itself: in
+    TensorFlow 2.21 `tf.gather` and `tf.nn.embedding_lookup` of a MirroredVariable read the
+    whole variable (ReadVariableOp, 64 MB, then GatherV2) in every step, which cost this step
+    about 6 ms more at 1 worker (docs/sparse.md); the local component's is a ResourceGather of
+    the rows.
+
     After the last step worker 0 logs the log-loss on the evaluation clicks (ctr.eval_input_fn's
     50,000) beside the planted model's, as the PS chief's evaluation does.
     """
@@ -315,6 +323,12 @@ def run_mwms_ctr(args, worker_hosts) -> None:
         initial = params["initial_accumulator"]
         table_accumulator = variable(lambda: tf.fill([rows, dimension], initial))
         dense_accumulators = [variable(tf.fill(shape, initial)) for shape in shapes]
+
+    def local(v):  # this worker's copy: one device per worker, so one local component
+        return strategy.experimental_local_results(v)[0]
+
+    table, table_accumulator = local(table), local(table_accumulator)
+    dense, dense_accumulators = [local(v) for v in dense], [local(v) for v in dense_accumulators]
 
     def logits_of(ids):
         distinct, position = tf.unique(tf.reshape(ctr.hashed_rows(ids, rows), [-1]))
