@@ -109,8 +109,8 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
                    help="steps of worker 0 per run (default: 400; --quick: 200)")
     p.add_argument("--profile", action="store_true",
                    help="instead of the benchmark, trace one synchronous step (1 ps + 1 "
-                        "worker) and the chief's update with FULL_TRACE: Chrome traces and a "
-                        "summary in OUT/profile (default: off)")
+                        "worker; of --model) and the chief's update with FULL_TRACE: Chrome "
+                        "traces and a summary in OUT/profile (default: off)")
     p.add_argument("--out", type=Path, default=Path("bench-results"),
                    help="directory for bench.json and bench.png (default: bench-results)")
     args = p.parse_args(argv)
@@ -640,7 +640,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if config.profile:
         from sync_mnist.experiments import bench_profile
 
-        return bench_profile.main(config.out / "profile")
+        return bench_profile.main(config.out / "profile", config.model)
     log.info("%s model, %d runs: %s x %d repeats, %d steps each; figures from a shared "
              "machine are indicative only", config.model, len(plan(config)) * config.repeats,
              ", ".join(f"{s} x{n}" for s, n in plan(config)), config.repeats, config.steps)
