@@ -285,7 +285,6 @@ def run_mwms_ctr(args, worker_hosts) -> None:
     After the last step worker 0 logs the log-loss on the evaluation clicks (ctr.eval_input_fn's
     50,000) beside the planted model's, as the PS chief's evaluation does.
     """
-    import numpy as np
     import tensorflow as tf
 
     from sync_mnist import data
@@ -371,14 +370,24 @@ def run_mwms_ctr(args, worker_hosts) -> None:
         if step % args.log_every == 0:
             _step_line(step, step)
     if args.index == 0:
-        evaluation = ctr.generate(params, params["eval_examples"], part=1)
-        logits_fn = tf.function(logits_of)
-        logits = np.concatenate([logits_fn(tf.constant(evaluation.ids[k:k + 10_000])).numpy()
-                                 for k in range(0, len(evaluation.labels), 10_000)])
-        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
-            labels=evaluation.labels, logits=logits)).numpy()
-        log.info("log_loss=%.4f planted_log_loss=%.4f on %d evaluation examples", loss,
-                 evaluation.planted_log_loss(), len(evaluation.labels))
+        _log_ctr_log_loss(tf.function(logits_of), params)
+
+
+def _log_ctr_log_loss(logits_of, params: dict, chunk: int = 10_000) -> None:
+    """Logs the log-loss of `logits_of` (ids -> logits) on the ctr model's evaluation clicks
+    (ctr.eval_input_fn's), beside the planted model's, as the PS chief's evaluation does."""
+    import numpy as np
+    import tensorflow as tf
+
+    from sync_mnist.models import ctr
+
+    clicks = ctr.generate(params, params["eval_examples"], part=1)
+    logits = np.concatenate([logits_of(tf.constant(clicks.ids[k:k + chunk])).numpy()
+                             for k in range(0, len(clicks.labels), chunk)])
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+        labels=clicks.labels, logits=logits)).numpy()
+    log.info("log_loss=%.4f planted_log_loss=%.4f on %d evaluation examples", loss,
+             clicks.planted_log_loss(), len(clicks.labels))
 
 
 if __name__ == "__main__":
