@@ -13,6 +13,13 @@ Adam and batch 100 per worker:
   sync-noproof  the same without the counters (hidden --bench-no-proof): the price of the proof
   mwms          TF2 MultiWorkerMirroredStrategy, RING all-reduce on CPU (bench_tasks.py)
 
+`--model ctr` runs the sparse click-through-rate model (models/ctr.py: a 1,000,000 x 16 table
+on the ps, Adagrad, batch 100 per worker, its planted clicks) in the rows that can hold it:
+async, sync, sync-2ps and mwms (the same model, each worker holding the whole table; the
+table's gradient all-gathered, bench_tasks.run_mwms_ctr). Each row also gets the log-loss of
+the trained model on the same 50,000 evaluation clicks, worker 0's figure after the run,
+beside the planted model's; and the peak RSS of the largest ps and of the largest worker.
+
 Every run is timed over a steady window: from worker 0's first progress line to its line at
 90% of the steps, so start-up, graph registration and the finish are left out. CPU time is
 that of every process of the run over the same window (/proc/<pid>/stat). Start-up is from
@@ -44,11 +51,17 @@ log = logging.getLogger("sync_mnist.experiments.bench")
 
 SETUPS = ("floor", "single", "async", "sync", "sync-bf16", "sync-2ps", "sync-noproof", "mwms")
 SETUP_PS = {"sync-2ps": 2}  # ps tasks of a setup, where not 1
+MODELS = ("mlp", "ctr")
+CTR_SETUPS = ("async", "sync", "sync-2ps", "mwms")  # the rows that run the sparse model
 BATCH = 100
 RUN_TIMEOUT_SECS = 240.0  # one run, start to finish; then its processes are killed
 WINDOW_END = 0.9  # the window ends at worker 0's progress line at this fraction of the steps
 _STEP_LINE = re.compile(r"\bstep=(\d+) global_step=(\d+)")
 _READY_LINE = re.compile(r"ready after|ready to step")
+# Worker 0's evaluation (the PS chief's and bench_tasks.run_mwms_ctr's): the model's log-loss
+# and the planted model's on the same evaluation clicks.
+_LOG_LOSS = re.compile(r"\blog_loss=([0-9.]+)")
+_PLANTED_LOG_LOSS = re.compile(r"\bplanted_log_loss=([0-9.]+)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +74,12 @@ class BenchConfig:
     out: Path = Path("bench-results")
     quick: bool = False
     profile: bool = False
+    model: str = "mlp"  # or "ctr": the sparse model, in CTR_SETUPS only
+
+
+def setups_of(model: str) -> tuple[str, ...]:
+    """The setups that can run `model`, in the table's order."""
+    return CTR_SETUPS if model == "ctr" else SETUPS
 
 
 def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
@@ -70,14 +89,19 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         description="Benchmark the synchronous PS cluster against a single process, async "
                     "training, the transport floor and MultiWorkerMirroredStrategy. Takes "
                     "about 12 minutes on 2 cores (--quick: about 2).")
+    p.add_argument("--model", choices=MODELS, default="mlp",
+                   help="mlp: the question's MLP with Adam; ctr: the sparse click-through-rate "
+                        f"model (models/ctr.py), in the setups {','.join(CTR_SETUPS)} only, with "
+                        "the log-loss of each run (default: mlp)")
     p.add_argument("--quick", action="store_true",
-                   help="only the runs the targets compare (floor, single and sync with 1 "
-                        "worker; async, sync, sync-noproof and mwms with 2), 1 repeat, 200 "
-                        "steps (default: off)")
+                   help="only the runs the targets compare (mlp: floor, single and sync with 1 "
+                        "worker; async, sync, sync-noproof and mwms with 2; ctr: sync and mwms "
+                        "with 2 and 3), 1 repeat, 200 steps (default: off)")
     p.add_argument("--workers", default=None,
                    help="comma-separated worker counts (default: 1,2,3)")
     p.add_argument("--setups", default=None,
-                   help=f"comma-separated subset of {','.join(SETUPS)} (default: all)")
+                   help=f"comma-separated subset of {','.join(SETUPS)} (default: all the "
+                        "model's)")
     p.add_argument("--repeats", type=int, default=None,
                    help="runs of each setup; the table shows their median and spread "
                         "(default: 2; --quick: 1)")
@@ -85,8 +109,8 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
                    help="steps of worker 0 per run (default: 400; --quick: 200)")
     p.add_argument("--profile", action="store_true",
                    help="instead of the benchmark, trace one synchronous step (1 ps + 1 "
-                        "worker) and the chief's update with FULL_TRACE: Chrome traces and a "
-                        "summary in OUT/profile (default: off)")
+                        "worker; of --model) and the chief's update with FULL_TRACE: Chrome "
+                        "traces and a summary in OUT/profile (default: off)")
     p.add_argument("--out", type=Path, default=Path("bench-results"),
                    help="directory for bench.json and bench.png (default: bench-results)")
     args = p.parse_args(argv)
@@ -95,10 +119,15 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         workers = _ints(args.workers) if args.workers else (() if quick else (1, 2, 3))
     except ValueError:
         p.error(f"--workers {args.workers!r} is not a comma-separated list of whole numbers")
-    setups = tuple(args.setups.split(",")) if args.setups else SETUPS
+    valid = setups_of(args.model)
+    setups = tuple(args.setups.split(",")) if args.setups else valid
     unknown = [s for s in setups if s not in SETUPS]
     if unknown:
         p.error(f"--setups: unknown {','.join(unknown)} (choose from {','.join(SETUPS)})")
+    other = [s for s in setups if s not in valid]
+    if other:
+        p.error(f"--setups: {','.join(other)} cannot run --model {args.model} (choose from "
+                f"{','.join(valid)})")
     if any(w < 1 or w > 8 for w in workers):
         p.error(f"--workers {args.workers}: each count must be 1-8")
     repeats = args.repeats if args.repeats is not None else (1 if quick else 2)
@@ -109,7 +138,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         p.error(f"--steps must be at least 20 (the window needs progress lines), got {steps}")
     return BenchConfig(workers=workers, setups=setups, repeats=repeats, steps=steps,
                        log_every=max(1, steps // 10), out=args.out, quick=quick,
-                       profile=args.profile)
+                       profile=args.profile, model=args.model)
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -119,15 +148,19 @@ def _ints(text: str) -> tuple[int, ...]:
 # --quick: the runs issue 8's targets compare, once each.
 QUICK_PLAN = (("floor", 1), ("single", 1), ("sync", 1), ("async", 2), ("sync", 2),
               ("sync-noproof", 2), ("mwms", 2))
+# --model ctr --quick: the runs issue 36's target compares (sync against MWMS, 2 and 3 workers).
+CTR_QUICK_PLAN = (("sync", 2), ("mwms", 2), ("sync", 3), ("mwms", 3))
 
 
 def plan(config: BenchConfig) -> list[tuple[str, int]]:
     """(setup, workers) pairs to run, in order; `single` runs once per repeat (1 worker).
 
-    --quick without --workers runs QUICK_PLAN (restricted to --setups).
+    --quick without --workers runs QUICK_PLAN, or CTR_QUICK_PLAN for the ctr model
+    (restricted to --setups).
     """
     if config.quick and config.workers == ():
-        return [(s, n) for s, n in QUICK_PLAN if s in config.setups]
+        quick = CTR_QUICK_PLAN if config.model == "ctr" else QUICK_PLAN
+        return [(s, n) for s, n in quick if s in config.setups]
     pairs = []
     for setup in (s for s in SETUPS if s in config.setups):
         counts = (1,) if setup == "single" else config.workers
@@ -150,6 +183,10 @@ class Sample:
     cpu_s: float | None = None  # CPU of every process of the run over the window
     startup_s: float | None = None
     peak_rss_mb: float | None = None  # summed over the run's processes
+    ps_rss_mb: float | None = None  # the largest ps's peak RSS
+    worker_rss_mb: float | None = None  # the largest worker's
+    log_loss: float | None = None  # ctr: worker 0's evaluation after the run
+    planted_log_loss: float | None = None  # the planted model's, same evaluation clicks
     error: str | None = None
 
 
@@ -176,6 +213,12 @@ class Row:
     vs_single: float | None = None  # examples/s over the single process's
     startup_s: float | None = None
     peak_rss_mb: float | None = None
+    ps_rss_mb: float | None = None
+    worker_rss_mb: float | None = None
+    log_loss: float | None = None
+    log_loss_min: float | None = None
+    log_loss_max: float | None = None
+    planted_log_loss: float | None = None
     errors: list[str] = dataclasses.field(default_factory=list)
 
 
@@ -200,6 +243,12 @@ def summarise(samples: Sequence[Sample]) -> list[Row]:
                  row.cpu_ms_per_update_max) = _spread(cpu)
             row.startup_s = _median([s.startup_s for s in good])
             row.peak_rss_mb = _median([s.peak_rss_mb for s in good])
+            row.ps_rss_mb = _median([s.ps_rss_mb for s in good])
+            row.worker_rss_mb = _median([s.worker_rss_mb for s in good])
+            losses = [s.log_loss for s in good if s.log_loss is not None]
+            if losses:
+                row.log_loss, row.log_loss_min, row.log_loss_max = _spread(losses)
+            row.planted_log_loss = _median([s.planted_log_loss for s in good])
         rows.append(row)
     single = next((r.examples_per_s for r in rows if r.setup == "single"), None)
     for row in rows:
@@ -249,11 +298,36 @@ def targets(rows: Sequence[Row], baseline_sync2: float | None = None) -> list[st
     return lines
 
 
+def ctr_targets(rows: Sequence[Row]) -> list[str]:
+    """Issue 36's target, as lines: sync against MultiWorkerMirroredStrategy on the ctr model
+    at each worker count from 2 that both ran, examples/s and log-loss side by side. (At 1
+    worker MWMS is one process with no all-reduce, a baseline and not the target.)"""
+    by = {(r.setup, r.workers): r for r in rows}
+    lines = []
+    for n in sorted({r.workers for r in rows if r.workers >= 2}):
+        sync, mwms = by.get(("sync", n)), by.get(("mwms", n))
+        if not (sync and mwms and sync.examples_per_s and mwms.examples_per_s):
+            continue
+        line = (f"sync / MultiWorkerMirroredStrategy, ctr, {n} workers: "
+                f"{sync.examples_per_s / mwms.examples_per_s:.2f}x ({sync.examples_per_s:,.0f} "
+                f"vs {mwms.examples_per_s:,.0f} examples/s; target >= 1.5x at equal or better "
+                "log-loss)")
+        if sync.log_loss is not None and mwms.log_loss is not None:
+            line += (f"; log-loss {sync.log_loss:.4f} vs {mwms.log_loss:.4f}"
+                     + (f", planted {sync.planted_log_loss:.4f}"
+                        if sync.planted_log_loss is not None else ""))
+        lines.append(line)
+    return lines
+
+
 def format_table(rows: Sequence[Row]) -> str:
-    """The table on stdout: medians, with the min-max spread of the repeats."""
+    """The table on stdout: medians, with the min-max spread of the repeats; the log-loss
+    columns where some row has one (the ctr model)."""
+    losses = any(r.log_loss is not None for r in rows)
     head = (f"{'setup':<13}{'workers':>7}{'runs':>5}{'examples/s':>11} {'(min-max)':<15}"
             f"{'updates/s':>10}{'ms/update':>10} {'(min-max)':<12}{'CPU ms/upd':>11}"
-            f"{'x single':>9}{'start s':>8}{'RSS MB':>8}")
+            f"{'x single':>9}{'start s':>8}{'RSS MB':>8}{'ps MB':>7}{'wkr MB':>7}"
+            + (f"{'log-loss':>9} {'(min-max)':<16}{'planted':>8}" if losses else ""))
     lines = [head]
     for r in rows:
         if r.examples_per_s is None:
@@ -267,6 +341,10 @@ def format_table(rows: Sequence[Row]) -> str:
             f"{_range(r.ms_per_update_min, r.ms_per_update_max, '.2f'):<12}"
             f"{_fmt(r.cpu_ms_per_update, '.2f'):>11}{_fmt(r.vs_single, '.2f'):>9}"
             f"{_fmt(r.startup_s, '.1f'):>8}{_fmt(r.peak_rss_mb, ',.0f'):>8}"
+            f"{_fmt(r.ps_rss_mb, ',.0f'):>7}{_fmt(r.worker_rss_mb, ',.0f'):>7}"
+            + (f"{_fmt(r.log_loss, '.4f'):>9} "
+               f"{_range(r.log_loss_min, r.log_loss_max, '.4f'):<16}"
+               f"{_fmt(r.planted_log_loss, '.4f'):>8}" if losses else "")
             + (f"  ({len(r.errors)} failed)" if r.errors else ""))
     return "\n".join(lines)
 
@@ -285,12 +363,12 @@ def to_json(config: BenchConfig, rows: Sequence[Row], samples: Sequence[Sample],
         "config": {**dataclasses.asdict(config), "out": str(config.out), "batch": BATCH},
         "rows": [dataclasses.asdict(r) for r in rows],
         "samples": [dataclasses.asdict(s) for s in samples],
-        "targets": targets(rows),
+        "targets": ctr_targets(rows) if config.model == "ctr" else targets(rows),
         **(extra or {}),
     }
 
 
-def plot(rows: Sequence[Row], path: Path) -> str | None:
+def plot(rows: Sequence[Row], path: Path, model: str = "mlp") -> str | None:
     """Throughput against workers, one line per setup; returns why not, if it cannot."""
     try:
         import matplotlib
@@ -317,7 +395,7 @@ def plot(rows: Sequence[Row], path: Path) -> str | None:
     ax.set_xlabel("workers")
     ax.set_ylabel("examples/s (median, min-max of repeats)")
     ax.set_xticks(sorted({r.workers for r in rows}))
-    ax.set_title(f"sync_mnist bench ({os.cpu_count()} CPUs)")
+    ax.set_title(f"sync_mnist bench, {model} model ({os.cpu_count()} CPUs)")
     ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -412,11 +490,13 @@ def _task_argvs(setup: str, n: int, ps: list[str], workers: list[str],
     if setup == "mwms":
         return [(f"worker {i}", own + ["mwms", "--index", str(i), "--worker-hosts",
                                        ",".join(workers), "--steps", steps,
-                                       "--log-every", every]) for i in range(n)]
+                                       "--log-every", every, "--model", config.model])
+                for i in range(n)]
     extra = {"async": ["--mode", "async"], "sync": [], "sync-2ps": [],
              "sync-bf16": ["--wire-dtype", "bfloat16"],
              "sync-noproof": ["--bench-no-proof"]}[setup]
-    common = [*hosts, "--dataset", "synthetic", "--train-steps", steps, "--log-every", every,
+    data = ["--model", "ctr"] if config.model == "ctr" else ["--dataset", "synthetic"]
+    common = [*hosts, *data, "--train-steps", steps, "--log-every", every,
               "--timeout", "120", *extra]
     return [(f"ps {i}", [py, "-m", "sync_mnist", "--role", "ps", "--index", str(i), *common])
             for i in range(len(ps))] + [
@@ -485,8 +565,11 @@ def run_one(setup: str, n: int, config: BenchConfig, *, num_ps: int = 1,
             bad = next((p for p in must_end if p.exit_code != 0), None)
             if bad:
                 sample.error = f"{bad.name} exited {bad.exit_code}: {bad.tail()}"
-        sample.peak_rss_mb = sum(p.maxrss_kb if p.exit_code is not None else p.peak_rss_kb()
-                                 for p in procs) / 1024
+        peak = {p.name: (p.maxrss_kb if p.exit_code is not None else p.peak_rss_kb()) / 1024
+                for p in procs}
+        sample.peak_rss_mb = sum(peak.values())
+        sample.ps_rss_mb = max((v for k, v in peak.items() if k.startswith("ps")), default=None)
+        sample.worker_rss_mb = max(v for k, v in peak.items() if k.startswith("worker"))
     finally:
         for p in procs:
             p.kill()
@@ -494,7 +577,18 @@ def run_one(setup: str, n: int, config: BenchConfig, *, num_ps: int = 1,
         fill_window(sample, ticks, config.steps, os.sysconf("SC_CLK_TCK"))
         if ready:
             sample.startup_s = ready[0] - started
+        chief = next(p for p in procs if p.name == "worker 0")
+        sample.log_loss, sample.planted_log_loss = read_log_loss(chief.lines)
     return sample
+
+
+def read_log_loss(lines: Sequence[str]) -> tuple[float | None, float | None]:
+    """(log_loss, planted_log_loss) from worker 0's evaluation line, where it has one."""
+    for line in reversed(lines):
+        model, planted = _LOG_LOSS.search(line), _PLANTED_LOG_LOSS.search(line)
+        if model and planted:
+            return float(model.group(1)), float(planted.group(1))
+    return None, None
 
 
 def fill_window(sample: Sample, ticks: Sequence[tuple[float, int, int, int]], steps: int,
@@ -546,9 +640,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if config.profile:
         from sync_mnist.experiments import bench_profile
 
-        return bench_profile.main(config.out / "profile")
-    log.info("%d runs: %s x %d repeats, %d steps each; figures from a shared machine are "
-             "indicative only", len(plan(config)) * config.repeats,
+        return bench_profile.main(config.out / "profile", config.model)
+    log.info("%s model, %d runs: %s x %d repeats, %d steps each; figures from a shared "
+             "machine are indicative only", config.model, len(plan(config)) * config.repeats,
              ", ".join(f"{s} x{n}" for s, n in plan(config)), config.repeats, config.steps)
     started = time.monotonic()
     samples = run_all(config)
@@ -558,13 +652,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "wall_s": time.monotonic() - started,
         "load_average_at_end": os.getloadavg(),
         "cpus": os.cpu_count()})
-    (config.out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
+    stem = "bench" if config.model == "mlp" else f"bench-{config.model}"
+    (config.out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     print(format_table(rows))
     for line in result["targets"]:
         print(line)
-    why_not = plot(rows, config.out / "bench.png")
-    print(f"wrote {config.out / 'bench.json'}" +
-          (f"; {why_not}" if why_not else f" and {config.out / 'bench.png'}"))
+    why_not = plot(rows, config.out / f"{stem}.png", config.model)
+    print(f"wrote {config.out / f'{stem}.json'}" +
+          (f"; {why_not}" if why_not else f" and {config.out / f'{stem}.png'}"))
     print(f"took {result['wall_s']:.0f} s; load average at the end "
           f"{result['load_average_at_end'][0]:.1f} on {result['cpus']} CPUs")
     return 1 if any(s.error for s in samples) else 0

@@ -35,7 +35,8 @@ TRACED_STEPS = 5
 _RECEIVED = re.compile(r"\] (\S+) from (\S+) to (\S+)$")
 
 
-def profile(out: Path, *, timed_steps: int = 200, proof: bool = True) -> str:
+def profile(out: Path, *, timed_steps: int = 200, proof: bool = True,
+            model: str = "mlp") -> str:
     """Writes worker-step-K.json, update-K.json and summary.txt to `out`; returns the summary."""
     from sync_mnist import cluster as cluster_lib
     from sync_mnist import tfcompat
@@ -51,20 +52,20 @@ def profile(out: Path, *, timed_steps: int = 200, proof: bool = True) -> str:
                               start_new_session=True)
     try:
         cluster_lib.wait_reachable(ps, "ps 0", 120)
-        return _profile_against(out, ps, worker, timed_steps, proof)
+        return _profile_against(out, ps, worker, timed_steps, proof, model)
     finally:
         os.killpg(server.pid, 9)
         server.wait()
 
 
 def _profile_against(out: Path, ps: str, worker_address: str, timed_steps: int,
-                     proof: bool) -> str:
+                     proof: bool, model_name: str) -> str:
     import tensorflow as tf
     from tensorflow.python.client import timeline
 
     from sync_mnist import cluster as cluster_lib
     from sync_mnist import data, session, worker
-    from sync_mnist.models import mlp
+    from sync_mnist.models import ctr, mlp
     from sync_mnist.config import TaskConfig, TrainConfig
 
     tf1 = tf.compat.v1
@@ -73,14 +74,20 @@ def _profile_against(out: Path, ps: str, worker_address: str, timed_steps: int,
     tf.get_logger().setLevel(logging.CRITICAL)
     layout = cluster_lib.ClusterLayout.parse(ps, worker_address)
     config = TaskConfig(role="worker", index=0, cluster=layout,
-                        train=TrainConfig(train_steps=10**6, dataset="synthetic", proof=proof))
+                        train=TrainConfig(model=model_name, train_steps=10**6,
+                                          dataset="synthetic", proof=proof))
     server = tf.distribute.Server(layout.spec(), job_name="worker", task_index=0, start=True)
-    dataset = data.make_synthetic(0)
-    shard = data.Shard(dataset.train_images, dataset.train_labels, index=0, num_workers=1,
-                       batch_size=100, seed=0)
+    model = ctr.MODEL if model_name == "ctr" else mlp.MODEL
+    if model_name == "ctr":
+        features, labels = worker.input_data("train_input_fn", model.train_input_fn,
+                                             worker.model_params(config, model))
+    else:
+        dataset = data.make_synthetic(0)
+        features, labels = dataset.train_images, dataset.train_labels
+    shard = data.Shard(features, labels, index=0, num_workers=1, batch_size=100, seed=0)
     graph = tf.Graph()
     with graph.as_default():
-        g = worker.build_graph(config, mlp.MODEL, shard.batch(0), dataset="synthetic")
+        g = worker.build_graph(config, model, shard.batch(0), dataset="synthetic")
         optimizer = g.training.optimizer
         update_op = optimizer._chief_queue_runner.enqueue_ops[0]  # pylint: disable=protected-access
         init = [tf1.global_variables_initializer(), tf1.local_variables_initializer()]
@@ -108,7 +115,8 @@ def _profile_against(out: Path, ps: str, worker_address: str, timed_steps: int,
     for k in range(WARMUP_STEPS):
         step(k, traced=False)
     plain = [step(WARMUP_STEPS + k, traced=False)[1] for k in range(timed_steps)]
-    lines = [f"untraced steps (1 ps + 1 worker, proof {'on' if proof else 'off'}, update loop "
+    lines = [f"{model_name} model, untraced steps (1 ps + 1 worker, proof "
+             f"{'on' if proof else 'off'}, update loop "
              f"in a thread of this process): median {1000 * statistics.median(plain):.2f} ms "
              f"over {timed_steps} steps (min {1000 * min(plain):.2f}, max "
              f"{1000 * max(plain):.2f})"]
@@ -219,8 +227,8 @@ def _short(device: str) -> str:
     return device.replace("/replica:0", "").replace("/device:", "/")
 
 
-def main(out: Path) -> int:
-    text = profile(out)
+def main(out: Path, model: str = "mlp") -> int:
+    text = profile(out, model=model)
     print(text, end="")
     print(f"Chrome traces in {out} (open in chrome://tracing or ui.perfetto.dev)")
     return 0

@@ -5,6 +5,7 @@ MultiWorkerMirroredStrategy. `sync-mnist-bench` (bench.py) starts them; nobody e
     python -m sync_mnist.experiments.bench_tasks floor-worker --index I ...
     python -m sync_mnist.experiments.bench_tasks single ...
     python -m sync_mnist.experiments.bench_tasks mwms --index I --worker-hosts ...   (TF2, eager + tf.function)
+    python -m sync_mnist.experiments.bench_tasks mwms --model ctr ...   (the same, the sparse ctr model)
 
 Each worker logs `ready` once it is about to step, then `step=K global_step=G` every
 --log-every steps, as the real workers do; bench.py times its window on those lines. The PS
@@ -38,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--packed", action="store_true",
                    help="floor-worker: move the model as one tensor each way, not 6")
+    p.add_argument("--model", choices=("mlp", "ctr"), default="mlp",
+                   help="mwms: the question's MLP (Adam) or the sparse ctr model (Adagrad)")
     return p
 
 
@@ -49,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
                         datefmt="%H:%M:%S")
     ps_hosts = [h for h in args.ps_hosts.split(",") if h]
     worker_hosts = [h for h in args.worker_hosts.split(",") if h]
-    if args.role == "mwms":
+    if args.role == "mwms" and args.model == "ctr":
+        run_mwms_ctr(args, worker_hosts)
+    elif args.role == "mwms":
         run_mwms(args, worker_hosts)
     else:
         from sync_mnist import tfcompat
@@ -170,6 +175,24 @@ def run_single(args) -> None:
                 _step_line(step, step)
 
 
+def _mwms_strategy(args, worker_hosts):
+    """MultiWorkerMirroredStrategy over `worker_hosts`, RING all-reduce, this task's pools."""
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": worker_hosts},
+                                          "task": {"type": "worker", "index": args.index}})
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    from sync_mnist.cluster import server_config
+
+    # The same pools as the PS tasks' (cluster.server_config). No public API sets them for
+    # eager: tf.compat.v1.enable_eager_execution(config=...) leaves them as they were. The
+    # strategy's server takes its default session config from this context's.
+    context.context()._config = server_config()
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+
 def run_mwms(args, worker_hosts) -> None:
     """TF2 MultiWorkerMirroredStrategy on CPU: RING all-reduce over gRPC, no Keras.
 
@@ -178,22 +201,12 @@ def run_mwms(args, worker_hosts) -> None:
     Adam applied by hand with tf.compat.v1.train.AdamOptimizer's arithmetic. The batch comes
     in as an argument each step, as the PS workers feed theirs.
     """
-    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": worker_hosts},
-                                          "task": {"type": "worker", "index": args.index}})
     import tensorflow as tf
-    from tensorflow.python.eager import context
 
     from sync_mnist import data
-    from sync_mnist.cluster import server_config
 
-    # The same pools as the PS tasks' (cluster.server_config). No public API sets them for
-    # eager: tf.compat.v1.enable_eager_execution(config=...) leaves them as they were. The
-    # strategy's server takes its default session config from this context's.
-    context.context()._config = server_config()
+    strategy = _mwms_strategy(args, worker_hosts)
     shard = _shard(args, len(worker_hosts))
-    options = tf.distribute.experimental.CommunicationOptions(
-        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     first = tf.VariableAggregation.ONLY_FIRST_REPLICA
     tf.random.set_seed(args.seed)
     with strategy.scope():
@@ -247,6 +260,134 @@ def run_mwms(args, worker_hosts) -> None:
         loss, accuracy = loss.numpy(), accuracy.numpy()  # as sess.run hands back its fetches
         if step % args.log_every == 0:
             _step_line(step, step)
+
+
+def run_mwms_ctr(args, worker_hosts) -> None:
+    """The ctr model (models/ctr.py) under MultiWorkerMirroredStrategy: every worker holds the
+    whole table and its Adagrad accumulator, looks its batch's rows up locally, and the
+    gradients are all-reduced (mean) through the replica context. The table's gradient is
+    IndexedSlices, which TensorFlow's collective all-reduce all-gathers (values and indices
+    from every worker, padded to the longest: cross_device_utils.all_reduce_indexed_slices);
+    the dense layers' gradients are all-reduced. Same data and shards (ctr.generate from
+    --seed), batch, table shape, hashing, MLP and initializers as `--model ctr`, and Adagrad
+    through the kernels tf.compat.v1.train.AdagradOptimizer runs: duplicate rows summed first
+    (its _apply_sparse_duplicate_indices: the gathered rows of two workers may coincide), then
+    ResourceSparseApplyAdagrad on the table, ResourceApplyAdagrad on the dense layers.
+
+    The step reads and updates this worker's own copy of each variable (the strategy's local
+    component, strategy.experimental_local_results), which it may: every worker applies the
+    same all-reduced gradient to identical copies. Not the MirroredVariable itself: in
+    TensorFlow 2.21 `tf.gather` and `tf.nn.embedding_lookup` of a MirroredVariable read the
+    whole variable (ReadVariableOp, 64 MB, then GatherV2) in every step, which cost this step
+    about 6 ms more at 1 worker (docs/sparse.md); the local component's is a ResourceGather of
+    the rows.
+
+    After the last step worker 0 logs the log-loss on the evaluation clicks (ctr.eval_input_fn's
+    50,000) beside the planted model's, as the PS chief's evaluation does.
+    """
+    import tensorflow as tf
+
+    from sync_mnist import data
+    from sync_mnist.models import ctr
+
+    strategy = _mwms_strategy(args, worker_hosts)
+    params = {**ctr.PARAMS, "seed": args.seed}  # the seed as worker.model_params sets it
+    features, labels = ctr.train_input_fn(params)
+    shard = data.Shard({ctr.IDS: features[ctr.IDS]}, labels, index=args.index,
+                       num_workers=len(worker_hosts), batch_size=args.batch_size,
+                       seed=args.seed)
+    del features, labels  # only the shard is kept, as the PS workers do
+    rows, fields, dimension = params["rows"], params["fields"], params["dimension"]
+    lr = params["learning_rate"]
+    first = tf.VariableAggregation.ONLY_FIRST_REPLICA
+    tf.random.set_seed(args.seed)
+
+    def variable(value):
+        return tf.Variable(value, aggregation=first)
+
+    with strategy.scope():
+        table = variable(lambda: tf.random.truncated_normal([rows, dimension], stddev=0.05,
+                                                            seed=args.seed))
+        shapes, units = [], fields * dimension
+        for width in [*params["hidden_units"], 1]:
+            shapes += [[units, width], [width]]
+            units = width
+        dense = []
+        for shape in shapes:
+            if len(shape) == 2:
+                limit = (6.0 / (shape[0] + shape[1])) ** 0.5  # glorot_uniform, as ctr._dense
+                dense.append(variable(tf.random.uniform(shape, -limit, limit, seed=args.seed)))
+            else:
+                dense.append(variable(tf.zeros(shape)))
+        initial = params["initial_accumulator"]
+        table_accumulator = variable(lambda: tf.fill([rows, dimension], initial))
+        dense_accumulators = [variable(tf.fill(shape, initial)) for shape in shapes]
+
+    def local(v):  # this worker's copy: one device per worker, so one local component
+        return strategy.experimental_local_results(v)[0]
+
+    table, table_accumulator = local(table), local(table_accumulator)
+    dense, dense_accumulators = [local(v) for v in dense], [local(v) for v in dense_accumulators]
+
+    def logits_of(ids):
+        distinct, position = tf.unique(tf.reshape(ctr.hashed_rows(ids, rows), [-1]))
+        vectors = tf.gather(table, distinct)  # this worker's own copy of the table
+        x = tf.reshape(tf.gather(vectors, position), [-1, fields * dimension])
+        for k in range(0, len(dense), 2):
+            x = tf.matmul(x, dense[k]) + dense[k + 1]
+            if k < len(dense) - 2:
+                x = tf.nn.relu(x)
+        return tf.squeeze(x, axis=1)
+
+    def replica_step(ids, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+                labels=y, logits=logits_of(ids)))
+        grads = tape.gradient(loss, [table, *dense])
+        ctx = tf.distribute.get_replica_context()
+        grads = ctx.all_reduce(tf.distribute.ReduceOp.MEAN, grads)
+        sparse = grads[0]  # IndexedSlices: every worker's touched rows, all-gathered
+        unique, position = tf.unique(sparse.indices)
+        summed = tf.math.unsorted_segment_sum(sparse.values, position, tf.size(unique))
+        tf.raw_ops.ResourceSparseApplyAdagrad(
+            var=table.handle, accum=table_accumulator.handle, lr=tf.constant(lr),
+            grad=summed, indices=unique, use_locking=False)
+        for v, a, g in zip(dense, dense_accumulators, grads[1:]):
+            tf.raw_ops.ResourceApplyAdagrad(var=v.handle, accum=a.handle, lr=tf.constant(lr),
+                                            grad=g, use_locking=False)
+        return loss
+
+    @tf.function
+    def train_step(ids, y):
+        return strategy.run(replica_step, args=(ids, y))
+
+    x, y = shard.batch(0)
+    train_step(tf.constant(x[ctr.IDS]), tf.constant(y))  # traces, joins the collective: untimed
+    log.info(READY)
+    for step in range(1, args.steps + 1):
+        x, y = shard.batch(step)
+        train_step(x[ctr.IDS], y).numpy()  # as sess.run hands back its fetch
+        if step % args.log_every == 0:
+            _step_line(step, step)
+    if args.index == 0:
+        _log_ctr_log_loss(tf.function(logits_of), params)
+
+
+def _log_ctr_log_loss(logits_of, params: dict, chunk: int = 10_000) -> None:
+    """Logs the log-loss of `logits_of` (ids -> logits) on the ctr model's evaluation clicks
+    (ctr.eval_input_fn's), beside the planted model's, as the PS chief's evaluation does."""
+    import numpy as np
+    import tensorflow as tf
+
+    from sync_mnist.models import ctr
+
+    clicks = ctr.generate(params, params["eval_examples"], part=1)
+    logits = np.concatenate([logits_of(tf.constant(clicks.ids[k:k + chunk])).numpy()
+                             for k in range(0, len(clicks.labels), chunk)])
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+        labels=clicks.labels, logits=logits)).numpy()
+    log.info("log_loss=%.4f planted_log_loss=%.4f on %d evaluation examples", loss,
+             clicks.planted_log_loss(), len(clicks.labels))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The bytes one worker step of the ctr model moves each way, against the size of its table.
 
     python -m sync_mnist.experiments.sparse_bytes [--rows 100000 1000000 10000000] [--ps 2]
+                                                  [--vocabulary 10000]
 
 For each table size: K ps servers and one worker (the chief) in this process, the real graph
 (worker.build_graph of models/ctr.py, 26 fields, batch 100) and the real session; one
@@ -27,7 +28,8 @@ import sys
 _SERVERS: list = []
 
 
-def measure(rows: int, num_ps: int, traced: int, batch_size: int = 100) -> dict:
+def measure(rows: int, num_ps: int, traced: int, batch_size: int = 100,
+            vocabulary: int = 10_000) -> dict:
     """{"pushed": bytes worker -> all ps per step, "pulled": ps -> worker, "steps": how many
     traced steps had every tensor's record} for a ctr table of `rows` rows."""
     import numpy as np
@@ -40,10 +42,10 @@ def measure(rows: int, num_ps: int, traced: int, batch_size: int = 100) -> dict:
     from sync_mnist.models import ctr
 
     tf1 = tf.compat.v1
-    # 10,000 ids a field, more than the default run's 200: a batch touches more rows (about
-    # 1,600 of its 2,600 lookups), as measured in docs/sparse.md.
+    # By default 10,000 ids a field, more than the default run's 200: a batch touches more
+    # rows (about 1,600 of its 2,600 lookups), as measured in docs/sparse.md.
     model = dataclasses.replace(ctr.MODEL, params={**ctr.PARAMS, "rows": rows,
-                                                   "vocabulary": 10_000,
+                                                   "vocabulary": vocabulary,
                                                    "train_examples": 20 * batch_size})
     ports = free_ports(num_ps + 1)
     layout = ClusterLayout(tuple(f"localhost:{p}" for p in ports[:num_ps]),
@@ -105,14 +107,17 @@ def main(argv=None) -> None:
     parser.add_argument("--ps", type=int, default=2, help="ps tasks (default: 2)")
     parser.add_argument("--traced", type=int, default=6, help="traced steps (default: 6)")
     parser.add_argument("--batch-size", type=int, default=100, help="(default: 100)")
+    parser.add_argument("--vocabulary", type=int, default=10_000,
+                        help="ids a field (default: 10000; the ctr model's own is 200)")
     args = parser.parse_args(argv)
     from sync_mnist import tfcompat
 
     tfcompat.graph_mode(verbose=False)
-    print(f"ctr model, 26 fields x 16, batch {args.batch_size}, {args.ps} ps, 1 worker; "
+    print(f"ctr model, 26 fields x 16 of {args.vocabulary} ids, batch {args.batch_size}, "
+          f"{args.ps} ps, 1 worker; "
           "bytes per step, mean over the traced steps", flush=True)
     for rows in args.rows:
-        m = measure(rows, args.ps, args.traced, args.batch_size)
+        m = measure(rows, args.ps, args.traced, args.batch_size, args.vocabulary)
         print(f"rows={m['rows']:>10,} table={m['table_bytes'] / 1e6:8.1f} MB  "
               f"worker->ps={m['pushed']:>9,.0f} B ({m['pushed'] / m['table_bytes']:.3%})  "
               f"ps->worker={m['pulled']:>9,.0f} B ({m['pulled'] / m['table_bytes']:.3%})  "
