@@ -431,7 +431,9 @@ class _Policy:
     Once a worker has ended with its verdict (exit 0 or 3), it has passed the finish barrier:
     every worker's last gradient is in, and the counters it read are final. A worker other
     than the chief that fails after that is not needed again, and not restarted: the chief
-    (evaluating, writing the model, reporting done) and the others decide the run.
+    (evaluating, writing the model, reporting done) and the others decide the run. A task
+    that fails after its own done report (the chief's export on a full disk) stops the
+    cluster: the ps has counted that report and may have ended.
     """
 
     def __init__(self, tasks: list[_Task], *, max_restarts: int, spare_workers: int,
@@ -463,6 +465,13 @@ class _Policy:
             return True
         if code in _FINAL_EXITS:
             log.error("%s; stopping the cluster", exited)
+            return False
+        if task.result().done_reported:
+            # The ps counted its done report and may have ended: a replacement would wait for
+            # a ps that is gone (found by make chaos: the chief's SavedModel failed on a full
+            # disk, exit 1, after its report).
+            log.error("%s after its done report, which a restart cannot undo; stopping the "
+                      "cluster", exited)
             return False
         if code == config_lib.EXIT_TIMEOUT:
             for culprit in self._culprits(task):

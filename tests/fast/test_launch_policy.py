@@ -15,8 +15,9 @@ from sync_mnist.report import TaskResult
 class _FakeTask:
     """Stands in for launch._Task: each start exits with the next code of `codes`."""
 
-    def __init__(self, role, index, *codes, error=None):
+    def __init__(self, role, index, *codes, error=None, done_reported=None):
         self.role, self.index, self.tag = role, index, f"{role} {index}"
+        self.done_reported = done_reported
         self.codes, self.starts, self.lost, self.spent = list(codes), 1, False, False
         self.spawned, self.progressed, self.ended = time.monotonic() - 1.0, None, None
         self.restarted, self.error = None, error
@@ -37,7 +38,8 @@ class _FakeTask:
         self.restarted = self.spawned = time.monotonic()
 
     def result(self):
-        return TaskResult(role=self.role, index=self.index, mode="sync", error=self.error)
+        return TaskResult(role=self.role, index=self.index, mode="sync", error=self.error,
+                          done_reported=self.done_reported)
 
     def last_sign_of_life(self):
         return time.monotonic()
@@ -63,6 +65,13 @@ def test_launcher_restarts_dead_tasks_within_its_budget_and_never_bad_input():
     bad = _FakeTask("worker", 1, EXIT_USAGE, 0)
     assert _wait([bad], max_restarts=5) is bad
     assert bad.starts == 1
+    # Nor a task that failed after its done report (found by make chaos: the chief's SavedModel
+    # failed on a full disk, exit 1; its replacement waited for the ps that had ended, until
+    # the launcher's end bound turned the run's 1 into 200).
+    ps, chief = _FakeTask("ps", 0, 0), _FakeTask("worker", 0, EXIT_FAILED, 0,
+                                                     done_reported=True)
+    assert _wait([ps, chief], max_restarts=1) is chief
+    assert chief.starts == 1
 
 
 def _policy(tasks, max_restarts=0, spare_workers=0):
