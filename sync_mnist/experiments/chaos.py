@@ -33,7 +33,8 @@ and its output:
   restarted     the same, after the launcher restarted a task (--max-restarts)
   preempted     exit 143 (SIGTERM), and the rerun with the same --logdir resumed and ended
                 verified with the contributions of the whole plan
-  failed-named  a documented failure code (1, 200), and a warning or error line names the victim
+  failed-named  a documented failure code (1, 200; 2 for no room for the first checkpoint),
+                and a warning or error line names the victim
   defect        any of: hang (the launcher outlived every bound it has), overdue (a task missed
                 its own bounds and the launcher's stopped it), leftover (a process of the run
                 outlived its launcher), unexpected-code, traceback, contradiction (a verdict
@@ -42,10 +43,10 @@ and its output:
                 it ended as a failure), repeat (an update averaged two gradients of one
                 worker, R = N), not-resumed (a preempted run's rerun did not end verified
                 with the whole plan's contributions), restart-failed (a run with a restart
-                allowed ended as a failure; not the documented exit 1 of a full disk at the
-                export), unnamed (a failure whose messages do not name the victim),
+                allowed ended as a failure; not a full disk's documented exit 2 at the
+                first checkpoint or exit 1 at the export), unnamed (a failure whose messages do not name the victim),
                 survivable-failed (a stop or partition shorter than --timeout, the loss, the
-                delay or a full disk failed the run, other than that exit 1), no-fault-failed
+                delay or a full disk failed the run, other than those exits), no-fault-failed
                 (the fault never landed, and the run failed all the same)
 A fault that lands after its victim has ended is "missed"; the run is classified all the same.
 
@@ -479,14 +480,16 @@ def classify(plan: Plan, seen: dict) -> tuple[str, list[str]]:
         plan, summary)
     if summary and summary.get("synchronous") is True and not _counters_agree(plan, summary):
         defects.append("contradiction")
+    disk_full = plan.fault in DISK_FAULTS and _documented_full_disk(code, lines)
     if code == config_lib.EXIT_OK:
         if not verified:
             defects.append("contradiction")
         category = "restarted" if summary and summary.get("restarts") else "verified"
-    elif code in FAILURE_CODES:
+    elif code in FAILURE_CODES or disk_full:
         category = "failed-named"
-        if verified and not (plan.fault in DISK_FAULTS
-                             and _export_failed_on_a_full_disk(code, lines)):
+        if disk_full:
+            pass  # documented, whatever the counters say
+        elif verified:
             defects.append("contradiction")  # the counters verified it, yet it failed
         elif summary and any(t.get("role") == "worker" and t.get("synchronous") is True
                              for t in summary.get("tasks", [])) \
@@ -495,7 +498,6 @@ def classify(plan: Plan, seen: dict) -> tuple[str, list[str]]:
             # (Not the model lost before the chief ended: its evaluation and SavedModel are
             # lost, and the README documents the failure.)
             defects.append("verified-but-failed")
-        disk_full = plan.fault in DISK_FAULTS and _export_failed_on_a_full_disk(code, lines)
         if plan.max_restarts and not disk_full:
             defects.append("restart-failed")  # issue 35: one restart mends any one fault
         if not seen["fault_landed"]:
@@ -536,12 +538,14 @@ def _model_lost(plan: Plan, code: int, summary: dict) -> bool:
     return plan.victim_kind == "ps" and (plan.fault == "kill" or plan.max_restarts == 0)
 
 
-def _export_failed_on_a_full_disk(code: int, lines: list[str]) -> bool:
-    """The documented failure of a full --logdir (README, "When something goes wrong"): the
-    chief could not write the trained model, exit 1, however the counters verified the run.
-    No restart frees a disk."""
-    return code == config_lib.EXIT_FAILED and any(
-        "error:" in line and "No space left on device" in line for line in lines)
+def _documented_full_disk(code: int, lines: list[str]) -> bool:
+    """The documented failures of a full --logdir (README, "When something goes wrong"): no
+    room for the very first checkpoint, exit 2 naming the directory; or no room for the
+    trained model at the end, exit 1, however the counters verified the run. No restart
+    frees a disk."""
+    mark = {config_lib.EXIT_FAILED: "No space left on device",
+            config_lib.EXIT_USAGE: "has no room for a checkpoint"}.get(code)
+    return mark is not None and any("error:" in line and mark in line for line in lines)
 
 
 def _counters_agree(plan: Plan, s: dict) -> bool:

@@ -198,12 +198,23 @@ def test_a_full_disk_at_the_export_is_the_documented_exit_1_not_a_defect():
     export = ["[worker 0] error: failed: ExportError: could not write the trained model to "
               "/x/saved_model: No space left on device (ENOSPC)"]
     assert chaos.classify(plan, _seen(1, _verified(), export)) == ("failed-named", [])
+    chief_verified = _verified(tasks=[dict(role="worker", index=0, synchronous=True)])
+    assert chaos.classify(plan, _seen(1, chief_verified, export)) == ("failed-named", [])
     other = ["[worker 0] error: failed: ResourceExhaustedError: Graph execution error:"]
     assert chaos.classify(plan, _seen(1, _verified(), other)) == (
         "defect", ["contradiction", "restart-failed", "survivable-failed"])
     # The same line after a kill is no excuse.
     assert chaos.classify(_plan(max_restarts=1), _seen(1, _verified(), export))[1] == [
         "contradiction", "restart-failed", "unnamed"]
+    # No room for the very first checkpoint: exit 2, naming the directory (found by make chaos:
+    # the tmpfs filled before the chief's first save).
+    first = ["[worker 0] error: --logdir /x has no room for a checkpoint: No space left on "
+             "device (ENOSPC) while saving the checkpoint of global_step 0: free some space",
+             "[cluster] error: worker 0 exited with code 2; stopping the cluster"]
+    assert chaos.classify(plan, _seen(2, {}, first)) == ("failed-named", [])
+    assert chaos.classify(plan, _seen(2, {}, other)) == ("defect", ["unexpected-code"])
+    assert chaos.classify(_plan(max_restarts=1), _seen(2, {}, first)) == (
+        "defect", ["unexpected-code"])
 
 
 def test_the_victims_port_is_read_from_the_launchers_cluster_line():
