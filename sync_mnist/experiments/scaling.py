@@ -107,14 +107,6 @@ CTR_BYTES_TIMEOUT_SECS = 300.0  # sparse_bytes.py, one ps count
 
 
 @dataclasses.dataclass(frozen=True)
-class RunConfig(bench.BenchConfig):
-    """bench's run settings with the model the tasks train (bench._task_argvs reads
-    config.model), for as long as BenchConfig has no model of its own."""
-
-    model: str = "mlp"
-
-
-@dataclasses.dataclass(frozen=True)
 class Costs:
     """The model's inputs, in seconds (c_byte: seconds per byte), as `measure` found them."""
 
@@ -320,9 +312,9 @@ def measure_ps_work(reps: int = ACCUM_REPS) -> tuple[float, float]:
     return statistics.median(pushing), statistics.median(updating)
 
 
-def _bench_config(steps: int, model: str = "mlp") -> RunConfig:
-    return RunConfig(workers=(1,), setups=(), repeats=1, steps=steps,
-                     log_every=max(1, steps // 10), out=Path("."), model=model)
+def _bench_config(steps: int, model: str = "mlp") -> bench.BenchConfig:
+    return bench.BenchConfig(workers=(1,), setups=(), repeats=1, steps=steps,
+                             log_every=max(1, steps // 10), out=Path("."), model=model)
 
 
 def _seconds_per_update(sample) -> float:
