@@ -64,7 +64,15 @@ The model (`predict`), per update, for N workers, P ps tasks and a link rate r (
                The largest of latency, link and cpu names the bottleneck.
 `sweep` runs the real synchronous cluster (bench.run_one's steady window, synthetic data) in a
 testbed at each (N, P, cap), --repeats times in rounds, and prints the model's T next to each
-point's median and spread.
+point's median and spread. Each row also keeps each task's share of the cores over the middle of
+its runs (/proc, `task_cores`).
+
+`sweep --model ctr` runs the sparse model (models/ctr.py, `--model ctr`) instead of the MLP.
+There B is not the trainable bytes (the 64 MB table never crosses whole) but what a worker step
+moves, measured with the real graph and session (sparse_bytes.py, the default run's 1,000,000
+rows and 200 ids a field): for each ps the mean of its two directions, which, summed, is what
+the model's two wire phases carry. The other costs are the MLP's from --costs; calibrate them
+on the ctr's own uncapped points (docs/scaling.md, "The sparse model").
 
 Exit codes: 0 done; 1 a run failed (its row says so); 2 bad arguments, or no testbed (root,
 ip, tc) for measure and sweep.
@@ -86,13 +94,16 @@ from pathlib import Path
 from typing import Sequence
 
 from sync_mnist import config as config_lib
-from sync_mnist.experiments import testbed
+from sync_mnist.experiments import bench, testbed
 
 log = logging.getLogger("sync_mnist.experiments.scaling")
 
 BATCH = 100
 DEFAULT_CAP = "200mbit"  # slow enough to matter at 1 ps, fast enough for short runs
 ACCUM_REPS = 50  # ps work measured over this many updates
+MODELS = ("mlp", "ctr")  # what the sweep's tasks train: the question's MLP, or models/ctr.py
+TASK_CPU_EVERY = 0.25  # seconds between readings of every task's CPU time
+CTR_BYTES_TIMEOUT_SECS = 300.0  # sparse_bytes.py, one ps count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,11 +312,9 @@ def measure_ps_work(reps: int = ACCUM_REPS) -> tuple[float, float]:
     return statistics.median(pushing), statistics.median(updating)
 
 
-def _bench_config(steps: int):
-    from sync_mnist.experiments import bench
-
+def _bench_config(steps: int, model: str = "mlp") -> bench.BenchConfig:
     return bench.BenchConfig(workers=(1,), setups=(), repeats=1, steps=steps,
-                             log_every=max(1, steps // 10), out=Path("."))
+                             log_every=max(1, steps // 10), out=Path("."), model=model)
 
 
 def _seconds_per_update(sample) -> float:
@@ -316,8 +325,6 @@ def _seconds_per_update(sample) -> float:
 
 def measure(steps: int = 200, cap: str = DEFAULT_CAP) -> dict:
     """Every input of the model, measured here; a JSON-ready dict (the Costs and the raw runs)."""
-    from sync_mnist.experiments import bench
-
     config = _bench_config(steps)
     t_single = _seconds_per_update(bench.run_one("single", 1, config))
     log.info("single process: %.2f ms per step", 1000 * t_single)
@@ -355,22 +362,115 @@ WIRE_SHARE = {"float32": 1.0, "bfloat16": 0.5}  # bytes crossing per float32 byt
 
 
 def measure_point(num_workers: int, num_ps: int, cap: str | None, steps: int,
-                  wire_dtype: str = "float32") -> tuple[float, float]:
+                  wire_dtype: str = "float32", model: str = "mlp"
+                  ) -> tuple[float, float, dict[str, float]]:
     """Seconds, and CPU seconds of every process, per update of the real synchronous cluster
-    in a testbed (bench's steady window)."""
-    from sync_mnist.experiments import bench
-
+    in a testbed (bench's steady window); and each task's cores over the middle of the run
+    (`steady_cores`)."""
     slow = {t: testbed.Slowdown(link_rate=cap) for t in
             [("ps", i) for i in range(num_ps)] + [("worker", i) for i in range(num_workers)]}
     with testbed.Testbed(num_ps, num_workers, slow) as bed:
-        sample = bench.run_one("sync" if wire_dtype == "float32" else "sync-bf16", num_workers,
-                               _bench_config(steps), num_ps=num_ps, network=bed)
-    return _seconds_per_update(sample), sample.cpu_s / sample.updates
+        with TaskCpu(bed) as cpu:
+            sample = bench.run_one("sync" if wire_dtype == "float32" else "sync-bf16",
+                                   num_workers, _bench_config(steps, model), num_ps=num_ps,
+                                   network=bed)
+    return (_seconds_per_update(sample), sample.cpu_s / sample.updates,
+            steady_cores(cpu.samples))
+
+
+class TaskCpu:
+    """Every task's CPU time, read from /proc every TASK_CPU_EVERY s while a run goes on (a
+    thread); `samples`: [(time, {"ps 0": CPU seconds so far, ...})], only the tasks running."""
+
+    def __init__(self, bed: testbed.Testbed):
+        import threading
+
+        self._bed, self._stop = bed, threading.Event()
+        self._task = {ns: f"{role} {index}" for (role, index), ns in bed.namespace.items()}
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.samples: list[tuple[float, dict[str, float]]] = []
+
+    def __enter__(self) -> TaskCpu:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        pids: dict[str, list[int]] = {}
+        while not self._stop.wait(TASK_CPU_EVERY):
+            if len(pids) < len(self._task):  # `ip netns pids` only until every task is up
+                pids = {self._task[ns]: p for ns, p in self._bed.pids().items()}
+            now, found = time.monotonic(), {}
+            for task, task_pids in pids.items():
+                ticks = [_cpu_ticks(pid) for pid in task_pids]
+                if all(t is not None for t in ticks):
+                    found[task] = sum(ticks) / tick
+            self.samples.append((now, found))
+
+
+def _cpu_ticks(pid: int) -> int | None:
+    """utime + stime of a live process, in clock ticks; None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[11]) + int(fields[12])
+
+
+def steady_cores(samples: Sequence[tuple[float, dict[str, float]]],
+                 middle: tuple[float, float] = (0.4, 0.8)) -> dict[str, float]:
+    """Each task's CPU seconds per second (cores) between the `middle` fractions of the time
+    every task was running: past the start-up (building graphs, generating data) and before
+    the chief's evaluation and the exits. {} with fewer than two such readings.
+    """
+    tasks = set().union(*(found for _, found in samples)) if samples else set()
+    whole = [(t, found) for t, found in samples if tasks and set(found) == tasks]
+    if len(whole) < 2:
+        return {}
+    start, end = whole[0][0], whole[-1][0]
+    lo, hi = (start + f * (end - start) for f in middle)
+    inside = [(t, found) for t, found in whole if lo <= t <= hi]
+    if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+        return {}
+    (t0, first), (t1, last) = inside[0], inside[-1]
+    return {task: (last[task] - first[task]) / (t1 - t0) for task in sorted(tasks)}
+
+
+def ctr_bytes(num_ps: int) -> dict:
+    """sparse_bytes.py's measure for the ctr model as `--model ctr` trains it (its table's rows
+    and ids a field), 1 worker on `num_ps` ps, in a process of its own (its in-process
+    servers cannot be stopped); the dict it prints."""
+    import subprocess
+
+    from sync_mnist.models import ctr
+
+    argv = [sys.executable, "-m", "sync_mnist.experiments.sparse_bytes", "--rows",
+            str(ctr.PARAMS["rows"]), "--vocabulary", str(ctr.PARAMS["vocabulary"]),
+            "--ps", str(num_ps), "--json"]
+    out = subprocess.run(argv, capture_output=True, text=True,
+                         timeout=CTR_BYTES_TIMEOUT_SECS,
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    if out.returncode:
+        raise RuntimeError(f"`{' '.join(argv[1:])}` exited {out.returncode}: "
+                           f"{out.stderr.strip().splitlines()[-1:] or ''}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def per_ps_bytes(moved: dict) -> list[int]:
+    """B_p for each ps from sparse_bytes' measure: the mean of what a worker step pushes to ps
+    p and pulls from it. The model charges every byte of B once in each of its two phases, so
+    the mean of the two directions gives the right sum of both."""
+    return [round((push + pull) / 2)
+            for push, pull in zip(moved["per_ps_pushed"], moved["per_ps_pulled"])]
 
 
 def sweep(costs: Costs, points: Sequence[tuple[int, int, str | None]],
           steps: int, wire_dtype: str = "float32",
-          repeats: int = 1) -> tuple[list[dict], Costs]:
+          repeats: int = 1, model: str = "mlp") -> tuple[list[dict], Costs]:
     """Measures each (N, P, cap) `repeats` times and sets the prediction beside its median;
     returns the rows (the calibrating ones first) and the costs as calibrated (`calibrate`).
 
@@ -378,14 +478,17 @@ def sweep(costs: Costs, points: Sequence[tuple[int, int, str | None]],
     sweep falls on every point alike. A point whose run fails is not run again; its row keeps
     the error (and the median of the runs before it, if any).
     """
-    layouts = {p: partition(p, 1)[0] for p in {p for _, p, _ in points}}
-    runs: dict[tuple, list[tuple[float, float]]] = {point: [] for point in points}
+    moved = {p: ctr_bytes(p) for p in sorted({p for _, p, _ in points})} \
+        if model == "ctr" else {}
+    layouts = {p: per_ps_bytes(moved[p]) if moved else partition(p, 1)[0]
+               for p in {p for _, p, _ in points}}
+    runs: dict[tuple, list[tuple[float, float, dict]]] = {point: [] for point in points}
     errors: dict[tuple, str] = {}
     for round_ in range(1, repeats + 1):
         for point in [pt for pt in points if pt not in errors]:
             t = time.monotonic()
             try:
-                runs[point].append(measure_point(*point, steps, wire_dtype))
+                runs[point].append(measure_point(*point, steps, wire_dtype, model))
             except RuntimeError as e:
                 errors[point] = str(e)
             log.info("round %d/%d N=%d P=%d cap=%s: %s ms (%.0f s)", round_, repeats,
@@ -396,11 +499,16 @@ def sweep(costs: Costs, points: Sequence[tuple[int, int, str | None]],
     for point in points:
         n, p, cap = point
         row = {"workers": n, "ps": p, "cap": cap, "bytes_per_ps": layouts[p],
-               "wire_dtype": wire_dtype}
+               "wire_dtype": wire_dtype, "model": model}
+        if moved:  # what crossed each way, per worker step
+            row["bytes_each_way"] = {k: moved[p][k] for k in (
+                "pushed", "pulled", "per_ps_pushed", "per_ps_pulled")}
         if runs[point]:
-            row["measured_s"] = statistics.median(s for s, _ in runs[point])
-            row["measured_cpu_s"] = statistics.median(c for _, c in runs[point])
-            row["runs_s"] = [s for s, _ in runs[point]]
+            row["measured_s"] = statistics.median(s for s, _, _ in runs[point])
+            row["measured_cpu_s"] = statistics.median(c for _, c, _ in runs[point])
+            row["runs_s"] = [s for s, _, _ in runs[point]]
+            row["runs_cpu_s"] = [c for _, c, _ in runs[point]]
+            row["task_cores"] = [cores for _, _, cores in runs[point]]
         if point in errors:
             row["error"] = errors[point]
         rows.append(row)
@@ -660,6 +768,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="updates per point (default: 40: about 20 s a point)")
     s.add_argument("--wire-dtype", default="float32", choices=tuple(WIRE_SHARE),
                    help="the cluster's --wire-dtype at every point (default: float32)")
+    s.add_argument("--model", default="mlp", choices=MODELS,
+                   help="what the tasks train: mlp, the question's MLP on synthetic data; ctr, "
+                        "the sparse click-through-rate model (models/ctr.py), its bytes per "
+                        "step measured first (sparse_bytes.py) (default: mlp)")
     s.add_argument("--repeats", type=int, default=1,
                    help="runs of each point, in rounds; the table gives each point's median "
                         "and spread (default: 1)")
@@ -750,7 +862,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             measured = costs_file
         costs = Costs(**measured["costs"])
         rows, costs = sweep(costs, _points(workers, ps, caps), args.steps, args.wire_dtype,
-                            args.repeats)
+                            args.repeats, args.model)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return config_lib.EXIT_INTERRUPTED

@@ -2,6 +2,7 @@
 
     python -m sync_mnist.experiments.sparse_bytes [--rows 100000 1000000 10000000] [--ps 2]
                                                   [--vocabulary 10000]
+    python -m sync_mnist.experiments.sparse_bytes --rows 1000000 --ps 4 --vocabulary 200 --json
 
 For each table size: K ps servers and one worker (the chief) in this process, the real graph
 (worker.build_graph of models/ctr.py, 26 fields, batch 100) and the real session; one
@@ -14,13 +15,15 @@ looks up the same ids; only the table's rows differ. A step moves each way:
                 (sorted, unique) and their values, the dense layers' gradient, a few scalars;
   ps -> worker: the looked-up rows, the dense layers' weights, the token.
 
-None of that grows with the table. Prints one line per size, and the table's bytes beside.
+None of that grows with the table. Prints one line per size, and the table's bytes beside;
+with --json, one JSON object per size instead (scaling.py's sweep of the ctr model reads it).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import statistics
 import sys
@@ -30,8 +33,9 @@ _SERVERS: list = []
 
 def measure(rows: int, num_ps: int, traced: int, batch_size: int = 100,
             vocabulary: int = 10_000) -> dict:
-    """{"pushed": bytes worker -> all ps per step, "pulled": ps -> worker, "steps": how many
-    traced steps had every tensor's record} for a ctr table of `rows` rows."""
+    """{"pushed": bytes worker -> all ps per step, "pulled": ps -> worker, "per_ps_pushed" and
+    "per_ps_pulled": the same for each ps, "steps": how many traced steps had every tensor's
+    record} for a ctr table of `rows` rows and `vocabulary` ids a field."""
     import numpy as np
     import tensorflow as tf
 
@@ -93,11 +97,15 @@ def measure(rows: int, num_ps: int, traced: int, batch_size: int = 100,
                                    if s.startswith(sender) and r.startswith(receiver))
                                for m in moved)
 
-    return {"rows": rows, "table_bytes": rows * ctr.PARAMS["dimension"] * 4,
+    def per_ps(sender: str, receiver: str) -> float:
+        return statistics.mean(m.get((sender, receiver), 0) for m in moved)
+
+    return {"rows": rows, "vocabulary": vocabulary, "ps": num_ps,
+            "table_bytes": rows * ctr.PARAMS["dimension"] * 4,
             "pushed": each_way("worker", "ps"), "pulled": each_way("ps", "worker"),
-            "steps": len(moved), "per_ps_pushed": [
-                statistics.mean(m.get(("worker 0", f"ps {p}"), 0) for m in moved)
-                for p in range(num_ps)]}
+            "steps": len(moved),
+            "per_ps_pushed": [per_ps("worker 0", f"ps {p}") for p in range(num_ps)],
+            "per_ps_pulled": [per_ps(f"ps {p}", "worker 0") for p in range(num_ps)]}
 
 
 def main(argv=None) -> None:
@@ -108,16 +116,22 @@ def main(argv=None) -> None:
     parser.add_argument("--traced", type=int, default=6, help="traced steps (default: 6)")
     parser.add_argument("--batch-size", type=int, default=100, help="(default: 100)")
     parser.add_argument("--vocabulary", type=int, default=10_000,
-                        help="ids a field (default: 10000; the ctr model's own is 200)")
+                        help="ids a field (default: 10000; the default ctr run has 200)")
+    parser.add_argument("--json", action="store_true",
+                        help="one JSON object per table size, not a line of text (default: off)")
     args = parser.parse_args(argv)
     from sync_mnist import tfcompat
 
     tfcompat.graph_mode(verbose=False)
-    print(f"ctr model, 26 fields x 16 of {args.vocabulary} ids, batch {args.batch_size}, "
-          f"{args.ps} ps, 1 worker; "
-          "bytes per step, mean over the traced steps", flush=True)
+    if not args.json:
+        print(f"ctr model, 26 fields x 16, {args.vocabulary} ids a field, batch "
+              f"{args.batch_size}, {args.ps} ps, 1 worker; bytes per step, mean over the traced "
+              "steps", flush=True)
     for rows in args.rows:
         m = measure(rows, args.ps, args.traced, args.batch_size, args.vocabulary)
+        if args.json:
+            print(json.dumps(m), flush=True)
+            continue
         print(f"rows={m['rows']:>10,} table={m['table_bytes'] / 1e6:8.1f} MB  "
               f"worker->ps={m['pushed']:>9,.0f} B ({m['pushed'] / m['table_bytes']:.3%})  "
               f"ps->worker={m['pulled']:>9,.0f} B ({m['pulled'] / m['table_bytes']:.3%})  "

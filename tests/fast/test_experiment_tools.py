@@ -256,12 +256,12 @@ def test_the_sweep_runs_every_point_once_a_round_and_models_each_points_median(m
              capped: [0.1, None]}  # None: its second run fails
     calls = []
 
-    def measure_point(n, p, cap, steps, wire_dtype):
+    def measure_point(n, p, cap, steps, wire_dtype, model="mlp"):
         calls.append((n, p, cap))
         wall = walls[(n, p, cap)][calls.count((n, p, cap)) - 1]
         if wall is None:
             raise RuntimeError("sync x2: exited 1")
-        return wall, 2 * wall
+        return wall, 2 * wall, {}
 
     monkeypatch.setattr(scaling, "measure_point", measure_point)
     monkeypatch.setattr(scaling, "partition", lambda p, n=1: ([MODEL_BYTES // p] * p, [6] * p))
@@ -360,3 +360,64 @@ def test_a_costs_file_that_is_missing_or_wrong_is_named_not_a_traceback(command,
         assert exit_.value.code == 2
         assert f"error: --costs {tmp_path / name}" in (err := capsys.readouterr().err)
         assert message in err
+
+
+def test_the_sweep_runs_the_ctr_model_with_its_bytes_per_step_as_b(monkeypatch):
+    # sparse_bytes' measure, made up: per ps, what a worker step pushes to it and pulls from it.
+    moved = {1: {"pushed": 160_000, "pulled": 140_000, "per_ps_pushed": [160_000],
+                 "per_ps_pulled": [140_000]},
+             2: {"pushed": 170_000, "pulled": 141_000, "per_ps_pushed": [90_000, 80_000],
+                 "per_ps_pulled": [71_000, 70_000]}}
+    trained = []
+
+    def measure_point(n, p, cap, steps, wire_dtype, model="mlp"):
+        trained.append(model)
+        return 0.05, 0.1, {"ps 0": 0.5, "worker 0": 1.2}
+
+    def partition(*_):
+        raise AssertionError("the MLP's trainable bytes are not the ctr model's B")
+
+    monkeypatch.setattr(scaling, "measure_point", measure_point)
+    monkeypatch.setattr(scaling, "ctr_bytes", moved.__getitem__)
+    monkeypatch.setattr(scaling, "partition", partition)
+    rows, _ = scaling.sweep(COSTS, [(4, 1, "200mbit"), (4, 2, "200mbit")], steps=20,
+                            model="ctr")
+    assert trained == ["ctr", "ctr"]
+    by_ps = {r["ps"]: r for r in rows}
+    # B_p: the mean of ps p's two directions, so that B's two wire phases carry both.
+    assert by_ps[1]["bytes_per_ps"] == [150_000]
+    assert by_ps[2]["bytes_per_ps"] == [80_500, 75_000]
+    assert by_ps[2]["bytes_each_way"]["per_ps_pulled"] == [71_000, 70_000]
+    assert (by_ps[2]["model"], by_ps[2]["task_cores"]) == ("ctr",
+                                                          [{"ps 0": 0.5, "worker 0": 1.2}])
+
+
+def test_model_ctr_reaches_every_task_of_the_sweeps_runs():
+    assert scaling._parser().parse_args(["sweep", "--model", "ctr"]).model == "ctr"
+    assert scaling._parser().parse_args(["sweep"]).model == "mlp"
+    with pytest.raises(SystemExit) as exit_:
+        scaling._parser().parse_args(["sweep", "--model", "dlrm"])
+    assert exit_.value.code == 2
+    hosts = (["10.77.0.1:2222", "10.77.0.2:2222"], ["10.77.0.3:2222"])
+    for model, wanted, unwanted in (("ctr", ["--model", "ctr"], "--dataset"),
+                                    ("mlp", ["--dataset", "synthetic"], "--model")):
+        argvs = scaling.bench._task_argvs("sync", 1, *hosts,
+                                          scaling._bench_config(40, model))
+        assert [name for name, _ in argvs] == ["ps 0", "ps 1", "worker 0"]
+        for _, argv in argvs:
+            at = argv.index(wanted[0])
+            assert argv[at:at + 2] == wanted and unwanted not in argv
+
+
+def test_each_tasks_cores_are_read_over_the_middle_of_the_time_every_task_ran():
+    # ps 0 from t=0, worker 0 from t=1 (its start-up), ps 0 gone at t=12: every task runs
+    # from 1 to 11, so the middle (0.4-0.8) is 5 to 9.
+    samples = [(0.0, {"ps 0": 0.0})]
+    samples += [(float(t), {"ps 0": 0.25 * t, "worker 0": 0.5 * t + (2.0 if t > 7 else 0.0)})
+                for t in range(1, 12)]
+    samples += [(12.0, {"worker 0": 9.0})]
+    cores = scaling.steady_cores(samples)
+    # worker 0: 0.5 a second, and a 2 s jump between 7 and 8: (2 + 4 x 0.5) / 4.
+    assert cores == {"ps 0": pytest.approx(0.25), "worker 0": pytest.approx(1.0)}
+    assert scaling.steady_cores([(0.0, {"ps 0": 0.0})]) == {}
+    assert scaling.steady_cores([]) == {}
