@@ -53,7 +53,7 @@ def unavailable() -> str | None:
         return "they need root (nftables, cgroups)"
     for tool in ("nft", "iptables", "nsenter", "mount"):
         if shutil.which(tool) is None:
-            return f"`{tool}` is not installed"
+            return f"`{tool}` is not installed (Debian: apt-get install nftables iptables)"
     return None
 
 
