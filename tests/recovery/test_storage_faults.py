@@ -15,10 +15,10 @@ import os
 import pytest
 import tensorflow as tf
 
-from hand_cluster import BOUND, Cluster, checkpoint_steps, wait_for_step
-from procs import small_tmpfs
+from hand_cluster import BOUND, COMMON, Cluster, checkpoint_steps, wait_for_step
+from procs import read_json, small_tmpfs
 from sync_mnist.experiments.loopback_faults import DiskFull
-from sync_mnist.config import EXIT_FAILED, EXIT_OK
+from sync_mnist.config import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 
 STEPS = 30
 
@@ -74,6 +74,32 @@ def test_a_disk_too_full_for_the_trained_model_fails_the_export_in_one_line(proc
         assert errors == [f"error: failed: ExportError: could not write the trained model to "
                           f"{logdir / 'saved_model'}: No space left on device (ENOSPC)"]
         assert sorted(p.name for p in logdir.iterdir() if "saved_model" in p.name) == []
+        # The record keeps what the chief had done: a launcher must not restart it after this.
+        record = cluster.record("worker", 0)
+        assert (record["done_reported"], record["exit_code"]) == (True, EXIT_FAILED), record
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
+def test_a_chief_whose_export_fails_after_its_done_report_is_not_restarted(processes, tmp_path):
+    # Found by make chaos (a full --logdir at the end, --max-restarts 1): the launcher
+    # restarted the chief, whose replacement waited for the ps that had taken its done report
+    # and ended, until the launcher's end bound stopped it and the run ended 200.
+    with small_tmpfs(tmp_path / "export", "600k") as export:
+        launcher = processes.launcher("--base-port", "0", "--workers", "2", *COMMON,
+                                      "--train-steps", "10", "--timeout", "60",
+                                      "--max-restarts", "1", "--export-dir",
+                                      str(export / "model"),
+                                      "--summary-json", str(tmp_path / "cluster.json"))
+        assert launcher.wait(BOUND) == EXIT_FAILED, launcher.output
+    launcher.wait_for_line(r"worker 0 exited with code 1 after its done report, which a "
+                           r"restart cannot undo; stopping the cluster", 1)
+    summary = read_json(tmp_path / "cluster.json")
+    assert summary["restarts"] == {}, summary["restarts"]
+    assert summary["contributions"] == [10, 10]
+    codes = {(t["role"], t["index"]): t["exit_code"] for t in summary["tasks"]}
+    # The ps, with every done report, ends 0, or 130 if the launcher's stop came first.
+    assert codes.pop(("ps", 0)) in (EXIT_OK, EXIT_INTERRUPTED), codes
+    assert codes == {("worker", 0): EXIT_FAILED, ("worker", 1): EXIT_OK}
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
