@@ -250,7 +250,7 @@ def _run_role(config: TaskConfig, verbose: bool, result):
         elif config.role == "ps":
             result = ps.run_ps(config)
         else:
-            result = worker.run_worker(config, result=result)
+            result = worker.run_worker(config, failed=result)
         code = report.exit_code_for(result)
     except cluster_lib.Unreachable as e:  # a ps that may still come: retried, as a timeout
         options.usage_error(e)

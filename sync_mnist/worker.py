@@ -179,35 +179,39 @@ def load_shard(config: TaskConfig, model: api.Model) -> tuple[data.Shard, int, s
 
 
 def run_worker(config: TaskConfig, *, model: api.Model | None = None, server=None,
-               result: report.TaskResult | None = None) -> report.TaskResult:
+               failed: report.TaskResult | None = None) -> report.TaskResult:
     """Trains this worker's shard to the end and returns its result record.
 
     Args:
       config: the task and training configuration.
       model: the model and its data; the one --model names when None (tests pass their own).
       server: an already started tf.distribute.Server for this task (tests); started if None.
-      result: the record to fill in, which the caller keeps if the run raises (what it had
-        done by then: say, its done report, which the launcher must not undo); a new one
-        when None.
+      failed: the record the caller keeps if the run raises; it learns whether the ps had
+        taken this worker's done report (the chief's SavedModel fails after it), which a
+        restart cannot undo. Nothing else: a failed run claims no verdict.
     """
-    run = WorkerRun(config, model, result)
-    run.load_data()
-    run.start_server(server)
-    run.make_graph()
-    with run.join() as sess:
-        run.train(sess)
-        run.finish()
-    if run.verdict is None:  # never report done for a run that did not finish
-        raise RuntimeError(f"{config.name}: the training session ended before the finish phase")
-    run.say_done()
+    run = WorkerRun(config, model)
+    try:
+        run.load_data()
+        run.start_server(server)
+        run.make_graph()
+        with run.join() as sess:
+            run.train(sess)
+            run.finish()
+        if run.verdict is None:  # never report done for a run that did not finish
+            raise RuntimeError(f"{config.name}: the training session ended before the finish "
+                               "phase")
+        run.say_done()
+    finally:
+        if failed is not None:
+            failed.done_reported = run.result.done_reported
     return run.result
 
 
 class WorkerRun:
     """One worker's run, phase by phase; each phase leaves what the next one needs on self."""
 
-    def __init__(self, config: TaskConfig, model: api.Model | None = None,
-                 result: report.TaskResult | None = None):
+    def __init__(self, config: TaskConfig, model: api.Model | None = None):
         self.config, self.train_config = config, config.train
         self.model = model or model_spec.resolve(config.train.model)
         self.params = model_params(config, self.model)
@@ -216,10 +220,10 @@ class WorkerRun:
         # Only the chief writes checkpoints and summaries (preflight.py has checked where).
         self.logdir = config.train.logdir if config.train.logdir and config.is_chief else None
         self.export_dir = config.train.export_dir if config.is_chief else None
-        self.result = result or report.TaskResult(role="worker", index=config.index,
-                                                  mode=config.train.mode)
-        self.result.replicas_to_aggregate = self._aggregate
-        self.result.model = config.train.model
+        self.result = report.TaskResult(role="worker", index=config.index,
+                                        mode=config.train.mode,
+                                        replicas_to_aggregate=self._aggregate,
+                                        model=config.train.model)
         self.verdict: verdict_lib.Verdict | None = None  # set by finish()
 
     @property

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+import tensorflow as tf
 
 from hand_cluster import BOUND, COMMON, Cluster, checkpoint_steps, wait_for_step
 from procs import CLUSTER_LINE, Proc, processes_mentioning, read_json
@@ -61,6 +62,33 @@ def test_whole_cluster_killed_and_restarted_resumes_from_the_last_checkpoint(pro
         assert record["synchronous"] is True, record["verdict"]
     assert cluster.record("ps", 0)["contributions"] == [steps, steps]
     assert processes_mentioning(cluster.marker) == []
+
+
+def test_a_sparse_models_checkpoint_resumes_on_another_number_of_ps(processes, tmp_path):
+    """Issue 36: a table split over 2 ps is saved whole, and 1 ps resumes it where the run
+    stopped, slots and counters too; the verdict counts the whole plan."""
+    logdir, summary = tmp_path / "logdir", tmp_path / "cluster.json"
+
+    def run(num_ps: int, steps: int):
+        launcher = processes.launcher(
+            "--base-port", "0", "--workers", "2", "--ps", str(num_ps), "--model",
+            "sync_mnist.models.ctr:SMALL", "--log-every", "10", "--train-steps", str(steps),
+            "--timeout", "60", "--logdir", str(logdir), "--summary-json", str(summary))
+        assert launcher.wait(BOUND) == EXIT_OK, launcher.output
+        return launcher, read_json(summary)
+
+    _, first = run(2, 20)
+    assert first["contributions"] == [20, 20] and first["synchronous"] is True
+    reader = tf.train.load_checkpoint(str(logdir))
+    assert reader.get_variable_to_shape_map()["embedding/table"] == [10_000, 16]  # whole
+
+    launcher, second = run(1, 40)
+    launcher.wait_for_line(r"\[worker 0\] ready after .*\(global_step 20; restored from the "
+                           r"checkpoint", 1)
+    chief = next(t for t in second["tasks"] if (t["role"], t["index"]) == ("worker", 0))
+    assert (chief["start_step"], chief["local_steps"]) == (20, 20)
+    assert second["contributions"] == [40, 40] and second["global_step"] == 40
+    assert second["synchronous"] is True, second["verdict"]
 
 
 # -------------------------------------------------------------------------- 2. backup worker lost

@@ -74,9 +74,11 @@ def test_a_disk_too_full_for_the_trained_model_fails_the_export_in_one_line(proc
         assert errors == [f"error: failed: ExportError: could not write the trained model to "
                           f"{logdir / 'saved_model'}: No space left on device (ENOSPC)"]
         assert sorted(p.name for p in logdir.iterdir() if "saved_model" in p.name) == []
-        # The record keeps what the chief had done: a launcher must not restart it after this.
+        # The record keeps the done report, which a launcher must not undo with a restart, and
+        # claims no verdict for the failed task (the other workers' records carry the run's).
         record = cluster.record("worker", 0)
         assert (record["done_reported"], record["exit_code"]) == (True, EXIT_FAILED), record
+        assert record["synchronous"] is None, record
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
