@@ -25,6 +25,8 @@ from sync_mnist.session import SideSession
 
 tf1 = tf.compat.v1
 log = logging.getLogger(__name__)
+EXPORT_RETRY_SECS = 1.0  # between tries of a SavedModel that found no room
+SILENT_READ_SECS = 5.0  # silent_ps: how long a ps may take to answer a read of a variable
 
 class StepCutShort(RuntimeError):
     """A training step ended in OutOfRangeError or StopIteration: a failure, never an end."""
@@ -206,6 +208,37 @@ def run_worker(config: TaskConfig, *, model: api.Model | None = None, server=Non
         if failed is not None:
             failed.done_reported = run.result.done_reported
     return run.result
+
+
+def silent_ps(side, graph: tf.Graph, cluster: cluster_lib.ClusterLayout) -> list[str]:
+    """The ps that do not answer now, each with why: nothing listens, or it accepts
+    connections but a read of one of its variables did not come back in SILENT_READ_SECS
+    (frozen, stuck). What a timeout at a read of every ps can name."""
+    one_each = {}
+    for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES):
+        device = tf.DeviceSpec.from_string(v.device)
+        if device.job == "ps" and device.task is not None:
+            one_each.setdefault(device.task, v)
+    silent = []
+    for p, address in enumerate(cluster.ps_hosts):
+        why = membership.probe(address)
+        if why is None and p in one_each:
+            # Bounded twice: a fetch new to this session registers its graph first, which
+            # no RunOptions bound (session.bounded_call).
+            read = tf1.RunOptions(timeout_in_ms=int(SILENT_READ_SECS * 1000))
+            try:
+                session.bounded_call(lambda v=one_each[p]: side.run(v, options=read),
+                                     SILENT_READ_SECS + 1, f"a read of ps {p}")
+            except (tf.errors.DeadlineExceededError, TaskTimeout) as e:
+                if isinstance(e, TaskTimeout):
+                    e.handled()
+                why = (f"it accepts connections but did not answer a read in "
+                       f"{SILENT_READ_SECS:g} s")
+            except tf.errors.OpError as e:
+                why = f"a read of it failed: {type(e).__name__}"
+        if why:
+            silent.append(f"ps {p} ({why})")
+    return silent
 
 
 class WorkerRun:
@@ -528,28 +561,50 @@ class WorkerRun:
 
     @contextlib.contextmanager
     def _awaiting(self, what: str):
-        """A bounded read of the ps that expired, as a timeout that says what it waited for."""
+        """A bounded read of the ps that expired, as a timeout that says what it waited for,
+        and which ps did not answer: the launcher restarts the task a timeout names."""
         try:
             yield
         except tf.errors.DeadlineExceededError:
             cluster = self.config.cluster
             hosts = ", ".join(f"ps {p} at {a}" for p, a in enumerate(cluster.ps_hosts))
+            silent = silent_ps(self.side, self.graph, cluster)
             raise TaskTimeout(
                 f"{self.config.name}: waited {self.train_config.timeout:g} s for "
                 f"{'the ps' if cluster.num_ps == 1 else 'the ps tasks'} ({hosts}) {what}; "
-                "no answer") from None
+                "no answer" + (f"; missing: {', '.join(silent)}" if silent else "")) from None
+
+    def _write_model(self) -> Exception | None:
+        """Writes the SavedModel; the error if it could not. A disk with no room is tried again
+        every EXPORT_RETRY_SECS for half of --timeout (a disk freed meanwhile keeps the run's
+        product), well inside the ps's bound on the done reports (--timeout +
+        --restart-grace without progress); not once a preemption has been asked for."""
+        window = self.train_config.timeout / 2
+        deadline, tries = time.monotonic() + window, 0
+        while True:
+            tries += 1
+            try:
+                export.write_saved_model(self.model, self.params, self.example, self.weights,
+                                         self.export_dir)
+                log.info("saved the trained model to %s%s", self.export_dir,
+                         f" (try {tries})" if tries > 1 else "")
+                return None
+            except export.ExportError as e:
+                if deadline - time.monotonic() < EXPORT_RETRY_SECS or preemption.signalled():
+                    return e
+                if tries == 1:
+                    log.warning("%s; trying again every %g s for up to %g s (half of --timeout)",
+                                e, EXPORT_RETRY_SECS, window)
+            except Exception as e:
+                return e
+            time.sleep(EXPORT_RETRY_SECS)  # a disk's room: nothing to wait on but time
 
     def say_done(self) -> None:
         # The chief writes its model first: once it has reported done the ps may exit, and a
         # chief restarted after that could never read the weights again.
         write_error = None
         if self.export_dir and self.result.preempted_at is None:
-            try:
-                export.write_saved_model(self.model, self.params, self.example, self.weights,
-                                         self.export_dir)
-                log.info("saved the trained model to %s", self.export_dir)
-            except Exception as e:  # raised below, once the ps are not held up by it
-                write_error = e
+            write_error = self._write_model()  # raised below, once the ps are not held up by it
         # Sync: only now may the ps tasks exit: the chief has read everything it needs from them.
         config = self.config
         try:

@@ -60,19 +60,25 @@ def test_a_disk_too_full_for_the_trained_model_fails_the_export_in_one_line(proc
                                                                            tmp_path):
     # No room for the SavedModel (1 MB of weights) either, which the chief writes at the end
     # to --logdir/saved_model by default. That is the run's product, so it fails, exit 1; the
-    # ps has its done report first. Before: "ResourceExhaustedError: Graph execution error:",
-    # and the half-written model left in .saved_model.partial-<pid>.
+    # ps has its done report first, after the chief has tried again for half of --timeout.
+    # Before: "ResourceExhaustedError: Graph execution error:", and the half-written model
+    # left in .saved_model.partial-<pid>.
     with small_tmpfs(tmp_path / "logdir", "4600k") as logdir:
-        cluster = Cluster(processes, tmp_path, 1, "--train-steps", "10", "--timeout", "60",
+        cluster = Cluster(processes, tmp_path, 1, "--train-steps", "10", "--timeout", "8",
                           "--logdir", str(logdir), "--save-steps", "10")
         cluster.start_all(1)
         codes = cluster.wait_all()
         chief = cluster.tasks["worker", 0]
         assert codes == {("ps", 0): EXIT_OK, ("worker", 0): EXIT_FAILED}, chief.output
+        no_room = (f"could not write the trained model to {logdir / 'saved_model'}: No space "
+                   "left on device (ENOSPC)")
+        warnings = [line.split("] ", 1)[1] for line in chief.output.splitlines()
+                    if "] warning: could not write the trained model" in line]
+        assert warnings == [f"warning: {no_room}; trying again every 1 s for up to 4 s (half "
+                            "of --timeout)"], warnings
         errors = [line.split("] ", 1)[1] for line in chief.output.splitlines()
                   if "] error:" in line]
-        assert errors == [f"error: failed: ExportError: could not write the trained model to "
-                          f"{logdir / 'saved_model'}: No space left on device (ENOSPC)"]
+        assert errors == [f"error: failed: ExportError: {no_room}"]
         assert sorted(p.name for p in logdir.iterdir() if "saved_model" in p.name) == []
         # The record keeps the done report, which a launcher must not undo with a restart, and
         # claims no verdict for the failed task (the other workers' records carry the run's).
@@ -82,13 +88,36 @@ def test_a_disk_too_full_for_the_trained_model_fails_the_export_in_one_line(proc
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
+def test_a_disk_freed_while_the_chief_tries_again_keeps_the_trained_model(processes, tmp_path):
+    # Found by make chaos (a --logdir full for less than --timeout, at the end): the chief's
+    # one try at the SavedModel failed the run, exit 1, though the disk had room again
+    # seconds later.
+    with small_tmpfs(tmp_path / "export", "4m") as export:
+        disk = DiskFull(export)
+        assert disk.fill() > 0
+        cluster = Cluster(processes, tmp_path, 1, "--train-steps", "10", "--timeout", "60",
+                          "--export-dir", str(export / "model"))
+        cluster.start_all(1)
+        chief = cluster.tasks["worker", 0]
+        chief.wait_for_line(r"warning: could not write the trained model to .*: No space left "
+                            r"on device \(ENOSPC\); trying again every 1 s for up to 30 s",
+                            BOUND)
+        disk.free()
+        codes = cluster.wait_all()
+        assert codes == {("ps", 0): EXIT_OK, ("worker", 0): EXIT_OK}, chief.output
+        chief.wait_for_line(rf"saved the trained model to {export / 'model'} \(try \d+\)", 1)
+        assert (export / "model" / "saved_model.pb").is_file()
+        assert cluster.record("worker", 0)["synchronous"] is True
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
 def test_a_chief_whose_export_fails_after_its_done_report_is_not_restarted(processes, tmp_path):
     # Found by make chaos (a full --logdir at the end, --max-restarts 1): the launcher
     # restarted the chief, whose replacement waited for the ps that had taken its done report
     # and ended, until the launcher's end bound stopped it and the run ended 200.
     with small_tmpfs(tmp_path / "export", "600k") as export:
         launcher = processes.launcher("--base-port", "0", "--workers", "2", *COMMON,
-                                      "--train-steps", "10", "--timeout", "60",
+                                      "--train-steps", "10", "--timeout", "8",
                                       "--max-restarts", "1", "--export-dir",
                                       str(export / "model"),
                                       "--summary-json", str(tmp_path / "cluster.json"))
