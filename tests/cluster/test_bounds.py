@@ -232,19 +232,22 @@ def test_a_read_at_the_finish_that_expires_says_what_it_waited_for():
     # it ended 200 with "DeadlineExceededError: Graph execution error:", which names nothing.
     from types import SimpleNamespace
 
-    from sync_mnist.cluster import ClusterLayout
+    from sync_mnist.cluster import ClusterLayout, free_ports
     from sync_mnist.config import TaskTimeout
 
-    layout = ClusterLayout(("localhost:2222", "localhost:2223"), ("localhost:2224",))
+    ps = [f"127.0.0.1:{port}" for port in free_ports(2)]  # nothing listens: both are named
+    layout = ClusterLayout(tuple(ps), ("localhost:2224",))
     run = SimpleNamespace(config=SimpleNamespace(name="worker 1", cluster=layout),
-                          train_config=SimpleNamespace(timeout=20.0))
+                          train_config=SimpleNamespace(timeout=20.0), side=None,
+                          graph=tf.Graph())
     # The guard every read of the finish runs under, private to WorkerRun, on its own.
     with pytest.raises(TaskTimeout) as raised:
         with worker.WorkerRun._awaiting(run, "to evaluate the model"):
             raise tf.errors.DeadlineExceededError(None, None, "Graph execution error:")
     assert str(raised.value) == (
-        "worker 1: waited 20 s for the ps tasks (ps 0 at localhost:2222, ps 1 at "
-        "localhost:2223) to evaluate the model; no answer")
+        f"worker 1: waited 20 s for the ps tasks (ps 0 at {ps[0]}, ps 1 at {ps[1]}) to "
+        f"evaluate the model; no answer; missing: ps 0 (nothing listens at {ps[0]}), ps 1 "
+        f"(nothing listens at {ps[1]})")
     with pytest.raises(tf.errors.UnavailableError):  # only an expired bound is a timeout
         with worker.WorkerRun._awaiting(run, "to evaluate the model"):
             raise tf.errors.UnavailableError(None, None, "Socket closed")
