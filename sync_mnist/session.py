@@ -421,6 +421,13 @@ class _BoundedHook(tf1.train.SessionRunHook):
         bounded_call(lambda: self.hook.end(session), self._timeout, f"{self._what}.end")
 
 
+FIRST_SAVE_RETRY_SECS = 1.0  # between tries of a first checkpoint that found no room
+
+
+class _NoRoom(ConfigError):
+    """The run's first checkpoint found no room under --logdir."""
+
+
 class _SharedCheckpointSaverHook(tf1.train.CheckpointSaverHook):
     """CheckpointSaverHook that checks, at a session's first save, that the checkpoint is
     complete where the chief restores from, and that outlives a full disk.
@@ -435,7 +442,9 @@ class _SharedCheckpointSaverHook(tf1.train.CheckpointSaverHook):
     `checkpoint` file, written only after a save is complete, still names the last complete
     one. Stopping would lose the run for the sake of a checkpoint. The first save of the run is
     the exception: nothing is trained yet, and a --logdir with no room for one checkpoint is
-    bad input (ConfigError, exit 2).
+    bad input (ConfigError, exit 2), once it has been tried again every FIRST_SAVE_RETRY_SECS
+    for half of --timeout (a disk freed meanwhile: the run goes on; the workers wait for the
+    chief's first update for --timeout).
     """
 
     def __init__(self, checkpoint_dir: str, *, timeout: float, ps_hosts: Sequence[str],
@@ -443,6 +452,7 @@ class _SharedCheckpointSaverHook(tf1.train.CheckpointSaverHook):
         super().__init__(checkpoint_dir, **kwargs)
         self._logdir, self._timeout, self._ps_hosts = checkpoint_dir, timeout, tuple(ps_hosts)
         self._status, self._checked, self._events = status, False, events
+        self._graph_written = False
 
     def begin(self):
         super().begin()
@@ -450,6 +460,9 @@ class _SharedCheckpointSaverHook(tf1.train.CheckpointSaverHook):
             self._summary_writer = self._events
 
     def _save(self, session, step):
+        # The graph is written (graph.pbtxt, the events): a first save tried again for want of
+        # room (after_create_session) is this alone.
+        self._graph_written = True
         # Sync: the ps write the shards; a save has no RunOptions, so a stopped ps would hold
         # the chief's step (this runs in after_run) without end.
         try:
@@ -467,7 +480,7 @@ class _SharedCheckpointSaverHook(tf1.train.CheckpointSaverHook):
     def _no_room(self, error: tf.errors.ResourceExhaustedError, what: str) -> None:
         reason = storage_error(error)
         if not self._checked:
-            raise ConfigError(f"--logdir {self._logdir} has no room for a checkpoint: {reason} "
+            raise _NoRoom(f"--logdir {self._logdir} has no room for a checkpoint: {reason} "
                               f"while saving {what}: free some space there, or give another "
                               "--logdir") from None
         self._status.failed_saves += 1
@@ -476,11 +489,39 @@ class _SharedCheckpointSaverHook(tf1.train.CheckpointSaverHook):
         log.warning("%s", self._status.save_error)
 
     def after_create_session(self, session, coord):
+        window = self._timeout / 2
+        deadline, tries = time.monotonic() + window, 0
+        while True:
+            tries += 1
+            try:
+                saved = self._first_save(session, coord)
+                break
+            except _NoRoom as e:
+                if deadline - time.monotonic() < FIRST_SAVE_RETRY_SECS:
+                    raise
+                if tries == 1:
+                    log.warning("%s; trying again every %g s for up to %g s (half of "
+                                "--timeout)", e, FIRST_SAVE_RETRY_SECS, window)
+            time.sleep(FIRST_SAVE_RETRY_SECS)  # a disk's room: nothing to wait on but time
+        if not saved:
+            return
+        if tries > 1:
+            log.info("saved the first checkpoint in %s (try %d)", self._logdir, tries)
+        self._check_first_save()
+
+    def _first_save(self, session, coord) -> bool:
+        """Writes graph.pbtxt and the model as it is now; False if graph.pbtxt found no room
+        once the first save had been made (a session made again: a warning, no save)."""
+        if self._graph_written:  # tried before as far as the save: the save alone again
+            step = session.run(self._global_step_tensor)
+            self._save(session, step)
+            self._timer.update_last_triggered_step(step)
+            return True
         try:
-            super().after_create_session(session, coord)  # saves the model as it is now
+            super().after_create_session(session, coord)
         except tf.errors.ResourceExhaustedError as e:  # writing graph.pbtxt, before the save
             self._no_room(e, "graph.pbtxt")
-            return
+            return False
         except tf.errors.OpError as e:
             missing = re.search(r"NOT_FOUND: (\S+) not found", str(e))
             if "MergeV2Checkpoints" not in str(e) or not missing:
@@ -488,6 +529,9 @@ class _SharedCheckpointSaverHook(tf1.train.CheckpointSaverHook):
             raise ConfigError(_not_shared(self._logdir, f"the last ps cannot find "
                                           f"{missing.group(1)}, another ps's shard, to merge "
                                           "the checkpoint")) from None
+        return True
+
+    def _check_first_save(self):
         # Not tf.train.latest_checkpoint, which logs an error of its own for a missing shard.
         state = tf.train.get_checkpoint_state(self._logdir)  # the chief's own file: present
         path = state.model_checkpoint_path

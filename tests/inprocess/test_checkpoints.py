@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -298,3 +299,52 @@ def test_a_logdir_with_no_room_for_the_first_checkpoint_is_refused(tmp_path):
         # Nothing a resume would trust: no checkpoint named, no half-written shard left.
         assert tf.train.get_checkpoint_state(str(logdir)) is None
         assert not list(logdir.glob("model.ckpt-0*"))
+
+
+class _FreedAtTheFirstWait:
+    """Stands in for session.py's `time`: its first sleep frees the disk, as another job's
+    files removed while the chief waits for room."""
+
+    def __init__(self, disk):
+        self.disk, self.sleeps = disk, 0
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+    def sleep(self, seconds):
+        self.sleeps += 1
+        self.disk.free()
+        time.sleep(seconds)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
+def test_a_first_checkpoint_that_finds_room_again_is_saved_and_the_run_goes_on(
+        tmp_path, monkeypatch, caplog):
+    # Found by make chaos (disk-full in the start-up): a --logdir full for a few seconds as the
+    # chief made its first save ended the run, exit 2, though the disk had room again soon.
+    from procs import small_tmpfs
+    from sync_mnist.experiments.loopback_faults import DiskFull
+
+    server = tf.distribute.Server.create_local_server()
+    with small_tmpfs(tmp_path / "logdir", "2m") as logdir, tf.Graph().as_default():
+        tf1.train.get_or_create_global_step()
+        tf1.get_variable("weights", initializer=tf.zeros([100_000]))  # 400 kB
+        disk = DiskFull(logdir)
+        assert disk.fill() > 0
+        clock = _FreedAtTheFirstWait(disk)
+        monkeypatch.setattr(session, "time", clock)
+        try:
+            with session.monitored_session(server.target, is_chief=True, hooks=[],
+                                           config=None, timeout=10,
+                                           checkpoint_dir=str(logdir), save_steps=10) as sess:
+                assert sess.run(tf1.train.get_global_step()) == 0
+        finally:
+            tf1.summary.FileWriterCache.clear()
+        assert clock.sleeps == 1
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
+                    and "no room" in r.getMessage()]
+        assert warnings == [
+            f"--logdir {logdir} has no room for a checkpoint: No space left on device (ENOSPC) "
+            "while saving graph.pbtxt: free some space there, or give another --logdir; "
+            "trying again every 1 s for up to 5 s (half of --timeout)"]
+        assert _listed(logdir)[0] == 0  # the first checkpoint, complete
