@@ -17,7 +17,7 @@ JOBS   ?= 4
 #   test-cluster:   tests/cluster, whole clusters through the real command line
 # Not in `make test`, and run by .ci/run after it, in this order: `make test-recovery`
 # (tests/recovery), clusters with faults injected (tasks killed, frozen or preempted, a full
-# disk), which wait out timeouts and restarts (about 2 minutes); `make test-slurm`
+# disk), which wait out timeouts and restarts (about 3 minutes); `make test-slurm`
 # (tests/slurm), the sbatch script under a real Slurm of its own (root; installs slurm-wlm and
 # munge where missing, else skips saying why; a few minutes); `make test-network`
 # (tests/network), a worker partitioned on the testbed's network namespaces (root, else skips
