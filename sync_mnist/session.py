@@ -421,7 +421,26 @@ class _BoundedHook(tf1.train.SessionRunHook):
         bounded_call(lambda: self.hook.end(session), self._timeout, f"{self._what}.end")
 
 
-FIRST_SAVE_RETRY_SECS = 1.0  # between tries of a first checkpoint that found no room
+ROOM_RETRY_SECS = 1.0  # between tries of a write that found no room (retry_for_room)
+
+
+def retry_for_room(write: Callable, no_room: type[Exception], window: float,
+                   stop: Callable[[], bool] = lambda: False):
+    """(write(), tries): a write that found no room on its disk (raised `no_room`) is tried
+    again every ROOM_RETRY_SECS for up to `window` s (half of --timeout: a disk freed
+    meanwhile keeps it), with one warning; then, or once `stop()`, its error is raised."""
+    deadline, tries = time.monotonic() + window, 0
+    while True:
+        tries += 1
+        try:
+            return write(), tries
+        except no_room as e:
+            if deadline - time.monotonic() < ROOM_RETRY_SECS or stop():
+                raise
+            if tries == 1:
+                log.warning("%s; trying again every %g s for up to %g s (half of --timeout)",
+                            e, ROOM_RETRY_SECS, window)
+        time.sleep(ROOM_RETRY_SECS)  # a disk's room: nothing to wait on but time
 
 
 class _NoRoom(ConfigError):
@@ -442,8 +461,8 @@ class _SharedCheckpointSaverHook(tf1.train.CheckpointSaverHook):
     `checkpoint` file, written only after a save is complete, still names the last complete
     one. Stopping would lose the run for the sake of a checkpoint. The first save of the run is
     the exception: nothing is trained yet, and a --logdir with no room for one checkpoint is
-    bad input (ConfigError, exit 2), once it has been tried again every FIRST_SAVE_RETRY_SECS
-    for half of --timeout (a disk freed meanwhile: the run goes on; the workers wait for the
+    bad input (ConfigError, exit 2), once it has been tried again (retry_for_room) for half
+    of --timeout (a disk freed meanwhile: the run goes on; the workers wait for the
     chief's first update for --timeout).
     """
 
@@ -489,20 +508,8 @@ class _SharedCheckpointSaverHook(tf1.train.CheckpointSaverHook):
         log.warning("%s", self._status.save_error)
 
     def after_create_session(self, session, coord):
-        window = self._timeout / 2
-        deadline, tries = time.monotonic() + window, 0
-        while True:
-            tries += 1
-            try:
-                saved = self._first_save(session, coord)
-                break
-            except _NoRoom as e:
-                if deadline - time.monotonic() < FIRST_SAVE_RETRY_SECS:
-                    raise
-                if tries == 1:
-                    log.warning("%s; trying again every %g s for up to %g s (half of "
-                                "--timeout)", e, FIRST_SAVE_RETRY_SECS, window)
-            time.sleep(FIRST_SAVE_RETRY_SECS)  # a disk's room: nothing to wait on but time
+        saved, tries = retry_for_room(lambda: self._first_save(session, coord), _NoRoom,
+                                      self._timeout / 2)
         if not saved:
             return
         if tries > 1:

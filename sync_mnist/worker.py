@@ -25,7 +25,6 @@ from sync_mnist.session import SideSession
 
 tf1 = tf.compat.v1
 log = logging.getLogger(__name__)
-EXPORT_RETRY_SECS = 1.0  # between tries of a SavedModel that found no room
 SILENT_READ_SECS = 5.0  # silent_ps: how long a ps may take to answer a read of a variable
 
 class StepCutShort(RuntimeError):
@@ -576,28 +575,19 @@ class WorkerRun:
 
     def _write_model(self) -> Exception | None:
         """Writes the SavedModel; the error if it could not. A disk with no room is tried again
-        every EXPORT_RETRY_SECS for half of --timeout (a disk freed meanwhile keeps the run's
+        for half of --timeout (session.retry_for_room: a disk freed meanwhile keeps the run's
         product), well inside the ps's bound on the done reports (--timeout +
         --restart-grace without progress); not once a preemption has been asked for."""
-        window = self.train_config.timeout / 2
-        deadline, tries = time.monotonic() + window, 0
-        while True:
-            tries += 1
-            try:
-                export.write_saved_model(self.model, self.params, self.example, self.weights,
-                                         self.export_dir)
-                log.info("saved the trained model to %s%s", self.export_dir,
-                         f" (try {tries})" if tries > 1 else "")
-                return None
-            except export.ExportError as e:
-                if deadline - time.monotonic() < EXPORT_RETRY_SECS or preemption.signalled():
-                    return e
-                if tries == 1:
-                    log.warning("%s; trying again every %g s for up to %g s (half of --timeout)",
-                                e, EXPORT_RETRY_SECS, window)
-            except Exception as e:
-                return e
-            time.sleep(EXPORT_RETRY_SECS)  # a disk's room: nothing to wait on but time
+        try:
+            _, tries = session.retry_for_room(
+                lambda: export.write_saved_model(self.model, self.params, self.example,
+                                                 self.weights, self.export_dir),
+                export.ExportError, self.train_config.timeout / 2, stop=preemption.signalled)
+        except Exception as e:
+            return e
+        log.info("saved the trained model to %s%s", self.export_dir,
+                 f" (try {tries})" if tries > 1 else "")
+        return None
 
     def say_done(self) -> None:
         # The chief writes its model first: once it has reported done the ps may exit, and a
