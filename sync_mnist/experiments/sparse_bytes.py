@@ -3,6 +3,7 @@
     python -m sync_mnist.experiments.sparse_bytes [--rows 100000 1000000 10000000] [--ps 2]
                                                   [--vocabulary 10000]
     python -m sync_mnist.experiments.sparse_bytes --rows 1000000 --ps 4 --vocabulary 200 --json
+    python -m sync_mnist.experiments.sparse_bytes --vocabulary 200 --wire-dtype bfloat16
 
 For each table size: K ps servers and one worker (the chief) in this process, the real graph
 (worker.build_graph of models/ctr.py, 26 fields, batch 100) and the real session; one
@@ -28,14 +29,17 @@ import os
 import statistics
 import sys
 
+from sync_mnist.config import WIRE_DTYPES
+
 _SERVERS: list = []
 
 
 def measure(rows: int, num_ps: int, traced: int, batch_size: int = 100,
-            vocabulary: int = 10_000) -> dict:
+            vocabulary: int = 10_000, wire_dtype: str = "float32") -> dict:
     """{"pushed": bytes worker -> all ps per step, "pulled": ps -> worker, "per_ps_pushed" and
     "per_ps_pulled": the same for each ps, "steps": how many traced steps had every tensor's
-    record} for a ctr table of `rows` rows and `vocabulary` ids a field."""
+    record} for a ctr table of `rows` rows and `vocabulary` ids a field, crossing in
+    `wire_dtype` (--wire-dtype)."""
     import numpy as np
     import tensorflow as tf
 
@@ -62,7 +66,7 @@ def measure(rows: int, num_ps: int, traced: int, batch_size: int = 100,
     _SERVERS.extend([*servers, chief])
     config = TaskConfig(role="worker", index=0, cluster=layout,
                         train=TrainConfig(model="ctr", train_steps=traced + 1,
-                                          batch_size=batch_size))
+                                          batch_size=batch_size, wire_dtype=wire_dtype))
     features, labels = worker.input_data("train_input_fn", model.train_input_fn,
                                          worker.model_params(config, model))
     shard = data.Shard(features, labels, index=0, num_workers=1, batch_size=batch_size, seed=0)
@@ -100,7 +104,7 @@ def measure(rows: int, num_ps: int, traced: int, batch_size: int = 100,
     def per_ps(sender: str, receiver: str) -> float:
         return statistics.mean(m.get((sender, receiver), 0) for m in moved)
 
-    return {"rows": rows, "vocabulary": vocabulary, "ps": num_ps,
+    return {"rows": rows, "vocabulary": vocabulary, "ps": num_ps, "wire_dtype": wire_dtype,
             "table_bytes": rows * ctr.PARAMS["dimension"] * 4,
             "pushed": each_way("worker", "ps"), "pulled": each_way("ps", "worker"),
             "steps": len(moved),
@@ -117,6 +121,8 @@ def main(argv=None) -> None:
     parser.add_argument("--batch-size", type=int, default=100, help="(default: 100)")
     parser.add_argument("--vocabulary", type=int, default=10_000,
                         help="ids a field (default: 10000; the default ctr run has 200)")
+    parser.add_argument("--wire-dtype", choices=WIRE_DTYPES, default="float32",
+                        help="what the rows and the dense layers cross in (default: float32)")
     parser.add_argument("--json", action="store_true",
                         help="one JSON object per table size, not a line of text (default: off)")
     args = parser.parse_args(argv)
@@ -125,10 +131,11 @@ def main(argv=None) -> None:
     tfcompat.graph_mode(verbose=False)
     if not args.json:
         print(f"ctr model, 26 fields x 16, {args.vocabulary} ids a field, batch "
-              f"{args.batch_size}, {args.ps} ps, 1 worker; bytes per step, mean over the traced "
-              "steps", flush=True)
+              f"{args.batch_size}, {args.ps} ps, 1 worker, --wire-dtype {args.wire_dtype}; bytes per "
+              "step, mean over the traced steps", flush=True)
     for rows in args.rows:
-        m = measure(rows, args.ps, args.traced, args.batch_size, args.vocabulary)
+        m = measure(rows, args.ps, args.traced, args.batch_size, args.vocabulary,
+                    args.wire_dtype)
         if args.json:
             print(json.dumps(m), flush=True)
             continue
