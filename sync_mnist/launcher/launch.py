@@ -656,6 +656,13 @@ def _wait(tasks: list[_Task], policy: _Policy, *, ps_serve_forever: bool,
         if not live:  # only a lost backup ended just now: the next round sees the rest
             time.sleep(0.1)
             continue
+        if all(t.role == "ps" for t in live):
+            # A ps left waiting for done reports after a verified run that no worker is left
+            # to send: no bound to wait out (a chaos run took 82 s to end verified).
+            spared = policy.spared_at_the_end(live)  # marks workers only: none is live
+            if spared and len(spared) == len(live):
+                _mark_spared(spared, "still running after every worker ended")
+                return None
         if preempted and now - preempted[0] > preempt_bound:
             why = f"still running {preempt_bound:g} s after the preemption was passed on"
         elif first_end is not None and now - first_end[0] > end_bound:
@@ -667,12 +674,7 @@ def _wait(tasks: list[_Task], policy: _Policy, *, ps_serve_forever: bool,
             time.sleep(0.1)
             continue
         spared = policy.spared_at_the_end(live)
-        for t in spared:
-            t.spared = ("no worker is left to report done to it" if t.role == "ps"
-                        else "a backup the run did without" if t.lost
-                        else "a replacement that never joined the run")
-            log.warning("%s %s, after the chief had verified the run and ended: %s; stopping it",
-                        t.tag, why, t.spared)
+        _mark_spared(spared, why)
         live = [t for t in live if t not in spared]
         if not live:
             return None
@@ -680,6 +682,16 @@ def _wait(tasks: list[_Task], policy: _Policy, *, ps_serve_forever: bool,
             t.overdue = f"{why}; stopped by the launcher"
         log.error("%s %s; stopping the cluster", ", ".join(t.tag for t in live), why)
         return live[0]
+
+
+def _mark_spared(spared: list[_Task], why: str) -> None:
+    """Marks and logs each of `spared` (from _Policy.spared_at_the_end), which still runs `why`."""
+    for t in spared:
+        t.spared = ("no worker is left to report done to it" if t.role == "ps"
+                    else "a backup the run did without" if t.lost
+                    else "a replacement that never joined the run")
+        log.warning("%s %s, after the chief had verified the run and ended: %s; stopping it",
+                    t.tag, why, t.spared)
 
 
 def _stop(tasks: list[_Task]) -> None:

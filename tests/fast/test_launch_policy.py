@@ -253,6 +253,31 @@ def test_a_ps_left_waiting_for_done_reports_after_a_verified_run_is_stopped_not_
     assert "stopped by the launcher" in ps.overdue and "stopped by the launcher" in still.overdue
 
 
+def test_a_ps_left_waiting_once_every_worker_ended_is_spared_without_waiting_out_the_bound():
+    # Chaos run 19 on 7808e7d: worker 1, frozen past --timeout at the end, ended 200 after the
+    # chief had verified the run; both ps waited for its done report until the launcher's
+    # end bound (70 s), and a verified run took 82 s to end.
+    ps0, ps1, chief = _FakeTask("ps", 0, None), _FakeTask("ps", 1, None), _FakeTask("worker", 0, 0)
+    frozen, other = _FakeTask("worker", 1, EXIT_TIMEOUT), _FakeTask("worker", 2, 0)
+    tasks = [ps0, ps1, chief, frozen, other]
+    for t in tasks:
+        t.overdue = t.spared = None
+    started = time.monotonic()
+    assert _wait(tasks, max_restarts=1, end_bound=10.0) is None
+    assert time.monotonic() - started < 5.0
+    assert ps0.spared == ps1.spared == "no worker is left to report done to it"
+    assert ps0.overdue is None and ps1.overdue is None and frozen.starts == 1
+    # A ps that every worker reported done to is stuck: it waits out the bound, overdue.
+    ps0 = _FakeTask("ps", 0, None)
+    tasks = [ps0, chief, other]
+    for t in tasks:
+        t.overdue = t.spared = None
+    started = time.monotonic()
+    assert _wait(tasks, max_restarts=1, end_bound=0.5) is ps0
+    assert time.monotonic() - started >= 0.5
+    assert ps0.spared is None and "stopped by the launcher" in ps0.overdue
+
+
 def test_a_task_spared_at_the_end_is_stopped_but_not_reported_blocked(tmp_path):
     """Before, the summary's row of a ps stopped after a verified run said "BLOCKED: still
     running at the end", in a run that ended 0."""
