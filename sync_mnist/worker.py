@@ -454,7 +454,18 @@ class WorkerRun:
         self._record_training(local, last_token, train_started,
                               stopped_early=stopped(last_token))
         if config.is_chief:
+            self._save_final(sess)
+
+    def _save_final(self, sess) -> None:
+        """session.save_final; its timeout (a bounded_call's, which names no ps) also says which
+        ps is silent, so that the launcher restarts that ps, not only this task (found by make
+        chaos: ps 0 of 2 frozen as the chief saved; the workers named ps 0 and the chief did not,
+        and the launcher had no restart left for the chief)."""
+        try:
             session.save_final(sess, self.status)
+        except TaskTimeout as e:
+            e.handled()  # raised again below, arming its own last resort
+            raise TaskTimeout(f"{e}{self._silent_ps()}") from None
 
     def _record_training(self, local: int, last_token: int, train_started: float, *,
                          stopped_early: bool) -> None:
@@ -567,11 +578,16 @@ class WorkerRun:
         except tf.errors.DeadlineExceededError:
             cluster = self.config.cluster
             hosts = ", ".join(f"ps {p} at {a}" for p, a in enumerate(cluster.ps_hosts))
-            silent = silent_ps(self.side, self.graph, cluster)
             raise TaskTimeout(
                 f"{self.config.name}: waited {self.train_config.timeout:g} s for "
                 f"{'the ps' if cluster.num_ps == 1 else 'the ps tasks'} ({hosts}) {what}; "
-                "no answer" + (f"; missing: {', '.join(silent)}" if silent else "")) from None
+                f"no answer{self._silent_ps()}") from None
+
+    def _silent_ps(self) -> str:
+        """The "; missing: ps K (why), ..." a timeout ends with, for each ps that does not
+        answer now (silent_ps); "" if every ps answers."""
+        silent = silent_ps(self.side, self.graph, self.config.cluster)
+        return f"; missing: {', '.join(silent)}" if silent else ""
 
     def _write_model(self) -> Exception | None:
         """Writes the SavedModel; the error if it could not. A disk with no room is tried again

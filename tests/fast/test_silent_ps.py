@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 
+import pytest
 import tensorflow as tf
 
 from sync_mnist import report, worker
@@ -48,3 +49,34 @@ def test_a_timeout_names_the_ps_that_do_not_answer_and_why():
     timeout = ("worker 1: waited 20 s for the ps tasks (...) at the finish (the barrier and the "
                f"final counters); no answer; missing: {', '.join(silent)}")
     assert report.missing_tasks(timeout) == ["ps 0", "ps 2"]
+
+
+def test_a_final_save_that_timed_out_names_the_silent_ps(monkeypatch):
+    from sync_mnist import session
+    from sync_mnist.config import TaskConfig, TaskTimeout, TrainConfig
+
+    ports = free_ports(2)
+    layout = ClusterLayout(tuple(f"127.0.0.1:{p}" for p in ports), ("127.0.0.1:1",))
+    graph = tf.Graph()
+    with graph.as_default():
+        for p in range(2):
+            with tf1.device(f"/job:ps/task:{p}"):
+                tf1.get_variable(f"layer{p}/weights", [2])
+
+    def save_final(sess, status):  # as _BoundedHook.end words it: no ps named
+        raise TaskTimeout("waited 20 s for the ps (...) in _SharedCheckpointSaverHook.end; it "
+                          "did not answer")
+
+    monkeypatch.setattr(session, "save_final", save_final)
+    run = worker.WorkerRun.__new__(worker.WorkerRun)  # the fields _save_final reads
+    run.side, run.graph, run.status = _Side(frozen={0}), graph, None
+    run.config = TaskConfig(role="worker", index=0, cluster=layout, train=TrainConfig(train_steps=1))
+    with socket.socket() as ps0, socket.socket() as ps1:
+        for server, port in ((ps0, ports[0]), (ps1, ports[1])):
+            server.bind(("127.0.0.1", port))
+            server.listen()
+        with pytest.raises(TaskTimeout) as raised:
+            run._save_final(sess=None)
+    message = str(raised.value)
+    assert message.startswith("waited 20 s for the ps (...) in _SharedCheckpointSaverHook.end")
+    assert report.missing_tasks(message) == ["ps 0"]
