@@ -517,7 +517,7 @@ class _Policy:
             if self._spare_left(t):
                 t.lost = True  # counted by _spare_left for the next one
                 spared.append(t)
-            elif t.role == "worker" and t.restarts and not t.ready:
+            elif _never_joined(t):
                 t.spent = True  # a replacement that waits for a chief who is gone: no judge
                 spared.append(t)
         workers = [t for t in self._tasks if t.role == "worker"]
@@ -656,12 +656,14 @@ def _wait(tasks: list[_Task], policy: _Policy, *, ps_serve_forever: bool,
         if not live:  # only a lost backup ended just now: the next round sees the rest
             time.sleep(0.1)
             continue
-        if all(t.role == "ps" for t in live):
-            # A ps left waiting for done reports after a verified run that no worker is left
-            # to send: no bound to wait out (a chaos run took 82 s to end verified).
-            spared = policy.spared_at_the_end(live)  # marks workers only: none is live
+        if all(t.role == "ps" or _never_joined(t) for t in live):
+            # After a verified run, a ps left waiting for done reports that no worker is left
+            # to send, or a replacement waiting for a chief who is gone: no bound to wait out
+            # (a chaos run took 82 s to end verified). spared_at_the_end marks the workers it
+            # spares; here it spares every one (each never joined), so marks nothing else.
+            spared = policy.spared_at_the_end(live)
             if spared and len(spared) == len(live):
-                _mark_spared(spared, "still running after every worker ended")
+                _mark_spared(spared, "still running after every worker that joined the run ended")
                 return None
         if preempted and now - preempted[0] > preempt_bound:
             why = f"still running {preempt_bound:g} s after the preemption was passed on"
@@ -682,6 +684,12 @@ def _wait(tasks: list[_Task], policy: _Policy, *, ps_serve_forever: bool,
             t.overdue = f"{why}; stopped by the launcher"
         log.error("%s %s; stopping the cluster", ", ".join(t.tag for t in live), why)
         return live[0]
+
+
+def _never_joined(task: _Task) -> bool:
+    """A worker restarted that has not joined the run (not ready): after a verified run, it
+    waits for a chief who is gone."""
+    return task.role == "worker" and bool(task.restarts) and not task.ready
 
 
 def _mark_spared(spared: list[_Task], why: str) -> None:
