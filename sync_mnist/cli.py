@@ -339,10 +339,17 @@ def _timed_out(error: Exception) -> bool:
 
 
 def _peer_lost(error: Exception) -> bool:
-    """A ps or worker went away under a running call: a restarted task can rejoin, so retry."""
+    """A ps or worker went away under a running call: a restarted task can rejoin, so retry.
+
+    CancelledError too: TensorFlow cancels the rest of a step when a peer under it fails, and
+    which partition's error the call raises varies. Replaying one chaos run (ps 0 of 2 frozen
+    at the end, then restarted), ps 1's read of ps 0 failed with AbortedError in most replays
+    and with CancelledError in one, which then failed the run (exit 1).
+    """
     import tensorflow as tf  # already loaded: only a running task gets here
 
-    return isinstance(error, (tf.errors.UnavailableError, tf.errors.AbortedError))
+    return isinstance(error, (tf.errors.UnavailableError, tf.errors.AbortedError,
+                              tf.errors.CancelledError))
 
 
 def _raise_interrupt(signum, frame):

@@ -247,6 +247,7 @@ def test_a_lost_peer_is_retryable_and_other_tensorflow_errors_are_not():
     # cli's own classifier, tested alone: the whole path is in tests/cluster/test_task_process.py.
     assert cli._peer_lost(tf.errors.UnavailableError(None, None, "Socket closed"))
     assert cli._peer_lost(tf.errors.AbortedError(None, None, "Session handle not found"))
+    assert cli._peer_lost(tf.errors.CancelledError(None, None, "Graph execution error"))
     assert not cli._peer_lost(tf.errors.InvalidArgumentError(None, None, "shape"))
     assert not cli._peer_lost(ValueError("a bug"))
 
