@@ -240,6 +240,13 @@ def silent_ps(side, graph: tf.Graph, cluster: cluster_lib.ClusterLayout) -> list
     return silent
 
 
+def _missing(side, graph: tf.Graph, cluster: cluster_lib.ClusterLayout) -> str:
+    """The "; missing: ps K (why), ..." a timeout ends with, for each ps that does not answer
+    now (silent_ps); "" if every ps answers."""
+    silent = silent_ps(side, graph, cluster)
+    return f"; missing: {', '.join(silent)}" if silent else ""
+
+
 class WorkerRun:
     """One worker's run, phase by phase; each phase leaves what the next one needs on self."""
 
@@ -465,7 +472,8 @@ class WorkerRun:
             session.save_final(sess, self.status)
         except TaskTimeout as e:
             e.handled()  # raised again below, arming its own last resort
-            raise TaskTimeout(f"{e}{self._silent_ps()}") from None
+            missing = _missing(self.side, self.graph, self.config.cluster)
+            raise TaskTimeout(f"{e}{missing}") from None
 
     def _record_training(self, local: int, last_token: int, train_started: float, *,
                          stopped_early: bool) -> None:
@@ -581,13 +589,7 @@ class WorkerRun:
             raise TaskTimeout(
                 f"{self.config.name}: waited {self.train_config.timeout:g} s for "
                 f"{'the ps' if cluster.num_ps == 1 else 'the ps tasks'} ({hosts}) {what}; "
-                f"no answer{self._silent_ps()}") from None
-
-    def _silent_ps(self) -> str:
-        """The "; missing: ps K (why), ..." a timeout ends with, for each ps that does not
-        answer now (silent_ps); "" if every ps answers."""
-        silent = silent_ps(self.side, self.graph, self.config.cluster)
-        return f"; missing: {', '.join(silent)}" if silent else ""
+                f"no answer{_missing(self.side, self.graph, cluster)}") from None
 
     def _write_model(self) -> Exception | None:
         """Writes the SavedModel; the error if it could not. A disk with no room is tried again
