@@ -41,6 +41,9 @@ READY_POLL_SECS = 0.25
 STOP_GRACE_SECS = 0.25
 
 _LOST_PS = (tf.errors.UnavailableError, tf.errors.AbortedError)  # what MonitoredSession retries
+# What a ps restarted empty answers a read or write of a variable it held: its resource is
+# gone (NotFound), or is not initialised again yet (FailedPrecondition).
+_EMPTIED = (tf.errors.NotFoundError, tf.errors.FailedPreconditionError)
 GLOBAL_STEP = "global_step"  # the variable's name, as tf.train.get_or_create_global_step makes it
 
 # Closing a session whose ps is gone blocks without end (TensorFlow keeps retrying to release
@@ -693,12 +696,19 @@ class SideSession:
     def run(self, fetches, feed_dict=None, options=None):
         try:
             return self._run(fetches, feed_dict, options)
-        except _LOST_PS:
+        except _LOST_PS as lost:
             if any(membership.probe(address) for address in self._ps_hosts):
                 raise
             self.close()
             self._sess = tf1.Session(*self._args)
-            return self._run(fetches, feed_dict, options)
+            try:
+                return self._run(fetches, feed_dict, options)
+            except _EMPTIED as e:
+                # The ps came back empty (restarted) and the chief has not restored the model
+                # into it yet: still the lost ps (exit 201, which the launcher counts in that
+                # ps's fault), not a failure of this task's own (exit 1; .ci/run saw a worker
+                # end so with NotFoundError, the ps killed at the end and restarted).
+                raise lost from e
 
     def _run(self, fetches, feed_dict, options):
         """A run whose RunOptions timeout holds even where TensorFlow does not apply it.

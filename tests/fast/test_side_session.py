@@ -57,3 +57,39 @@ def test_an_unbounded_run_is_not_given_a_bound():
     silent = _Silent()
     silent.release.set()
     assert _side(silent).run("x") == "late"
+
+
+class _Scripted:
+    """A session whose runs raise the next of `errors` (or return "ok" when they run out)."""
+
+    def __init__(self, errors):
+        self.errors = errors
+
+    def run(self, fetches, feed_dict=None, options=None):
+        if self.errors:
+            raise self.errors.pop(0)
+        return "ok"
+
+    def close(self):
+        pass
+
+
+def test_a_ps_that_came_back_empty_is_still_a_lost_ps(monkeypatch):
+    # The ps killed and restarted: the first run loses it (Aborted); the session re-created
+    # against the restarted ps finds the model's variables gone until the chief restores them.
+    lost = tf.errors.AbortedError(None, None, "Graph handle is not found")
+    sessions = [_Scripted([tf.errors.NotFoundError(None, None, "Resource does not exist")]),
+                _Scripted([tf.errors.FailedPreconditionError(None, None, "uninitialized")]),
+                _Scripted([])]
+    monkeypatch.setattr(session.tf1, "Session", lambda *args: sessions.pop(0))
+    side = _side(_Scripted([lost]))
+    side._args, side._ps_hosts = (), ("127.0.0.1:1",)
+    monkeypatch.setattr(session.membership, "probe", lambda address: None)  # it answers again
+    with pytest.raises(tf.errors.AbortedError) as raised:
+        side.run("x")
+    assert raised.value is lost  # exit 201 (a lost peer), not 1
+    side._sess = _Scripted([lost])
+    with pytest.raises(tf.errors.AbortedError):
+        side.run("x")
+    side._sess = _Scripted([lost])
+    assert side.run("x") == "ok"  # restored by then: the retry reads it
