@@ -131,8 +131,8 @@ def main(argv=None) -> None:
     tfcompat.graph_mode(verbose=False)
     if not args.json:
         print(f"ctr model, 26 fields x 16, {args.vocabulary} ids a field, batch "
-              f"{args.batch_size}, {args.ps} ps, 1 worker, --wire-dtype {args.wire_dtype}; bytes per "
-              "step, mean over the traced steps", flush=True)
+              f"{args.batch_size}, {args.ps} ps, 1 worker, --wire-dtype {args.wire_dtype}; "
+              "bytes per step, mean over the traced steps", flush=True)
     for rows in args.rows:
         m = measure(rows, args.ps, args.traced, args.batch_size, args.vocabulary,
                     args.wire_dtype)

@@ -499,15 +499,17 @@ class _Policy:
         return False
 
     def spared_at_the_end(self, live: list[_Task]) -> list[_Task]:
-        """Of the tasks still running past the end bound, those a verified run did without.
+        """Of the tasks still running at the end, those a verified run did without: asked past
+        the end bound, and (_wait) as soon as only ps and never-joined replacements run.
 
         Once the chief has ended 0: a backup (R < N) restarted after the chief declared its
         predecessor lost waits for a run that is over; so does a worker restarted that never
-        joined (it lost a ps in its finish, and waits to be initialised by the chief); and a ps left with no worker running
-        waits for done reports that no one is left to send (a worker gave up its report, or
-        died, after the verdict, or reported to the ps this one replaced: it logged its verdict,
-        or ended, before this one started). Its own bound allows for restarts that will not come. A ps that every
-        worker reported done to is stuck, and stays overdue.
+        joined (it lost a ps in its finish, and waits to be initialised by the chief); and a ps
+        left with no worker running waits for done reports that no one is left to send (a
+        worker gave up its report, or died, after the verdict, or reported to the ps this one
+        replaced: it logged its verdict, or ended, before this one started). Its own bound
+        allows for restarts that will not come. A ps that every worker reported done to is
+        stuck, and stays overdue.
         """
         if not any(t.role == "worker" and t.index == 0 and t.poll() == config_lib.EXIT_OK
                    for t in self._tasks):

@@ -4,6 +4,7 @@ task, and the launcher spent its one restart on a worker)."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 
 import pytest
@@ -29,19 +30,33 @@ class _Side:
         return 0.0
 
 
-def test_a_timeout_names_the_ps_that_do_not_answer_and_why():
-    ports = free_ports(3)
+def _cluster(num_ps: int):
+    """(ports, layout, graph): `num_ps` ps at free ports, a graph with a variable on each."""
+    ports = free_ports(num_ps)
     layout = ClusterLayout(tuple(f"127.0.0.1:{p}" for p in ports), ("127.0.0.1:1",))
     graph = tf.Graph()
     with graph.as_default():
-        for p in range(3):
+        for p in range(num_ps):
             with tf1.device(f"/job:ps/task:{p}"):
                 tf1.get_variable(f"layer{p}/weights", [2])
-    side = _Side(frozen={0})
-    with socket.socket() as ps0, socket.socket() as ps1:  # ps 2's port: nothing listens
-        for server, port in ((ps0, ports[0]), (ps1, ports[1])):
+    return ports, layout, graph
+
+
+@contextlib.contextmanager
+def _listening(ports):
+    """Something accepts connections at each of `ports` (a ps that is up, answering or not)."""
+    with contextlib.ExitStack() as stack:
+        for port in ports:
+            server = stack.enter_context(socket.socket())
             server.bind(("127.0.0.1", port))
             server.listen()
+        yield
+
+
+def test_a_timeout_names_the_ps_that_do_not_answer_and_why():
+    ports, layout, graph = _cluster(3)
+    side = _Side(frozen={0})
+    with _listening(ports[:2]):  # ps 2's port: nothing listens
         silent = worker.silent_ps(side, graph, layout)
     assert silent == ["ps 0 (it accepts connections but did not answer a read in 5 s)",
                       f"ps 2 (nothing listens at 127.0.0.1:{ports[2]})"]
@@ -55,13 +70,7 @@ def test_a_final_save_that_timed_out_names_the_silent_ps(monkeypatch):
     from sync_mnist import session
     from sync_mnist.config import TaskConfig, TaskTimeout, TrainConfig
 
-    ports = free_ports(2)
-    layout = ClusterLayout(tuple(f"127.0.0.1:{p}" for p in ports), ("127.0.0.1:1",))
-    graph = tf.Graph()
-    with graph.as_default():
-        for p in range(2):
-            with tf1.device(f"/job:ps/task:{p}"):
-                tf1.get_variable(f"layer{p}/weights", [2])
+    ports, layout, graph = _cluster(2)
 
     def save_final(sess, status):  # as _BoundedHook.end words it: no ps named
         raise TaskTimeout("waited 20 s for the ps (...) in _SharedCheckpointSaverHook.end; it "
@@ -70,11 +79,9 @@ def test_a_final_save_that_timed_out_names_the_silent_ps(monkeypatch):
     monkeypatch.setattr(session, "save_final", save_final)
     run = worker.WorkerRun.__new__(worker.WorkerRun)  # the fields _save_final reads
     run.side, run.graph, run.status = _Side(frozen={0}), graph, None
-    run.config = TaskConfig(role="worker", index=0, cluster=layout, train=TrainConfig(train_steps=1))
-    with socket.socket() as ps0, socket.socket() as ps1:
-        for server, port in ((ps0, ports[0]), (ps1, ports[1])):
-            server.bind(("127.0.0.1", port))
-            server.listen()
+    run.config = TaskConfig(role="worker", index=0, cluster=layout,
+                            train=TrainConfig(train_steps=1))
+    with _listening(ports):
         with pytest.raises(TaskTimeout) as raised:
             run._save_final(sess=None)
     message = str(raised.value)
