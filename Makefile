@@ -41,7 +41,7 @@ install: $(STAMP)
 # tf-keras (the `layers` extra) goes to a directory of its own, on no task's path but the
 # Estimator-era example's test's (tests/cluster/test_your_model.py): where TensorFlow finds it,
 # every task imports it at start-up (options.before_tensorflow).
-$(STAMP): setup.py setup.cfg
+$(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps \
@@ -95,7 +95,7 @@ soak: install
 # classified against the README. About 15 minutes; `make chaos ARGS=--quick` is 4 runs (the
 # soak tier runs those). Writes chaos-results/chaos.json.
 chaos: install
-	$(BIN)/python -m sync_mnist.experiments.chaos $(ARGS)
+	$(BIN)/python -m lab.chaos $(ARGS)
 
 # About 12 minutes on a quiet 2-core machine; `make bench ARGS=--quick` about 2. Writes
 # bench-results/. The plot needs the optional `bench` extra (matplotlib); if it cannot be

@@ -1,5 +1,5 @@
 """`python -m sync_mnist`: one task, as the `sync-mnist` command."""
 
-from sync_mnist.cli import run
+from sync_mnist.task.cli import run
 
 run()

@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping
 
 import tensorflow as tf
 
-from sync_mnist.config import ConfigError
+from sync_mnist.core.config import ConfigError
 
 tf1 = tf.compat.v1
 

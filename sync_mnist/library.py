@@ -29,10 +29,10 @@ import time
 
 import tensorflow as tf
 
-from sync_mnist import membership, protocol, sync
-from sync_mnist import verdict as verdict_lib
-from sync_mnist.cluster import ClusterLayout
-from sync_mnist.config import TaskTimeout
+from sync_mnist.core import membership, protocol, sync
+from sync_mnist.core import verdict as verdict_lib
+from sync_mnist.core.cluster import ClusterLayout
+from sync_mnist.core.config import TaskTimeout
 
 tf1 = tf.compat.v1
 log = logging.getLogger(__name__)

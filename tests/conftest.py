@@ -44,6 +44,11 @@ settings.register_profile("soak", max_examples=10_000, deadline=None, database=N
                           print_blob=True, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("fast")
 
+# lab/ (test infrastructure, not installed) for the processes tests start, as pytest's
+# pythonpath (pyproject.toml) gives it to this one: `python -m lab.chaos` from any directory.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))
+
 # Quiet TensorFlow's C++ logs before it is imported, as cli.main does for users.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # And without Keras 3, as cli.py starts every task: about 0.9 s of CPU less in each test process
@@ -58,7 +63,7 @@ def pytest_collection_modifyitems(config, items):
     # Graph mode, as the package runs, once TensorFlow is in (collected test modules that
     # import it have imported it by now).
     if "tensorflow" in sys.modules:
-        from sync_mnist import tfcompat
+        from sync_mnist.core import tfcompat
 
         tfcompat.graph_mode(verbose=False)
     # Under `make test` (pytest-xdist, --dist loadgroup), the tests that share a run go to one

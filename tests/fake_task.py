@@ -44,8 +44,8 @@ import sys
 import time
 from pathlib import Path
 
-from sync_mnist import config as config_lib
-from sync_mnist import report
+from sync_mnist.core import config as config_lib
+from sync_mnist.task import report
 
 START_SECS = 30.0  # a bare Python start-up, bounded generously for a loaded machine
 BAD_INPUT = "--logdir /nowhere/logdir is not writable: Permission denied"  # bad-input-chief's

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from procs import Proc, Processes, read_json
-from sync_mnist.cluster import free_ports
+from sync_mnist.core.cluster import free_ports
 
 BOUND = 240  # seconds a small cluster run may take on a loaded 2-core machine
 COMMON = ("--dataset", "synthetic", "--log-every", "10")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 import types
 
-from sync_mnist.cluster import ClusterLayout, free_ports
-from sync_mnist.config import TaskConfig, TrainConfig
+from sync_mnist.core.cluster import ClusterLayout, free_ports
+from sync_mnist.core.config import TaskConfig, TrainConfig
 
 GUARD = 120.0  # seconds for a whole in-process run; past it a task is taken to be stuck
 
@@ -18,7 +18,7 @@ def run_cluster(num_workers: int, model=None, num_ps: int = 1,
     sync_mnist.api.Model, or the one --model names); their result records (`ps`: ps 0's)."""
     import tensorflow as tf
 
-    from sync_mnist import ps, worker
+    from sync_mnist.task import ps, worker
 
     ports = free_ports(num_workers + num_ps)
     layout = ClusterLayout(tuple(f"localhost:{p}" for p in ports[:num_ps]),

@@ -1,4 +1,4 @@
-"""A cluster on the testbed (sync_mnist/experiments/testbed.py), for network-fault tests.
+"""A cluster on the testbed (lab/testbed.py), for network-fault tests.
 
 Each task runs `ip netns exec <its namespace> python -m sync_mnist ...` with the real command
 line, in a process group the `processes` fixture kills. The faults (a silent partition, packet
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from procs import read_json
-from sync_mnist.cluster import free_ports
-from sync_mnist.experiments import testbed
+from sync_mnist.core.cluster import free_ports
+from lab import testbed
 
 RETRYABLE = (200, 201)  # README's "Exit codes": a bounded wait expired, a peer was lost
 

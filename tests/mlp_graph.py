@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from sync_mnist import api, placement, worker
+from sync_mnist import api
+from sync_mnist.core import placement
+from sync_mnist.task import worker
 from sync_mnist.models import mlp
 
 # One batch's row, for the placeholders' dtypes and shapes: pixels as stored, a label.

@@ -186,7 +186,7 @@ def local_cluster(num_workers: int, num_ps: int = 1):
     """
     import tensorflow as tf
 
-    from sync_mnist.cluster import free_ports
+    from sync_mnist.core.cluster import free_ports
 
     ports = free_ports(num_workers + num_ps)
     cluster = tf.train.ClusterSpec({"ps": [f"localhost:{p}" for p in ports[:num_ps]],
@@ -268,7 +268,7 @@ def free_run(count: int, within: tuple[int, int] | None = None) -> int:
     from `within` (low, high) when given."""
     import random
 
-    from sync_mnist.cluster import free_ports
+    from sync_mnist.core.cluster import free_ports
 
     for _ in range(200):
         base = random.randrange(within[0], within[1] - count) if within else free_ports(1)[0]

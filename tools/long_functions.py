@@ -1,7 +1,7 @@
 """List the functions and methods longer than a limit (default 60 lines), longest first.
 
 Usage: python tools/long_functions.py [--limit N] [PATH ...]
-(default paths: sync_mnist/*.py, sync_mnist/launcher/). A function's length runs from its
+(default: the installed package, sync_mnist/ and its subpackages). A function's length runs from its
 `def` (decorators excluded) to its last line, docstring and comments included; a nested
 function counts in its parent too, and is listed on its own when it is long itself.
 """
@@ -10,15 +10,13 @@ import ast
 import pathlib
 import sys
 
-DEFAULT_PATHS = ("sync_mnist", "sync_mnist/launcher")
+DEFAULT_PATHS = ("sync_mnist",)
 
 
 def _python_files(paths):
     for path in map(pathlib.Path, paths):
         if path.is_dir():
-            # A folder stands for its own modules, not its subpackages' (the experiments are
-            # outside the limit), so name each subpackage that counts.
-            yield from sorted(path.glob("*.py"))
+            yield from sorted(path.rglob("*.py"))
         else:
             yield path
 
@@ -47,7 +45,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=60, help="longest allowed (default 60)")
     parser.add_argument("paths", nargs="*", default=DEFAULT_PATHS,
-                        help="files or folders (default: sync_mnist/*.py, sync_mnist/launcher/)")
+                        help="files or folders (default: sync_mnist/)")
     args = parser.parse_args(argv)
     for lines, where in long_functions(args.paths, args.limit):
         print(f"{lines:4d}  {where}")

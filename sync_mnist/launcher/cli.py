@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from sync_mnist import cluster as cluster_lib
-from sync_mnist import config as config_lib
-from sync_mnist import options
+from sync_mnist.core import cluster as cluster_lib
+from sync_mnist.core import config as config_lib
+from sync_mnist.task import options
 from sync_mnist.launcher import netns
 
 

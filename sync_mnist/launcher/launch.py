@@ -22,11 +22,12 @@ import threading
 import time
 from pathlib import Path
 
-from sync_mnist import cluster as cluster_lib
-from sync_mnist import config as config_lib
-from sync_mnist import data, preflight, report
+from sync_mnist.core import cluster as cluster_lib
+from sync_mnist.core import config as config_lib
+from sync_mnist.models import data
+from sync_mnist.task import preflight, report
 from sync_mnist.launcher import netns, progress
-from sync_mnist.config import TrainConfig
+from sync_mnist.core.config import TrainConfig
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The built-in models, each written against sync_mnist.api exactly as a user writes theirs.
 
 `--model NAME` picks one of BUILT_IN; `--model pkg.module:NAME` or `--model file.py:NAME` names
-a user's `sync_mnist.api.Model` (sync_mnist/model_spec.py loads it).
+a user's `sync_mnist.api.Model` (sync_mnist/models/registry.py loads it).
 """
 
 BUILT_IN = {

@@ -8,7 +8,7 @@ does with its moving statistics is plain to see.
 Batch norm under synchronous training: in a training step each worker normalises with its
 own batch's statistics, and pushes the moving statistics' update (UPDATE_OPS) beside its
 gradient; each update of the cluster moves them once, by the average of the N workers'
-pushes (sync_mnist/audit.py). Evaluation and the SavedModel use the moving statistics.
+pushes (sync_mnist/core/audit.py). Evaluation and the SavedModel use the moving statistics.
 """
 
 from __future__ import annotations

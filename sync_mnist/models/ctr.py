@@ -11,9 +11,9 @@ click; the loss is the logistic loss.
 
 The table is read only through `tf.nn.embedding_lookup`, so the package keeps it on the ps,
 cut into one slice of rows per ps, and each lookup gathers the rows on the ps that holds them
-(sync_mnist/placement.py). A batch looks each distinct row up once (`tf.unique` first): with
+(sync_mnist/core/placement.py). A batch looks each distinct row up once (`tf.unique` first): with
 ids drawn from a Zipf law most of a batch's ids repeat. Its gradient is IndexedSlices of those
-rows, and stays so up to the optimizer on the ps (sync_mnist/sync.py).
+rows, and stays so up to the optimizer on the ps (sync_mnist/core/sync.py).
 
 The optimizer is Adagrad, whose sparse apply touches only the rows of the gradient: each row's
 accumulator grows by its own squared gradient. Not the stock AdamOptimizer: its sparse apply

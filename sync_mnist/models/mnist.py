@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from sync_mnist import data
+from sync_mnist.models import data
 
 tf1 = tf.compat.v1
 
 IMAGE_SIZE = data.IMAGE_SIZE
 IMAGE_PIXELS = data.NUM_PIXELS
 NUM_CLASSES = data.NUM_CLASSES
-# The SavedModel's signature: uint8 [None, 28, 28] in, as MNIST stores a digit (sync_mnist.inference).
+# The SavedModel's signature: uint8 [None, 28, 28] in, as MNIST stores a digit (sync_mnist.tools.inference).
 SERVING_INPUT = "images"
 
 PARAMS = {"dataset": "mnist", "data_dir": None, "seed": 0}

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from sync_mnist.experiments import bench
-from sync_mnist.experiments.bench import Sample
+from sync_mnist.bench import bench
+from sync_mnist.bench.bench import Sample
 
 
 def test_quick_runs_only_what_the_targets_compare():
@@ -144,7 +144,7 @@ def test_smallest_real_run_writes_table_and_json(processes, tmp_path):
     from procs import processes_mentioning
 
     out = tmp_path / "out"
-    run = processes.start([sys.executable, "-m", "sync_mnist.experiments.bench", "--setups", "sync",
+    run = processes.start([sys.executable, "-m", "sync_mnist.bench.bench", "--setups", "sync",
                            "--workers", "1", "--repeats", "1", "--steps", "40", "--out",
                            str(out)], "bench")
     assert run.wait(timeout=240) == 0, run.output
@@ -165,7 +165,7 @@ def test_without_proof_the_graph_has_no_counters_but_still_trains():
     import tensorflow as tf
 
     import mlp_graph
-    from sync_mnist import optimizers, sync
+    from sync_mnist.core import optimizers, sync
 
     def ops_of(proof):
         graph = tf.Graph()

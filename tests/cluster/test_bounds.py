@@ -17,10 +17,11 @@ import time
 import pytest
 import tensorflow as tf
 
-from sync_mnist import protocol
-from sync_mnist import session, worker
-from sync_mnist.cluster import free_ports
-from sync_mnist.config import TaskTimeout
+from sync_mnist.core import protocol
+from sync_mnist.core import session
+from sync_mnist.task import worker
+from sync_mnist.core.cluster import free_ports
+from sync_mnist.core.config import TaskTimeout
 
 tf1 = tf.compat.v1
 TIMEOUT = 2.0  # the bound under test, in seconds
@@ -198,8 +199,9 @@ def test_a_done_report_the_ps_never_takes_after_a_verified_run_leaves_the_result
     # ended 200. The ps ends by its own bound; the worker's result stays the run's.
     from types import SimpleNamespace
 
-    from sync_mnist import config as config_lib, report
-    from sync_mnist.verdict import Verdict
+    from sync_mnist.core import config as config_lib
+    from sync_mnist.task import report
+    from sync_mnist.core.verdict import Verdict
 
     ps, server = silent_ps
     last_resorts = []
@@ -232,8 +234,8 @@ def test_a_read_at_the_finish_that_expires_says_what_it_waited_for():
     # it ended 200 with "DeadlineExceededError: Graph execution error:", which names nothing.
     from types import SimpleNamespace
 
-    from sync_mnist.cluster import ClusterLayout, free_ports
-    from sync_mnist.config import TaskTimeout
+    from sync_mnist.core.cluster import ClusterLayout, free_ports
+    from sync_mnist.core.config import TaskTimeout
 
     ps = [f"127.0.0.1:{port}" for port in free_ports(2)]  # nothing listens: both are named
     layout = ClusterLayout(tuple(ps), ("localhost:2224",))

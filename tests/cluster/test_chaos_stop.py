@@ -8,7 +8,7 @@ import sys
 import time
 
 from procs import kill_groups_mentioning, processes_mentioning
-from sync_mnist.config import EXIT_INTERRUPTED
+from sync_mnist.core.config import EXIT_INTERRUPTED
 
 BOUND = 120  # seconds for a run's tasks to start, or the soak to end, on a loaded machine
 GONE = 15  # seconds for processes sent SIGKILL to be gone
@@ -26,7 +26,7 @@ def test_chaos_sent_sigterm_mid_run_exits_130_and_leaves_no_task_of_its_run(proc
     # Each run's tasks carry its marker, a path in the soak's temporary directory (TMPDIR).
     marker = f"{tmp_path}/sync-mnist-chaos-"
     chaos = processes.start(["env", f"TMPDIR={tmp_path}", sys.executable, "-m",
-                             "sync_mnist.experiments.chaos", "--runs", "1", "--seed", "0",
+                             "lab.chaos", "--runs", "1", "--seed", "0",
                              "--train-steps", "100000", "--json", str(tmp_path / "c.json")],
                             "chaos")
     try:

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from procs import ROOT, processes_mentioning
-from sync_mnist.cluster import free_ports
+from sync_mnist.core.cluster import free_ports
 
 EXAMPLES = ROOT / "examples"
 BOUND = 400  # seconds: four TensorFlow processes on a loaded 2-core machine, plus a 30 s poll

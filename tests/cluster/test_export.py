@@ -21,9 +21,11 @@ from tensorflow.core.protobuf import saved_model_pb2
 import mlp_graph
 import sync_mnist.api as sm
 from procs import ENV, ROOT, Processes, local_cluster, read_json
-from sync_mnist import cli, export, inference, options, placement, preflight
+from sync_mnist.task import cli, export, options, preflight
+from sync_mnist.tools import inference
+from sync_mnist.core import placement
 from sync_mnist.models import mlp
-from sync_mnist.config import ConfigError
+from sync_mnist.core.config import ConfigError
 
 tf1 = tf.compat.v1
 

@@ -20,9 +20,9 @@ from types import SimpleNamespace
 
 import fake_task
 from procs import ROOT, kill_groups_mentioning, processes_mentioning, read_json
-from sync_mnist import report
+from sync_mnist.task import report
 from sync_mnist.launcher import launch
-from sync_mnist.config import EXIT_OK, EXIT_PREEMPTED, EXIT_TIMEOUT, EXIT_USAGE, TrainConfig
+from sync_mnist.core.config import EXIT_OK, EXIT_PREEMPTED, EXIT_TIMEOUT, EXIT_USAGE, TrainConfig
 
 FAKE_TASK = fake_task.__file__
 BOUND = 60  # seconds a launcher of stand-in tasks may take on a loaded machine
@@ -35,7 +35,7 @@ LAUNCHER = """
 import json, logging, sys
 from pathlib import Path
 from sync_mnist.launcher import launch
-from sync_mnist.config import TrainConfig
+from sync_mnist.core.config import TrainConfig
 
 fake, behaviour, marks, grace, options = sys.argv[1:6]
 options = json.loads(options)

@@ -19,7 +19,7 @@ import pytest
 import tensorflow as tf
 
 from procs import Processes
-from sync_mnist.cluster import free_ports
+from sync_mnist.core.cluster import free_ports
 
 tf1 = tf.compat.v1
 

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import SHARED_STEPS
 from procs import processes_mentioning, read_json
-from sync_mnist.cluster import free_ports
+from sync_mnist.core.cluster import free_ports
 
 STEPS = 30
 BOUND = 180  # seconds a whole small cluster run may take on a loaded 2-core machine

@@ -13,8 +13,9 @@ from types import SimpleNamespace
 import pytest
 
 from procs import ROOT, processes_mentioning
-from sync_mnist import metrics, options, sync
-from sync_mnist import verdict as verdict_lib
+from sync_mnist.task import progress_log, options
+from sync_mnist.core import sync
+from sync_mnist.core import verdict as verdict_lib
 from sync_mnist.launcher import progress
 
 
@@ -24,12 +25,12 @@ def _task_line(record: logging.LogRecord, tag: str) -> str:
 
 
 def test_a_workers_progress_line_parses_into_its_figures(monkeypatch, caplog):
-    # The line comes from metrics.Progress itself, so a change of its format breaks this test.
+    # The line comes from progress_log.Progress itself, so a change of its format breaks this test.
     counters = SimpleNamespace(global_step=41, accepted=[41, 40, 41])
     monkeypatch.setattr(verdict_lib.Counters, "read", lambda *args, **kwargs: counters)
     config = SimpleNamespace(train=SimpleNamespace(log_every=20, batch_size=100))
-    meter = metrics.Progress(config, side=None, state=None, writer=None, target=2000)
-    with caplog.at_level(logging.INFO, logger="sync_mnist.worker"):
+    meter = progress_log.Progress(config, side=None, state=None, writer=None, target=2000)
+    with caplog.at_level(logging.INFO, logger="sync_mnist.task.worker"):
         meter.step(20, loss=0.25, train_metrics={"accuracy": 0.9})
     [record] = caplog.records
 

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from procs import free_run
-from sync_mnist.config import EXIT_USAGE
+from sync_mnist.core.config import EXIT_USAGE
 
 BOUND = 180  # seconds for a task to start TensorFlow and get as far as its first save
 NOT_SHARED = ("so --logdir must be storage that every ps and the chief share, at the same path")

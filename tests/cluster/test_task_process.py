@@ -15,9 +15,9 @@ import sys
 import pytest
 
 from procs import run_task_process
-from sync_mnist import config
-from sync_mnist.cluster import free_ports
-from sync_mnist.config import EXIT_TIMEOUT, START_SECS
+from sync_mnist.core import config
+from sync_mnist.core.cluster import free_ports
+from sync_mnist.core.config import EXIT_TIMEOUT, START_SECS
 
 
 @pytest.mark.parametrize("error, code", [

@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from procs import operator_tf_config, processes_mentioning, read_json
-from sync_mnist.cluster import free_ports
-from sync_mnist.config import EXIT_OK
+from sync_mnist.core.cluster import free_ports
+from sync_mnist.core.config import EXIT_OK
 
 BOUND = 240  # seconds a small cluster run may take on a loaded 2-core machine
 STEPS = 20

@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from conftest import SHARED_STEPS as STEPS
-from sync_mnist import cli, plot
+from sync_mnist.task import cli
+from sync_mnist.tools import plot
 
 
 
@@ -100,7 +101,7 @@ def test_plot_command_without_matplotlib_says_what_to_install(tmp_path, capsys, 
 
 def _write_events(logdir, steps: int = 3):
     """Summaries as the chief writes them (one worker's contributions); the events file."""
-    from sync_mnist import tfcompat
+    from sync_mnist.core import tfcompat
 
     tfcompat.graph_mode(verbose=False)  # FileWriter is graph-mode only, as the chief runs
     import tensorflow as tf

@@ -17,8 +17,8 @@ import pytest
 from tensorflow.core.protobuf import saved_model_pb2
 
 from procs import ROOT, operator_tf_config, processes_mentioning, read_json, run_task_process
-from sync_mnist.cluster import free_ports
-from sync_mnist.config import EXIT_OK, EXIT_USAGE
+from sync_mnist.core.cluster import free_ports
+from sync_mnist.core.config import EXIT_OK, EXIT_USAGE
 
 BOUND = 240  # seconds a small cluster run may take on a loaded 2-core machine
 EXAMPLE = ROOT / "examples" / "your_model" / "my_model.py"

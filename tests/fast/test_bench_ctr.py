@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from sync_mnist.experiments import bench
-from sync_mnist.experiments.bench import Sample
+from sync_mnist.bench import bench
+from sync_mnist.bench.bench import Sample
 
 
 def test_ctr_runs_the_four_setups_that_hold_a_table_at_each_worker_count():

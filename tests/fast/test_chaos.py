@@ -1,4 +1,4 @@
-"""The chaos soak (sync_mnist/experiments/chaos.py): its plans and how it judges a run.
+"""The chaos soak (lab/chaos.py): its plans and how it judges a run.
 
 The classifier is pure, so every outcome it must tell apart is given here as the launcher
 would leave it (exit code, --summary-json, output lines). The soak itself, a few real runs, is
@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from sync_mnist.experiments import chaos
+from lab import chaos
 
 
 def _plan(**changes) -> chaos.Plan:

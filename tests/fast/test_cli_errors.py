@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 
 from procs import run_task_process
-from sync_mnist import cli, models, options
+from sync_mnist.task import cli, options
+from sync_mnist import models
 from sync_mnist.launcher import cli as launcher_cli
 from sync_mnist.launcher import launch
-from sync_mnist.cluster import free_ports
-from sync_mnist.config import EXIT_USAGE
+from sync_mnist.core.cluster import free_ports
+from sync_mnist.core.config import EXIT_USAGE
 
 RAN = 99  # what the recorders return: validation passed and the task/cluster would have run
 

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from sync_mnist import cluster
-from sync_mnist.cluster import ClusterError, ClusterLayout
-from sync_mnist.config import ConfigError, TaskConfig, TrainConfig
+from sync_mnist.core import cluster
+from sync_mnist.core.cluster import ClusterError, ClusterLayout
+from sync_mnist.core.config import ConfigError, TaskConfig, TrainConfig
 
 
 def _layout(num_ps: int = 1, num_workers: int = 3) -> ClusterLayout:

@@ -1,4 +1,4 @@
-"""Tests for sync_mnist.data: IDX and npz reading, the shipped MNIST, sharding, synthetic data."""
+"""Tests for sync_mnist.models.data: IDX and npz reading, the shipped MNIST, sharding, synthetic data."""
 
 import gzip
 import hashlib
@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sync_mnist import data
-from sync_mnist.data import DataError
+from sync_mnist.models import data
+from sync_mnist.models.data import DataError
 
 SHARED_MNIST = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "mnist"
 TRAIN_IMAGES, TRAIN_LABELS, TEST_IMAGES, TEST_LABELS = data.MNIST_FILES

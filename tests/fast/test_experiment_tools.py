@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from sync_mnist.experiments import scaling, straggler, testbed
+from lab import scaling, straggler, testbed
 
 MODEL_BYTES = 4 * (784 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10)
 

@@ -39,7 +39,10 @@ import pytest
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 
-from sync_mnist import cli, cluster, config, data, options, png
+from sync_mnist.task import cli, options
+from sync_mnist.core import cluster, config
+from sync_mnist.models import data
+from sync_mnist.tools import png
 from sync_mnist.launcher import cli as launcher_cli
 from sync_mnist.launcher import launch
 
@@ -405,7 +408,7 @@ def test_fuzz_tf_config(document, flags):
 def slurm_resolver():
     """TensorFlow's SlurmClusterResolver, loaded once (as cli.py does for an srun task), so
     that no example's bound counts TensorFlow's import."""
-    from sync_mnist import tfcompat
+    from sync_mnist.core import tfcompat
 
     options.before_tensorflow(verbose=False)
     tfcompat.graph_mode(verbose=False)

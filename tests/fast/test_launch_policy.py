@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import time
 
-from sync_mnist.config import EXIT_FAILED, EXIT_PEER_LOST, EXIT_TIMEOUT, EXIT_USAGE
-from sync_mnist.report import TaskResult
+from sync_mnist.core.config import EXIT_FAILED, EXIT_PEER_LOST, EXIT_TIMEOUT, EXIT_USAGE
+from sync_mnist.task.report import TaskResult
 
 
 class _FakeTask:
@@ -283,7 +283,7 @@ def test_a_ps_left_waiting_once_every_worker_ended_is_spared_without_waiting_out
 def test_a_task_spared_at_the_end_is_stopped_but_not_reported_blocked(tmp_path):
     """Before, the summary's row of a ps stopped after a verified run said "BLOCKED: still
     running at the end", in a run that ended 0."""
-    from sync_mnist import report
+    from sync_mnist.task import report
     from sync_mnist.launcher import launch
 
     task = launch._Task.__new__(launch._Task)  # its fields only: no process is started

@@ -9,11 +9,11 @@ import socket
 
 import pytest
 
-from sync_mnist import membership
-from sync_mnist.cli import cluster_layout, task_parser
-from sync_mnist.options import train_config
-from sync_mnist.cluster import ClusterLayout, free_ports
-from sync_mnist.config import ConfigError, TaskConfig
+from sync_mnist.core import membership
+from sync_mnist.task.cli import cluster_layout, task_parser
+from sync_mnist.task.options import train_config
+from sync_mnist.core.cluster import ClusterLayout, free_ports
+from sync_mnist.core.config import ConfigError, TaskConfig
 
 
 # ---------------------------------------------------------------------------- settings

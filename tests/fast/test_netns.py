@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from procs import ENV, ROOT, interfaces, listening_ports, ns_inode, refused_from_here
-from sync_mnist.cluster import free_ports
+from sync_mnist.core.cluster import free_ports
 from sync_mnist.launcher import cli as launcher_cli
 from sync_mnist.launcher import launch, netns
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from procs import ROOT
-from sync_mnist import data
+from sync_mnist.models import data
 
 
 def _launch_with_package(package_root, *args, timeout=120):
@@ -31,7 +31,7 @@ def test_a_damaged_shipped_file_is_exit_2_naming_it_before_any_task_starts(tmp_p
     package = tmp_path / "site"
     shutil.copytree(ROOT / "sync_mnist", package / "sync_mnist",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    damaged = package / "sync_mnist" / "mnist" / "train-labels-idx1-ubyte.gz"
+    damaged = package / "sync_mnist" / "models" / "mnist_files" / "train-labels-idx1-ubyte.gz"
     body = bytearray(damaged.read_bytes())
     body[100] ^= 0x40
     damaged.write_bytes(bytes(body))

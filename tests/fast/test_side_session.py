@@ -11,7 +11,7 @@ import threading
 import pytest
 import tensorflow as tf
 
-from sync_mnist import session
+from sync_mnist.core import session
 
 tf1 = tf.compat.v1
 

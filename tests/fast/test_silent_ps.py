@@ -10,8 +10,8 @@ import socket
 import pytest
 import tensorflow as tf
 
-from sync_mnist import report, worker
-from sync_mnist.cluster import ClusterLayout, free_ports
+from sync_mnist.task import report, worker
+from sync_mnist.core.cluster import ClusterLayout, free_ports
 
 tf1 = tf.compat.v1
 
@@ -67,8 +67,8 @@ def test_a_timeout_names_the_ps_that_do_not_answer_and_why():
 
 
 def test_a_final_save_that_timed_out_names_the_silent_ps(monkeypatch):
-    from sync_mnist import session
-    from sync_mnist.config import TaskConfig, TaskTimeout, TrainConfig
+    from sync_mnist.core import session
+    from sync_mnist.core.config import TaskConfig, TaskTimeout, TrainConfig
 
     ports, layout, graph = _cluster(2)
 

@@ -11,9 +11,10 @@ import pytest
 import tensorflow as tf
 
 import sync_mnist.api as sm
-from sync_mnist import placement, worker
-from sync_mnist.cluster import ClusterLayout
-from sync_mnist.config import TaskConfig, TrainConfig
+from sync_mnist.core import placement
+from sync_mnist.task import worker
+from sync_mnist.core.cluster import ClusterLayout
+from sync_mnist.core.config import TaskConfig, TrainConfig
 from sync_mnist.models import ctr
 
 tf1 = tf.compat.v1

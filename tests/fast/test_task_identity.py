@@ -16,8 +16,9 @@ import types
 
 import pytest
 
-from sync_mnist import cli, cluster, config
-from sync_mnist.cluster import ClusterError
+from sync_mnist.task import cli
+from sync_mnist.core import cluster, config
+from sync_mnist.core.cluster import ClusterError
 
 RAN = 99  # what the recorder returns: validation passed and the task would have run
 

@@ -15,7 +15,7 @@ import types
 import pytest
 import tensorflow as tf
 
-from sync_mnist import session, sync
+from sync_mnist.core import session, sync
 
 tf1 = tf.compat.v1
 
@@ -170,7 +170,7 @@ def test_deprecation_switch_exists():
 
 
 def test_a_slice_names_the_variable_it_cuts():
-    from sync_mnist import placement
+    from sync_mnist.core import placement
 
     # placement.whole_variables reads Variable._save_slice_info, as tf1.train.Saver does, to save
     # and check a partitioned variable whole; a renamed attribute would make every slice look

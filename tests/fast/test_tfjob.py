@@ -154,7 +154,7 @@ def test_every_pod_mounts_one_read_write_many_claim_at_the_logdir():
 
 @pytest.mark.parametrize("task_type, index", [("ps", 0), ("worker", 0), ("worker", 2)])
 def test_manifest_command_is_a_valid_task_in_every_pod(task_type, index, monkeypatch):
-    from sync_mnist import cli
+    from sync_mnist.task import cli
 
     command = _load_manifest()["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"][
         "containers"][0]["args"]

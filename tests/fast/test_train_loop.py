@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from sync_mnist import sync
+from sync_mnist.core import sync
 
 
 # ---------------------------------------------------------------------------- rejoining

@@ -11,10 +11,10 @@ import re
 
 import pytest
 
-from sync_mnist import report
-from sync_mnist.config import EXIT_FAILED, EXIT_NOT_SYNCHRONOUS, EXIT_OK, EXIT_TIMEOUT
-from sync_mnist.report import TaskResult
-from sync_mnist.verdict import Counters, verify
+from sync_mnist.task import report
+from sync_mnist.core.config import EXIT_FAILED, EXIT_NOT_SYNCHRONOUS, EXIT_OK, EXIT_TIMEOUT
+from sync_mnist.task.report import TaskResult
+from sync_mnist.core.verdict import Counters, verify
 
 
 def _counters(global_step, accepted, *, pushed=None, repeat=0, solo=0) -> Counters:

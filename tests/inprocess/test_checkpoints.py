@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from sync_mnist import preflight, session
-from sync_mnist.cluster import ClusterLayout
-from sync_mnist.config import ConfigError, TaskConfig
+from sync_mnist.task import preflight
+from sync_mnist.core import session
+from sync_mnist.core.cluster import ClusterLayout
+from sync_mnist.core.config import ConfigError, TaskConfig
 
 import mlp_graph
 
@@ -104,8 +105,8 @@ def test_a_chief_refuses_a_checkpoint_already_past_its_planned_updates(tmp_path)
     # Before: the chief resumed at global_step 10, trained nothing, and the verdict said
     # "global_step 10 != 4 planned": exit 3 (not synchronous) for what is bad input.
     from procs import local_cluster
-    from sync_mnist import worker
-    from sync_mnist.config import TrainConfig
+    from sync_mnist.task import worker
+    from sync_mnist.core.config import TrainConfig
 
     servers, spec = local_cluster(1)
     layout = ClusterLayout(tuple(spec.as_dict()["ps"]), tuple(spec.as_dict()["worker"]))
@@ -323,7 +324,7 @@ def test_a_first_checkpoint_that_finds_room_again_is_saved_and_the_run_goes_on(
     # Found by make chaos (disk-full in the start-up): a --logdir full for a few seconds as the
     # chief made its first save ended the run, exit 2, though the disk had room again soon.
     from procs import small_tmpfs
-    from sync_mnist.experiments.loopback_faults import DiskFull
+    from lab.loopback_faults import DiskFull
 
     server = tf.distribute.Server.create_local_server()
     with small_tmpfs(tmp_path / "logdir", "2m") as logdir, tf.Graph().as_default():

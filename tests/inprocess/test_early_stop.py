@@ -15,9 +15,10 @@ import json
 import pytest
 
 from inprocess_cluster import run_cluster
-from sync_mnist import early_stop, report
-from sync_mnist.cluster import ClusterLayout
-from sync_mnist.config import ConfigError, TaskConfig, TrainConfig
+from sync_mnist.core import early_stop
+from sync_mnist.task import report
+from sync_mnist.core.cluster import ClusterLayout
+from sync_mnist.core.config import ConfigError, TaskConfig, TrainConfig
 
 
 
@@ -86,7 +87,7 @@ def test_config_rejects_a_target_without_the_proof_counters():
 
 def test_a_worker_without_the_chiefs_target_is_refused_naming_both_values():
     # It would never read the stop, and wait at the end for tokens that never come.
-    from sync_mnist import membership
+    from sync_mnist.core import membership
 
     layout = ClusterLayout(("p:1",), ("w0:1", "w1:1"))
 

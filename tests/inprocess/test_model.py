@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import sync_mnist.api as sm
-from sync_mnist import optimizers
+from sync_mnist.core import optimizers
 from sync_mnist.models import mlp, mnist
 
 import mlp_graph
@@ -173,8 +173,8 @@ MODEL_BYTES = 4 * sum(int(np.prod(shape)) for shape in LAYER_SHAPES)  # 1,077,28
 
 def _placement(num_ps: int, index: int) -> dict[str, tuple[str, int]]:
     """{variable: (device, bytes)} in worker `index`'s graph of a cluster with num_ps ps."""
-    from sync_mnist.cluster import ClusterLayout
-    from sync_mnist.config import TaskConfig, TrainConfig
+    from sync_mnist.core.cluster import ClusterLayout
+    from sync_mnist.core.config import TaskConfig, TrainConfig
 
     config = TaskConfig(role="worker", index=index,
                         cluster=ClusterLayout(tuple(f"p{p}:1" for p in range(num_ps)),
@@ -210,8 +210,8 @@ def test_the_ps_tasks_share_the_models_bytes_evenly(num_ps):
 
 
 def test_the_update_runs_on_the_ps_alone_and_the_sync_state_on_ps_0():
-    from sync_mnist.cluster import ClusterLayout
-    from sync_mnist.config import TaskConfig, TrainConfig
+    from sync_mnist.core.cluster import ClusterLayout
+    from sync_mnist.core.config import TaskConfig, TrainConfig
 
     config = TaskConfig(role="worker", index=0,
                         cluster=ClusterLayout(("p0:1", "p1:1"), ("w0:1", "w1:1")),
@@ -231,8 +231,8 @@ def test_the_update_runs_on_the_ps_alone_and_the_sync_state_on_ps_0():
 
 def _worker_graph(num_ps: int):
     """(graph, the chief's update op) of worker 0 of 2 workers and num_ps ps."""
-    from sync_mnist.cluster import ClusterLayout
-    from sync_mnist.config import TaskConfig, TrainConfig
+    from sync_mnist.core.cluster import ClusterLayout
+    from sync_mnist.core.config import TaskConfig, TrainConfig
 
     config = TaskConfig(role="worker", index=0, train=TrainConfig(train_steps=10),
                         cluster=ClusterLayout(tuple(f"p{p}:1" for p in range(num_ps)),
@@ -306,9 +306,9 @@ def _ancestors(op: tf.Operation) -> set[tf.Operation]:
 
 
 def test_the_cnns_moving_statistics_move_in_the_update_and_not_in_a_step():
-    from sync_mnist import audit
-    from sync_mnist.cluster import ClusterLayout
-    from sync_mnist.config import TaskConfig, TrainConfig
+    from sync_mnist.core import audit
+    from sync_mnist.core.cluster import ClusterLayout
+    from sync_mnist.core.config import TaskConfig, TrainConfig
     from sync_mnist.models import cnn
 
     config = TaskConfig(role="worker", index=0, train=TrainConfig(train_steps=10),
@@ -329,6 +329,6 @@ def test_the_cnns_moving_statistics_move_in_the_update_and_not_in_a_step():
 
 
 def worker_graph(config, model):
-    from sync_mnist import worker
+    from sync_mnist.task import worker
 
     return worker.build_graph(config, model, EXAMPLE, dataset="mnist", target=10)

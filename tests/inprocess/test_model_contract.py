@@ -15,9 +15,11 @@ import pytest
 import tensorflow as tf
 
 import sync_mnist.api as sm
-from sync_mnist import membership, model_spec, worker
-from sync_mnist.cluster import ClusterLayout
-from sync_mnist.config import ConfigError, TaskConfig, TrainConfig
+from sync_mnist.core import membership
+from sync_mnist.models import registry
+from sync_mnist.task import worker
+from sync_mnist.core.cluster import ClusterLayout
+from sync_mnist.core.config import ConfigError, TaskConfig, TrainConfig
 from sync_mnist.models import mlp
 
 tf1 = tf.compat.v1
@@ -152,7 +154,7 @@ def test_the_users_traceback_comes_with_an_exception_of_the_model_function():
                                  "'ModelSpec' object is not subscriptable")
     details = raised.value.details
     assert details.startswith("Traceback (most recent call last):\n")
-    assert "test_model_contract.py" in details and "sync_mnist/placement.py" not in details
+    assert "test_model_contract.py" in details and "sync_mnist/core/placement.py" not in details
     assert details.endswith("TypeError: 'ModelSpec' object is not subscriptable")
 
 
@@ -186,7 +188,7 @@ def test_eval_every_needs_an_accuracy_metric():
 
 
 def test_a_shard_smaller_than_a_batch_is_bad_input():
-    from sync_mnist.data import DataError
+    from sync_mnist.models.data import DataError
 
     with pytest.raises(DataError, match=r"^batch size 100 is larger than worker 0's shard of "
                                         rf"{ROWS // 2} examples \({ROWS} examples / 2 workers\)$"):
@@ -197,11 +199,11 @@ def test_a_shard_smaller_than_a_batch_is_bad_input():
 
 
 def test_a_built_in_name_a_module_and_a_file_resolve(tmp_path):
-    assert model_spec.resolve("mlp") is mlp.MODEL
-    assert model_spec.resolve("sync_mnist.models.mlp:MODEL") is mlp.MODEL
+    assert registry.resolve("mlp") is mlp.MODEL
+    assert registry.resolve("sync_mnist.models.mlp:MODEL") is mlp.MODEL
     path = tmp_path / "mine.py"
     path.write_text("from sync_mnist.models.mlp import MODEL as MINE\n")
-    assert model_spec.resolve(f"{path}:MINE") is mlp.MODEL
+    assert registry.resolve(f"{path}:MINE") is mlp.MODEL
 
 
 @pytest.mark.parametrize("spec, line", [
@@ -221,7 +223,7 @@ def test_a_built_in_name_a_module_and_a_file_resolve(tmp_path):
 ])
 def test_a_spec_that_names_no_model_is_named_in_one_line(spec, line):
     with pytest.raises(ConfigError) as raised:
-        model_spec.resolve(spec)
+        registry.resolve(spec)
     assert str(raised.value) == line
 
 
@@ -236,7 +238,7 @@ def test_a_model_file_that_raises_while_it_loads_shows_its_own_traceback(tmp_pat
         MODEL = helper()
         """))
     with pytest.raises(sm.ContractError) as raised:
-        model_spec.resolve(f"{path}:MODEL")
+        registry.resolve(f"{path}:MODEL")
     assert str(raised.value) == (f"--model '{path}:MODEL': {path} raised ZeroDivisionError "
                                  "while it loaded: division by zero")
     assert f'File "{path}", line 4, in helper' in raised.value.details

@@ -14,8 +14,8 @@ import tensorflow as tf
 
 import sync_mnist.api as sm
 from inprocess_cluster import run_cluster
-from sync_mnist import data
-from sync_mnist.config import TaskConfig, TrainConfig
+from sync_mnist.models import data
+from sync_mnist.core.config import TaskConfig, TrainConfig
 
 tf1 = tf.compat.v1
 ROWS, BATCH, STEPS, SEED = 64, 2, 6, 3
@@ -74,8 +74,8 @@ def test_each_update_moves_the_state_once_by_the_mean_of_the_workers_pushes(mode
 
 def _refused(model: sm.Model) -> str:
     """The line of the ContractError that building a worker's graph of `model` raises."""
-    from sync_mnist import worker
-    from sync_mnist.cluster import ClusterLayout
+    from sync_mnist.task import worker
+    from sync_mnist.core.cluster import ClusterLayout
 
     config = TaskConfig(role="worker", index=0, cluster=ClusterLayout(("p:1",), ("w0:1",)),
                         train=TrainConfig(train_steps=1, batch_size=BATCH))

@@ -16,11 +16,13 @@ import tensorflow as tf
 
 from procs import local_cluster
 import mlp_graph
-from sync_mnist import data, evaluation, export, placement, session, worker
+from sync_mnist.models import data
+from sync_mnist.task import evaluation, export, worker
+from sync_mnist.core import placement, session
 from sync_mnist.models import mlp
-from sync_mnist.cluster import ClusterLayout
-from sync_mnist.config import TaskConfig, TrainConfig
-from sync_mnist.experiments.bench_profile import wire_bytes
+from sync_mnist.core.cluster import ClusterLayout
+from sync_mnist.core.config import TaskConfig, TrainConfig
+from sync_mnist.bench.profiling import wire_bytes
 
 tf1 = tf.compat.v1
 TIMEOUT_MS = 30_000

@@ -8,9 +8,10 @@ import threading
 import pytest
 import tensorflow as tf
 
-from sync_mnist import protocol, ps, session
-from sync_mnist.cluster import free_ports
-from sync_mnist.config import ClusterLayout, TaskConfig, TaskTimeout, TrainConfig
+from sync_mnist.core import protocol, session
+from sync_mnist.task import ps
+from sync_mnist.core.cluster import free_ports
+from sync_mnist.core.config import ClusterLayout, TaskConfig, TaskTimeout, TrainConfig
 
 tf1 = tf.compat.v1
 WORKERS = 300

@@ -17,8 +17,9 @@ import pytest
 import tensorflow as tf
 
 from procs import local_cluster
-from sync_mnist import membership, session, sync, worker
-from sync_mnist import verdict as verdict_lib
+from sync_mnist.core import membership, session, sync
+from sync_mnist.task import worker
+from sync_mnist.core import verdict as verdict_lib
 
 tf1 = tf.compat.v1
 TIMEOUT_MS = 15_000

@@ -94,7 +94,7 @@ def test_a_sparse_gradient_crosses_as_sorted_unique_rows_beside_the_dense_ones(w
     """sync.to_ps and sync.restored on one device (no cluster): a dense gradient comes back
     as it was, a sparse one with its repeated rows summed and its rows sorted, as the sparse
     accumulator needs (test_a_sparse_update_is_the_mean... shows what it does otherwise)."""
-    from sync_mnist import sync
+    from sync_mnist.core import sync
 
     with tf.Graph().as_default():
         dense = tf1.get_variable("dense", [2, 3])

@@ -1,6 +1,6 @@
 """A silent partition of one worker, shorter and longer than --timeout (issue 35, item 3).
 
-On the testbed (sync_mnist/experiments/testbed.py): a namespace and a veth per task, a bridge
+On the testbed (lab/testbed.py): a namespace and a veth per task, a bridge
 between them. Mid-run, chosen from the chief's progress line, the switch drops every frame to
 and from worker 1 (nftables, `testbed.partition`): its link stays up, nothing answers, no
 error reaches either side, the case a TCP connection notices last.

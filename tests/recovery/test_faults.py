@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from hand_cluster import BOUND, COMMON, Cluster, checkpoint_steps, wait_for_step
 from procs import CLUSTER_LINE, Proc, processes_mentioning, read_json
-from sync_mnist.config import EXIT_OK, EXIT_TIMEOUT
+from sync_mnist.core.config import EXIT_OK, EXIT_TIMEOUT
 
 
 # -------------------------------------------------------------------------- 1. resume
@@ -239,7 +239,7 @@ class PsReading:
     def __init__(self, ps_address: str, workers: int):
         import tensorflow as tf
 
-        from sync_mnist import membership, sync, tfcompat
+        from sync_mnist.core import membership, sync, tfcompat
 
         tfcompat.graph_mode(verbose=False)
         tf1 = tf.compat.v1
@@ -258,12 +258,12 @@ class PsReading:
                                  config=tf1.ConfigProto(device_filters=["/job:ps/task:0"]))
 
     def close(self) -> None:
-        from sync_mnist.session import close_bounded
+        from sync_mnist.core.session import close_bounded
 
         close_bounded(self._sess.close, self._sess)
 
     def read(self) -> tuple[int, list[int], list[int]]:
-        from sync_mnist.session import bounded_call
+        from sync_mnist.core.session import bounded_call
 
         # The first run creates the session, which no RunOptions bound (a ps gone waits forever).
         step, last_push, waiting = bounded_call(

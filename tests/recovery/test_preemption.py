@@ -19,8 +19,8 @@ import time
 
 from hand_cluster import BOUND, COMMON, checkpoint_steps
 from procs import processes_mentioning, read_json
-from sync_mnist.cluster import free_ports
-from sync_mnist.config import EXIT_OK, EXIT_PREEMPTED
+from sync_mnist.core.cluster import free_ports
+from sync_mnist.core.config import EXIT_OK, EXIT_PREEMPTED
 
 STEPS, WORKERS, GRACE = 300, 2, 25.0
 

@@ -17,8 +17,8 @@ import tensorflow as tf
 
 from hand_cluster import BOUND, COMMON, Cluster, checkpoint_steps, wait_for_step
 from procs import read_json, small_tmpfs
-from sync_mnist.experiments.loopback_faults import DiskFull
-from sync_mnist.config import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+from lab.loopback_faults import DiskFull
+from sync_mnist.core.config import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 
 STEPS = 30
 

@@ -293,7 +293,7 @@ class SlurmCluster:
 
 
 def _free_ports(count: int) -> list[int]:
-    from sync_mnist.cluster import free_ports
+    from sync_mnist.core.cluster import free_ports
 
     return free_ports(count, host="")
 

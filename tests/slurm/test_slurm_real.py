@@ -226,7 +226,7 @@ HOSTS = {"n9": ("worker", 0), "n10": ("worker", 1), "ctl": ("ps", 0)}
 
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory):
-    from sync_mnist.experiments import testbed
+    from lab import testbed
 
     why = slurm_cluster.unavailable()
     if why:

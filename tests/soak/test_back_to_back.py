@@ -230,7 +230,7 @@ def test_chaos_quick_runs_classify_every_run_and_find_no_defect(processes, tmp_p
     a backup stopped for less than --timeout, a worker stopped for more, a ps preempted and
     the rerun resumed), each classified."""
     out = tmp_path / "chaos.json"
-    chaos = processes.start([sys.executable, "-m", "sync_mnist.experiments.chaos", "--quick",
+    chaos = processes.start([sys.executable, "-m", "lab.chaos", "--quick",
                              "--json", str(out)], "chaos")
     code = chaos.wait(900)
     with capsys.disabled():

@@ -1,6 +1,6 @@
 """Several hosts (issue 4, scenario 7): a real cluster across network namespaces, then a cut link.
 
-On the experiments' testbed (sync_mnist/experiments/testbed.py, with no link or CPU caps):
+On the experiments' testbed (lab/testbed.py, with no link or CPU caps):
 each task gets a namespace of its own, the test's stand-in for a host, with one address on a
 private subnet. A fifth namespace holds a bridge, the switch: each task's veth pair runs from
 its eth0 to a port on that bridge. Nothing is created in the host's own namespace, and all
@@ -29,7 +29,7 @@ import pytest
 
 import lan_cluster
 from procs import processes_mentioning, read_json
-from sync_mnist.experiments import testbed
+from lab import testbed
 
 # About a minute each: in tests/soak (`make soak`), to keep `make test` near five minutes.
 
@@ -44,7 +44,7 @@ LOST = 2  # the worker whose link is cut (not the chief)
 
 @pytest.fixture
 def lan():
-    """The testbed (sync_mnist/experiments/testbed.py): a namespace per task and a switch,
+    """The testbed (lab/testbed.py): a namespace per task and a switch,
     all removed when the test ends."""
     yield from lan_cluster.lan_fixture(num_ps=1, num_workers=3, faults=False)
 
@@ -107,7 +107,7 @@ def _stack(proc) -> str:
     except AssertionError:
         return "(no stack: SIGABRT did not end it)"
     frames = [m.group(1, 2, 3) for m in re.finditer(
-        r'File "[^"]*/(sync_mnist/\w+\.py|tensorflow/python/client/session\.py)", '
+        r'File "[^"]*/(sync_mnist/(?:\w+/)*\w+\.py|tensorflow/python/client/session\.py)", '
         r"line (\d+) in (\w+)", proc.output)]
     shown = frames[:1] + [f for f in frames[1:] if f[0].startswith("sync_mnist")][:5]
     return " < ".join(f"{path}:{line} {name}" for path, line, name in shown) or (

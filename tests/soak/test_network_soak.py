@@ -22,7 +22,7 @@ import pytest
 
 import lan_cluster
 from procs import processes_mentioning
-from sync_mnist.experiments import testbed
+from lab import testbed
 
 TIMEOUT = 12  # --timeout
 SHORT = 5  # a partition shorter than TIMEOUT

@@ -15,7 +15,7 @@ import time
 
 from hand_cluster import BOUND, COMMON, Cluster, wait_for_step
 from procs import processes_mentioning, read_json
-from sync_mnist.config import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT
+from sync_mnist.core.config import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT
 
 
 def test_killed_worker_restarted_by_hand_rejoins_in_lockstep(processes, tmp_path):

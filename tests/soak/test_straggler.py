@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from procs import processes_mentioning, read_json
-from sync_mnist.experiments import testbed
+from lab import testbed
 
 # Three TensorFlow processes and a capped link: about a minute on a loaded 2-core machine, an
 # experiment's tooling rather than a behaviour of training, so in tests/soak (`make soak`).
@@ -37,7 +37,7 @@ def test_a_capped_worker_is_slowed_through_its_caps_and_nothing_is_left(
     marker = str(tmp_path / "data")  # in every task's command line
     out = tmp_path / "out"
     run = processes.start(
-        [sys.executable, "-m", "sync_mnist.experiments.straggler", "--workers", "2", "--straggler", "1",
+        [sys.executable, "-m", "lab.straggler", "--workers", "2", "--straggler", "1",
          "--slow-link", LINK_RATE, "--slow-cpu", str(CPU_SHARE), "--setups", "async",
          "--no-baseline", "--out", str(out), "--dataset", "synthetic", "--train-steps",
          str(STEPS), "--log-every", "5", "--timeout", "60", "--data-dir", marker],

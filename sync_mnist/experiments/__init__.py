@@ -1,1 +1,0 @@
-"""Experiments (root only for the testbed): the bench, the straggler and scaling studies."""

@@ -1,0 +1,72 @@
+"""The chief's evaluation: the model function in EVAL mode, in a graph of its own.
+
+Its variables are the training graph's: the same names on the same ps (placement.py places
+by name), so its session reads the model as the ps holds it, in float32 whatever
+--wire-dtype, without initialising anything there. Only the metrics' own counters (local
+variables, on the chief) are initialised, before each evaluation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from sync_mnist import api
+from sync_mnist.core import placement
+from sync_mnist.core.session import SideSession
+
+tf1 = tf.compat.v1
+
+EVAL_BATCH = 1000  # examples per evaluation run on the chief
+
+
+ACCURACY = "accuracy"  # the metric --eval-every and --target-accuracy read
+
+
+def check_accuracy_metric(model: api.Model, params: dict, example: tuple) -> None:
+    """Raises ContractError unless the model's EVAL spec has the metric "accuracy" (built in a
+    scratch graph: every worker checks, so that none trains a run its chief cannot judge)."""
+    with tf.Graph().as_default():
+        tf1.train.get_or_create_global_step()
+        features, labels = placement.placeholders(*example)
+        spec = placement.call(model.model_fn, features, labels, api.ModeKeys.EVAL, params)
+    if ACCURACY not in spec.eval_metric_ops:
+        raise api.ContractError(
+            f"--eval-every and --target-accuracy read the model's eval metric {ACCURACY!r}, "
+            f"and its eval_metric_ops have {', '.join(map(repr, spec.eval_metric_ops)) or 'none'}")
+
+
+class Evaluator:
+    """Evaluates the model on (features, labels): its loss and its eval_metric_ops."""
+
+    def __init__(self, model: api.Model, params: dict, example: tuple, *, num_ps: int,
+                 worker: str, target: str, tf_config, ps_hosts: tuple[str, ...]):
+        self.graph = tf.Graph()
+        with self.graph.as_default(), tf1.device(worker):
+            with tf1.device("/job:ps/task:0"):  # where the training graph has it
+                tf1.train.get_or_create_global_step()
+            self.features, self.labels = placement.placeholders(*example)
+            spec = placement.build(model.model_fn, self.features, self.labels,
+                                   api.ModeKeys.EVAL, params, num_ps=num_ps).spec
+            self.loss = spec.loss
+            self.values = {k: v for k, (v, _) in spec.eval_metric_ops.items()}
+            self.updates = [u for _, u in spec.eval_metric_ops.values()]
+            self.reset = tf1.local_variables_initializer()
+        self.side = SideSession(target, self.graph, tf_config, ps_hosts)
+
+    def __call__(self, features, labels, options) -> tuple[dict[str, float], float]:
+        """({metric: value}, mean loss) over the examples, EVAL_BATCH at a time."""
+        self.side.run(self.reset, options=options)
+        total_loss, n = 0.0, len(labels)
+        for start in range(0, n, EVAL_BATCH):
+            rows = slice(start, start + EVAL_BATCH)
+            batch = ({k: v[rows] for k, v in features.items()} if isinstance(features, dict)
+                     else features[rows])
+            feed = {**placement.feed(self.features, batch), self.labels: labels[rows]}
+            loss, _ = self.side.run([self.loss, self.updates], feed, options=options)
+            total_loss += float(loss) * len(labels[rows])
+        values = self.side.run(self.values, options=options)
+        return {k: float(np.asarray(v)) for k, v in values.items()}, total_loss / max(n, 1)
+
+    def close(self) -> None:
+        self.side.close()

@@ -1,0 +1,126 @@
+"""The trained model as a SavedModel anyone can load: no devices, no training state.
+
+At the end of training the chief reads the trained weights from the ps (they live there, not
+on the chief), builds a fresh graph of the model function in PREDICT mode on no device, loads
+the weights into it and saves that graph. Nothing of the cluster goes in: no ps device
+strings, no sync queues or accumulators, no optimizer slots, no counters.
+
+Signature `serving_default`: the inputs of the model's serving_input_fn (without one, the
+features as the training data has them), and the outputs of its ModelSpec's predictions. The
+MNIST models' (models/mnist.py):
+  images         uint8 [None, 28, 28]: pixels 0-255 as in MNIST (a white digit on black)
+  probabilities  float32 [None, 10]
+  classes        int64 [None]
+
+Loaded in TensorFlow 2, with no import of this package:
+  model = tf.saved_model.load(DIR)
+  out = model.signatures["serving_default"](images=tf.constant(batch_uint8))
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import tensorflow as tf
+
+from sync_mnist import api
+from sync_mnist.core import placement, session
+
+tf1 = tf.compat.v1
+
+SIGNATURE = "serving_default"
+INPUT = "images"
+PROBABILITIES = "probabilities"
+CLASSES = "classes"
+IMAGE_SIZE = 28
+
+
+class _Serving:
+    def __init__(self, model: api.Model, params: dict, example: tuple):
+        """The model's PREDICT graph, on no device, in the current graph."""
+        if model.serving_input_fn is None:
+            features, _ = placement.placeholders(*example)
+            inputs = features if isinstance(features, dict) else {"features": features}
+        else:
+            inputs, features = model.serving_input_fn(dict(params))
+        spec = placement.build(model.model_fn, features, None, api.ModeKeys.PREDICT, params,
+                               num_ps=1, ps_job=None).spec
+        self.inputs, self.outputs = inputs, dict(spec.predictions)
+
+
+def variable_names(model: api.Model, params: dict, example: tuple) -> list[str]:
+    """Names of the variables of the model's PREDICT graph: what the SavedModel holds."""
+    with tf.Graph().as_default() as graph:
+        _Serving(model, params, example)
+        return [v.op.name for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)]
+
+
+def read_weights(run: Callable, graph: tf.Graph, names: list[str]) -> dict[str, np.ndarray]:
+    """Reads the model's trained weights through a session of the training graph.
+
+    Args:
+      run: runs fetches in a session of `graph` (the chief's, with its bounded options); the
+        variables live on the ps, so this is where their values cross to the chief.
+      graph: the training graph, which holds the model's variables among many others.
+      names: the variables to read (variable_names).
+
+    Returns:
+      {variable name: value} for exactly `names`, each whole: a variable cut into one slice
+      per ps (placement.py) is joined again here, so the SavedModel is the same whatever the
+      number of ps.
+    """
+    wholes = placement.whole_variables(graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES))
+    missing = [n for n in names if n not in wholes]
+    if missing:
+        raise ValueError(f"the training graph has no variable {missing[0]!r} to export")
+    values = run([wholes[n].slices for n in names])
+    return {n: np.concatenate(slices, axis=0) for n, slices in zip(names, values)}
+
+
+def write_saved_model(model: api.Model, params: dict, example: tuple,
+                      weights: dict[str, np.ndarray], export_dir: Path) -> None:
+    """Saves the model's PREDICT graph with `weights` to export_dir, replacing an earlier one.
+
+    It is written next to export_dir first and moved into place, so export_dir never holds a
+    half-written model. A write that fails for want of room (a full --logdir, where export_dir
+    is by default) leaves nothing behind, and raises ExportError naming the directory.
+    """
+    export_dir = Path(export_dir)
+    partial = export_dir.with_name(f".{export_dir.name}.partial-{os.getpid()}")
+    previous = export_dir.with_name(f".{export_dir.name}.previous-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        _write(model, params, example, weights, partial)
+    except tf.errors.ResourceExhaustedError as e:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise ExportError(f"could not write the trained model to {export_dir}: "
+                          f"{session.storage_error(e)}") from None
+    if export_dir.exists():
+        export_dir.rename(previous)
+    partial.rename(export_dir)
+    shutil.rmtree(previous, ignore_errors=True)
+
+
+class ExportError(RuntimeError):
+    """The trained model could not be written."""
+
+
+def _write(model: api.Model, params: dict, example: tuple, weights: dict[str, np.ndarray],
+           partial: Path) -> None:
+    with tf.Graph().as_default() as graph:
+        serving = _Serving(model, params, example)
+        variables = graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
+        with tf1.Session(graph=graph) as sess:
+            # Feeding each variable's initial value initialises it to the trained weights.
+            sess.run([v.initializer for v in variables],
+                     {v.initial_value: weights[v.op.name] for v in variables})
+            builder = tf1.saved_model.Builder(str(partial))
+            builder.add_meta_graph_and_variables(
+                sess, [tf1.saved_model.SERVING], clear_devices=True, strip_default_attrs=True,
+                signature_def_map={SIGNATURE: tf1.saved_model.predict_signature_def(
+                    inputs=serving.inputs, outputs=serving.outputs)})
+            builder.save()
