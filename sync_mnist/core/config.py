@@ -10,7 +10,7 @@ import dataclasses
 import math
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from sync_mnist.core.cluster import ClusterLayout
 
@@ -70,18 +70,22 @@ class TaskTimeout(RuntimeError):
     In a task process, raising it also arms a last resort (cli.py sets `last_resort`):
     unwinding closes TensorFlow sessions, and against a peer that vanished from the network (a
     cut link, not a dead process) a close can block inside TensorFlow past any timeout. If the
-    process is still alive UNWIND_GRACE_SECS later, last_resort(message) reports and exits.
+    process is still alive UNWIND_GRACE_SECS later, last_resort(message, missing) reports and exits.
     """
 
-    last_resort: Callable[[str], None] | None = None
+    last_resort: Callable[[str, tuple[str, ...]], None] | None = None
     UNWIND_GRACE_SECS = 10.0
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, missing: Sequence[str] = ()):
+        """`missing`: the peers the wait was for, each "worker N" or "ps N", as the message's
+        `missing: ...` names them; the task's record carries them (TaskResult.missing) for
+        the launcher, which restarts them rather than the task that waited."""
         super().__init__(message)
+        self.missing = tuple(missing)
         self._timer = None
         if TaskTimeout.last_resort is not None:
             self._timer = threading.Timer(self.UNWIND_GRACE_SECS, TaskTimeout.last_resort,
-                                          (message,))
+                                          (message, self.missing))
             self._timer.daemon = True
             self._timer.start()
 

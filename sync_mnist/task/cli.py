@@ -227,11 +227,12 @@ def _last_resort(config: TaskConfig):
 
     log = logging.getLogger("sync_mnist")
 
-    def last_resort(message: str) -> None:
+    def last_resort(message: str, missing: tuple[str, ...]) -> None:
         log.error("%s (exiting: closing the sessions blocked for %g s)", message,
                   config_lib.TaskTimeout.UNWIND_GRACE_SECS)
         _finish(config, report.TaskResult(role=config.role, index=config.index,
-                                          mode=config.train.mode, error=message),
+                                          mode=config.train.mode, error=message,
+                                          missing=list(missing) or None),
                 config_lib.EXIT_TIMEOUT)
 
     return last_resort
@@ -264,6 +265,7 @@ def _run_role(config: TaskConfig, verbose: bool, result):
     except ps.TaskTimeout as e:
         log.error("%s", e)
         result.error, code = str(e), config_lib.EXIT_TIMEOUT
+        result.missing = list(e.missing) or None
     except KeyboardInterrupt:
         log.error("interrupted")
         result.error, code = "interrupted", _interrupted()

@@ -76,6 +76,9 @@ class TaskResult:
     rejoined: bool = False  # restarted into a running cluster; took its predecessor's token
     sessions: int | None = None  # sessions created; more than 1: a ps was lost and came back
     lost: list[int] | None = None  # workers the chief declared lost at the finish
+    # Sync: the peers a bounded wait that expired was for ("worker N", "ps N"; TaskTimeout's
+    # `missing`): the launcher restarts them rather than this task.
+    missing: list[str] | None = None
     # The launcher: why it stopped this task after a verified run that did without it.
     spared: str | None = None
     restarts: int = 0  # times the launcher restarted this task (--max-restarts)

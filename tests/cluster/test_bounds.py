@@ -206,7 +206,8 @@ def test_a_done_report_the_ps_never_takes_after_a_verified_run_leaves_the_result
     ps, server = silent_ps
     last_resorts = []
     monkeypatch.setattr(config_lib.TaskTimeout, "UNWIND_GRACE_SECS", 0.05)
-    monkeypatch.setattr(config_lib.TaskTimeout, "last_resort", last_resorts.append)
+    monkeypatch.setattr(config_lib.TaskTimeout, "last_resort",
+                        lambda message, missing: last_resorts.append(message))
     graph = tf.Graph()
     with graph.as_default():
         op = protocol.done_queue(0, 1).enqueue(0)
