@@ -14,3 +14,17 @@ READ_DATASET = ("mlp", "cnn")
 DEFAULT = "mlp"
 # --epochs when neither it nor --train-steps is given; other models: options.DEFAULT_EPOCHS.
 DEFAULT_EPOCHS = {"cnn": 6, "ctr": 1}
+
+
+def check_data(train) -> None:
+    """What can be checked of a built-in model's data before any task starts (the launcher):
+    for the models that read MNIST, its files (the shipped copy's digests, or the user's files
+    in --data-dir); nothing for the others, which check their own data as they read it.
+
+    Raises:
+        sync_mnist.models.data.DataError: a file is missing, damaged or malformed.
+    """
+    if train.model in READ_DATASET:
+        from sync_mnist.models import data
+
+        data.check_source(train.dataset, train.data_dir)
