@@ -1,7 +1,7 @@
 """The question's program: SyncReplicasOptimizer on 1 ps + 3 workers, and yet asynchronous.
 
 A reconstruction of the program the question described, kept here for the diff in
-docs/fix-your-own-program.md (sync_mnist/specimen/question.py replays the same design with counters;
+docs/fix-your-own-program.md (sync_mnist/question.py replays the same design with counters;
 docs/why-it-was-async.md has the measurements). It is written against tf.compat.v1 so that it
 runs on TensorFlow 2, but it is not meant to be run: the chief trains alone, the other workers
 then block on the token queue for ever, and the ps never exits.

@@ -32,7 +32,7 @@ def test_the_task_process_exits_with_the_code_its_error_maps_to(error, code, tmp
     # life replaced by the error it would meet.
     script = (
         "import sys, tensorflow as tf\n"
-        "from sync_mnist import cli, worker\n"
+        "from sync_mnist.task import cli, worker\n"
         "def run_worker(config, **kwargs):\n"
         f"    raise tf.errors.{error}\n"
         "worker.run_worker = run_worker\n"
@@ -48,7 +48,7 @@ def test_the_task_process_exits_with_the_code_its_error_maps_to(error, code, tmp
 def test_a_task_starts_tensorflow_without_keras():
     # Keras 3 costs every task about 0.9 s of CPU at start-up and is never used (cli.py); if
     # TensorFlow stops honouring TF_USE_LEGACY_KERAS this way, this fails.
-    probe = ("import sys; from sync_mnist import options; options.before_tensorflow(False); "
+    probe = ("import sys; from sync_mnist.task import options; options.before_tensorflow(False); "
              "import tensorflow as tf; tf.compat.v1.train.AdamOptimizer; "
              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('keras', 'tf_keras')))")
     env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
@@ -65,7 +65,7 @@ def test_real_command_names_an_unreachable_ps_and_ends():
     allowance = 3.0
     ps, w0, w1, w2 = free_ports(4)
     script = ("import sys\n"
-              "from sync_mnist import cli, worker\n"
+              "from sync_mnist.task import cli, worker\n"
               f"worker.START_SECS = {allowance}\n"
               "sys.exit(cli.main(sys.argv[1:]))\n")
     code, _, err, seconds = run_task_process([
@@ -91,7 +91,7 @@ def test_a_stop_signal_while_the_task_writes_its_record_does_not_cut_it_short(tm
     # interrupt came out of json.dumps as a traceback, and the record was lost.
     script = (
         "import os, signal, sys\n"
-        "from sync_mnist import cli, config, report, worker\n"
+        "from sync_mnist.core import config\nfrom sync_mnist.task import cli, report, worker\n"
         "def run_worker(config_, **kwargs):\n"
         "    raise config.TaskTimeout('worker 1: waited 5 s for an update')\n"
         "worker.run_worker = run_worker\n"
@@ -116,7 +116,7 @@ def test_a_stop_signal_that_lands_in_a_destructor_still_stops_the_task(tmp_path,
     # task at once too: there is no update to agree on.)
     script = (
         "import os, signal, sys, time\n"
-        "from sync_mnist import cli, worker\n"
+        "from sync_mnist.task import cli, worker\n"
         "class Closing:\n"
         "    def __del__(self):\n"
         f"        os.kill(os.getpid(), signal.{signum})  # its handler raises in here\n"
@@ -150,7 +150,7 @@ def test_a_stop_that_lands_while_an_extension_initialises_is_an_interrupt_not_a_
     # initialization failed", raised from the KeyboardInterrupt, and printed a traceback.
     script = (
         "import sys\n"
-        "from sync_mnist import cli, tfcompat\n"
+        "from sync_mnist.core import tfcompat\nfrom sync_mnist.task import cli\n"
         "def graph_mode(verbose):\n"
         "    try:\n"
         "        raise KeyboardInterrupt\n"
