@@ -249,7 +249,7 @@ def partition(num_ps: int, num_workers: int = 1) -> tuple[list[int], list[int]]:
     from sync_mnist.core import cluster as cluster_lib
     from sync_mnist.models import data
     from sync_mnist.core import tfcompat
-    from sync_mnist.task import worker
+    from sync_mnist.task.graph import build_graph
     from sync_mnist.core.config import TaskConfig, TrainConfig
     from sync_mnist.models import mlp
 
@@ -264,7 +264,7 @@ def partition(num_ps: int, num_workers: int = 1) -> tuple[list[int], list[int]]:
     nbytes, tensors = [0] * num_ps, [0] * num_ps
     with tf.Graph().as_default():
         dataset = data.make_synthetic(0)
-        worker.build_graph(config, mlp.MODEL, (dataset.train_images[:1], dataset.train_labels[:1]),
+        build_graph(config, mlp.MODEL, (dataset.train_images[:1], dataset.train_labels[:1]),
                            dataset="synthetic")
         for v in tf.compat.v1.trainable_variables():
             p = tf.DeviceSpec.from_string(v.device).task

@@ -6,7 +6,7 @@
     python -m lab.sparse_bytes --vocabulary 200 --wire-dtype bfloat16
 
 For each table size: K ps servers and one worker (the chief) in this process, the real graph
-(worker.build_graph of models/ctr.py, 26 fields, batch 100) and the real session; one
+(build_graph of models/ctr.py, 26 fields, batch 100) and the real session; one
 untraced step, then --traced steps with FULL_TRACE and the partition graphs, each measured
 alone by bench_profile.wire_bytes (which tensors crossed from the partition graphs, their
 sizes from the transport's receive records). The same batches for every size, so a step
@@ -43,9 +43,10 @@ def measure(rows: int, num_ps: int, traced: int, batch_size: int = 100,
     import numpy as np
     import tensorflow as tf
 
-    from sync_mnist.models import data
+    from sync_mnist.core.shard import Shard
     from sync_mnist.core import session
-    from sync_mnist.task import worker
+    from sync_mnist.task.graph import build_graph
+    from sync_mnist.task.inputs import input_data, model_params
     from sync_mnist.core.cluster import ClusterLayout, free_ports
     from sync_mnist.core.config import TaskConfig, TrainConfig
     from sync_mnist.bench.profiling import wire_bytes
@@ -69,12 +70,12 @@ def measure(rows: int, num_ps: int, traced: int, batch_size: int = 100,
     config = TaskConfig(role="worker", index=0, cluster=layout,
                         train=TrainConfig(model="ctr", train_steps=traced + 1,
                                           batch_size=batch_size, wire_dtype=wire_dtype))
-    features, labels = worker.input_data("train_input_fn", model.train_input_fn,
-                                         worker.model_params(config, model))
-    shard = data.Shard(features, labels, index=0, num_workers=1, batch_size=batch_size, seed=0)
+    features, labels = input_data("train_input_fn", model.train_input_fn,
+                                         model_params(config, model))
+    shard = Shard(features, labels, index=0, num_workers=1, batch_size=batch_size, seed=0)
     graph = tf.Graph()
     with graph.as_default():
-        g = worker.build_graph(config, model, shard.batch(0), target=traced + 1)
+        g = build_graph(config, model, shard.batch(0), target=traced + 1)
         sess = session.monitored_session(
             chief.target, is_chief=True, hooks=g.training.hooks,
             config=session.session_config(layout.device_filters("worker", 0)), timeout=120,

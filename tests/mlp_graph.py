@@ -1,4 +1,5 @@
-"""The built-in MLP's graphs as tests build them: a worker's, and the model alone."""
+"""Worker graphs as tests build them: the built-in MLP's, any model's as a worker prepares it,
+and the MLP's model alone."""
 
 from __future__ import annotations
 
@@ -6,16 +7,25 @@ import numpy as np
 
 from sync_mnist import api
 from sync_mnist.core import placement
-from sync_mnist.task import worker
-from sync_mnist.models import mlp
+from sync_mnist.models import mlp, registry
+from sync_mnist.task import graph as graph_lib
+from sync_mnist.task import inputs, prepare
 
 # One batch's row, for the placeholders' dtypes and shapes: pixels as stored, a label.
 EXAMPLE = (np.zeros([1, 784], np.uint8), np.zeros([1], np.int64))
 
 
 def build_graph(config, **kwargs):
-    """worker.build_graph of the MLP."""
-    return worker.build_graph(config, mlp.MODEL, EXAMPLE, **kwargs)
+    """graph.build_graph of the MLP."""
+    return graph_lib.build_graph(config, mlp.MODEL, EXAMPLE, **kwargs)
+
+
+def prepared_graph(config, model=None) -> prepare.BuiltGraph:
+    """A worker's graph as prepare.prepare builds it, from its own shard, with no server."""
+    model = model or registry.resolve(config.train.model)
+    shard, target, _ = inputs.load_shard(config, model)
+    return prepare.make_graph(config, model, inputs.model_params(config, model),
+                              shard.batch(0), target)
 
 
 def variables(hidden_units=mlp.HIDDEN_UNITS, *, slices: int = 1):

@@ -1,7 +1,7 @@
 """Profile of one synchronous step: `sync-mnist-bench --profile DIR`.
 
 A bare ps server runs in a child process (bench_tasks floor-ps); this process is worker 0, the
-chief, with the real graph (worker.build_graph). Instead of MonitoredSession and the optimizer's
+chief, with the real graph (build_graph). Instead of MonitoredSession and the optimizer's
 queue-runner thread, it runs both halves of a step itself, each with FULL_TRACE:
 
   * the worker's step: sess.run of the train op with the batch fed, as worker.run_step does
@@ -64,9 +64,12 @@ def _profile_against(out: Path, ps: str, worker_address: str, timed_steps: int,
     from tensorflow.python.client import timeline
 
     from sync_mnist.core import cluster as cluster_lib
+    from sync_mnist.core.shard import Shard
     from sync_mnist.models import data
     from sync_mnist.core import session
     from sync_mnist.task import worker
+    from sync_mnist.task.graph import build_graph
+    from sync_mnist.task.inputs import input_data, model_params
     from sync_mnist.models import ctr, mlp
     from sync_mnist.core.config import TaskConfig, TrainConfig
 
@@ -81,15 +84,15 @@ def _profile_against(out: Path, ps: str, worker_address: str, timed_steps: int,
     server = tf.distribute.Server(layout.spec(), job_name="worker", task_index=0, start=True)
     model = ctr.MODEL if model_name == "ctr" else mlp.MODEL
     if model_name == "ctr":
-        features, labels = worker.input_data("train_input_fn", model.train_input_fn,
-                                             worker.model_params(config, model))
+        features, labels = input_data("train_input_fn", model.train_input_fn,
+                                             model_params(config, model))
     else:
         dataset = data.make_synthetic(0)
         features, labels = dataset.train_images, dataset.train_labels
-    shard = data.Shard(features, labels, index=0, num_workers=1, batch_size=100, seed=0)
+    shard = Shard(features, labels, index=0, num_workers=1, batch_size=100, seed=0)
     graph = tf.Graph()
     with graph.as_default():
-        g = worker.build_graph(config, model, shard.batch(0), dataset="synthetic")
+        g = build_graph(config, model, shard.batch(0), dataset="synthetic")
         optimizer = g.training.optimizer
         update_op = optimizer._chief_queue_runner.enqueue_ops[0]  # pylint: disable=protected-access
         init = [tf1.global_variables_initializer(), tf1.local_variables_initializer()]

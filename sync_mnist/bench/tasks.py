@@ -73,10 +73,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _shard(args, num_workers: int):
+    from sync_mnist.core.shard import Shard
     from sync_mnist.models import data
 
     dataset = data.make_synthetic(args.seed)
-    return data.Shard(dataset.train_images, dataset.train_labels, index=args.index,
+    return Shard(dataset.train_images, dataset.train_labels, index=args.index,
                       num_workers=num_workers, batch_size=args.batch_size, seed=args.seed)
 
 
@@ -204,6 +205,7 @@ def run_mwms(args, worker_hosts) -> None:
     """
     import tensorflow as tf
 
+    from sync_mnist.core.shard import Shard
     from sync_mnist.models import data
 
     strategy = _mwms_strategy(args, worker_hosts)
@@ -288,13 +290,14 @@ def run_mwms_ctr(args, worker_hosts) -> None:
     """
     import tensorflow as tf
 
+    from sync_mnist.core.shard import Shard
     from sync_mnist.models import data
     from sync_mnist.models import ctr
 
     strategy = _mwms_strategy(args, worker_hosts)
-    params = {**ctr.PARAMS, "seed": args.seed}  # the seed as worker.model_params sets it
+    params = {**ctr.PARAMS, "seed": args.seed}  # the seed as model_params sets it
     features, labels = ctr.train_input_fn(params)
-    shard = data.Shard({ctr.IDS: features[ctr.IDS]}, labels, index=args.index,
+    shard = Shard({ctr.IDS: features[ctr.IDS]}, labels, index=args.index,
                        num_workers=len(worker_hosts), batch_size=args.batch_size,
                        seed=args.seed)
     del features, labels  # only the shard is kept, as the PS workers do

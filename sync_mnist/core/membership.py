@@ -172,7 +172,7 @@ def missing(last_push: list[int], global_step: int, cluster: cluster_lib.Cluster
     `global_step`. If every worker has pushed and still no update came, the chief's update
     loop is what is missing.
     """
-    behind = [w for w, step in enumerate(last_push) if step != global_step]
+    behind = _behind(last_push, global_step)
     if not behind:
         return ("none: every worker pushed for update {0} but no update came; the chief "
                 "(worker 0) runs the update loop and is missing".format(global_step + 1))
@@ -182,6 +182,18 @@ def missing(last_push: list[int], global_step: int, cluster: cluster_lib.Cluster
         down = probe(cluster.address("worker", w)) if probe_servers else None
         parts.append(f"worker {w} ({why}; {down})" if down else f"worker {w} ({why})")
     return ", ".join(parts)
+
+
+def missing_peers(last_push: list[int], global_step: int) -> list[str]:
+    """The tasks `missing` names, as "worker N": those behind, or the chief when every worker
+    has pushed (its update loop is what is missing). For TaskTimeout's `missing`."""
+    behind = _behind(last_push, global_step)
+    return [f"worker {w}" for w in behind] if behind else ["worker 0"]
+
+
+def _behind(last_push: list[int], global_step: int) -> list[int]:
+    """The workers that have not pushed for the update after `global_step`."""
+    return [w for w, step in enumerate(last_push) if step != global_step]
 
 
 def finish_barrier(run: Callable, m: Membership, *, index: int,

@@ -35,6 +35,8 @@ from typing import BinaryIO
 
 import numpy as np
 
+from sync_mnist.core.shard import DataError
+
 DATASETS = ("mnist", "synthetic")
 
 # The four files, in the order train images, train labels, test images, test labels.
@@ -68,10 +70,6 @@ _IDX_LABELS_MAGIC = 2049  # 0x00000801: unsigned bytes, 1 dimension
 _GZIP_MAGIC = b"\x1f\x8b"
 _MAX_IDX_BYTES = 1 << 30  # MNIST's largest file holds 47 MB of pixels
 _CHUNK = 1 << 20
-
-
-class DataError(Exception):
-    """Data is missing, malformed or inconsistent; the message names the file or value."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # eq=False: `==` on arrays is elementwise
@@ -506,128 +504,6 @@ def check_source(name: str, data_dir: str | os.PathLike | None = None) -> None:
             check_shipped()
         else:
             find_mnist(data_dir)
-
-
-# ------------------------------------------------------------------------- sharding
-
-
-class Shard:
-    """Worker `index` of `num_workers`: a disjoint, equal-length slice of the training set.
-
-    `images` may be any features: one numpy array, or a dict of them, all indexed along their
-    first axis like the labels (a model's train_input_fn returns them: sync_mnist.api).
-
-    All workers permute the training indices with the same `seed` and cut the result
-    into `num_workers` equal contiguous parts (the remainder of n / num_workers is
-    dropped), so shards never overlap. The shard copies its own rows, so the full
-    training set can be dropped once it is made. Each epoch visits the shard in a fresh
-    order drawn from (seed, epoch, index). The last partial batch is dropped, so every
-    worker runs the same number of batches per epoch.
-
-    Args:
-        images: training features (the pixels, uint8), indexed along the first axis; or a
-            dict of such arrays.
-        labels: training labels, same length.
-        index: this worker's index, 0..num_workers-1.
-        num_workers: number of workers sharing the data.
-        batch_size: examples per batch.
-        seed: non-negative; must be the same on every worker.
-
-    Raises:
-        DataError: inconsistent arguments, or a batch larger than the shard.
-    """
-
-    def __init__(
-        self,
-        images: np.ndarray,
-        labels: np.ndarray,
-        *,
-        index: int,
-        num_workers: int,
-        batch_size: int,
-        seed: int,
-    ) -> None:
-        columns = images if isinstance(images, dict) else {"": images}
-        for name, column in columns.items():
-            if len(column) != len(labels):
-                raise DataError(f"{len(column)} {f'rows of features[{name!r}]' if name else 'images'}"
-                                f" but {len(labels)} labels")
-        if num_workers < 1:
-            raise DataError(f"num_workers must be at least 1, got {num_workers}")
-        if not 0 <= index < num_workers:
-            raise DataError(
-                f"worker index {index} is outside the cluster "
-                f"({num_workers} workers: 0-{num_workers - 1})"
-            )
-        if batch_size < 1:
-            raise DataError(f"batch size must be at least 1, got {batch_size}")
-        if seed < 0:
-            raise DataError(f"shard seed must be non-negative, got {seed}")
-        n = len(labels)
-        size = n // num_workers
-        if batch_size > size:
-            raise DataError(
-                f"batch size {batch_size} is larger than worker {index}'s shard of "
-                f"{size} examples ({n} examples / {num_workers} workers)"
-            )
-        self._index = index
-        self._seed = seed
-        self._batch_size = batch_size
-        partition = np.random.default_rng(seed).permutation(n)
-        self._indices = partition[index * size : (index + 1) * size]
-        self._indices.flags.writeable = False
-        # A copy: only this worker's rows.
-        self._images = ({k: v[self._indices] for k, v in images.items()}
-                        if isinstance(images, dict) else images[self._indices])
-        self._labels = labels[self._indices]
-        self._cached_epoch: tuple[int, np.ndarray] | None = None
-
-    @property
-    def size(self) -> int:
-        """Examples in this worker's shard."""
-        return len(self._indices)
-
-    @property
-    def batches_per_epoch(self) -> int:
-        """Full batches per pass over the shard; equal on every worker."""
-        return self.size // self._batch_size
-
-    @property
-    def indices(self) -> np.ndarray:
-        """The shard's example indices into the full training set (read-only)."""
-        return self._indices
-
-    def epoch_order(self, epoch: int) -> np.ndarray:
-        """The shard's example indices (into the full training set) in the order `epoch`
-        visits them."""
-        return self._indices[self._epoch_positions(epoch)]
-
-    def _epoch_positions(self, epoch: int) -> np.ndarray:
-        if self._cached_epoch is None or self._cached_epoch[0] != epoch:
-            rng = np.random.default_rng([self._seed, epoch, self._index])
-            self._cached_epoch = (epoch, rng.permutation(self.size))
-        return self._cached_epoch[1]
-
-    def batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        """Returns the batch for global step `step`: its features (as stored) and labels.
-
-        A pure function of `step` (the cache only saves recomputing an epoch's order),
-        so a worker resuming at step k gets the batch it would have had.
-
-        Args:
-            step: a non-negative step count.
-
-        Returns:
-            `batch_size` rows of the features (an array, or a dict of arrays) and labels.
-        """
-        if step < 0:
-            raise DataError(f"step must be non-negative, got {step}")
-        epoch, position = divmod(step, self.batches_per_epoch)
-        start = position * self._batch_size
-        chosen = self._epoch_positions(epoch)[start : start + self._batch_size]
-        features = ({k: v[chosen] for k, v in self._images.items()}
-                    if isinstance(self._images, dict) else self._images[chosen])
-        return features, self._labels[chosen]
 
 
 def _write_atomically(path: Path, payload: bytes) -> None:

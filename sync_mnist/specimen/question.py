@@ -27,13 +27,15 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from sync_mnist import api
-from sync_mnist.models import data, registry
+from sync_mnist.core.shard import Shard
+from sync_mnist.models import registry
 from sync_mnist.task import evaluation, ps, report
 from sync_mnist.core import membership, session
 from sync_mnist.core import verdict as verdict_lib
 from sync_mnist.core.config import START_SECS, TaskConfig
 from sync_mnist.task.progress_log import Progress, contributions_so_far, write_summaries
-from sync_mnist.task.worker import build_graph, input_data, load_shard, model_params
+from sync_mnist.task.graph import build_graph
+from sync_mnist.task.inputs import input_data, load_shard, model_params
 
 tf1 = tf.compat.v1
 log = logging.getLogger(__name__)
@@ -135,7 +137,7 @@ def run_question_worker(config: TaskConfig, *, model: api.Model | None = None,
 
 class _Supervised(NamedTuple):
     graph: tf.Graph
-    g: object  # worker._Graph
+    g: object  # graph.WorkerGraph
     supervisor: tf1.train.Supervisor
     chief_queue_runner: tf1.train.QueueRunner
     init_tokens: tf.Operation
@@ -189,7 +191,7 @@ def _prepare_or_wait(config: TaskConfig, server, q: _Supervised, tf_config,
     return sess
 
 
-def _train_own_epochs(config: TaskConfig, sess, side, g, shard: data.Shard, local_steps: int,
+def _train_own_epochs(config: TaskConfig, sess, side, g, shard: Shard, local_steps: int,
                       writer, bounded, result: report.TaskResult) -> None:
     """The question's loop: local_steps steps, whatever the others do (bounded per step)."""
     train, i = config.train, config.index

@@ -208,8 +208,7 @@ def _load_tensorflow(verbose: bool) -> bool:
     try:
         tfcompat.graph_mode(verbose)
         # Imported only now: they import TensorFlow, which must see the log settings first.
-        from sync_mnist.models import data  # noqa: F401
-        from sync_mnist.task import ps, worker
+        from sync_mnist.task import ps, worker  # noqa: F401
     except KeyboardInterrupt:
         return False
     except ImportError as e:
@@ -240,7 +239,7 @@ def _last_resort(config: TaskConfig):
 
 def _run_role(config: TaskConfig, verbose: bool, result):
     """(result, exit code) of this task's role; an error becomes its line and its code."""
-    from sync_mnist.models import data
+    from sync_mnist.core.shard import DataError
     from sync_mnist.task import ps, report, worker
 
     log = logging.getLogger("sync_mnist")
@@ -259,7 +258,7 @@ def _run_role(config: TaskConfig, verbose: bool, result):
     except cluster_lib.Unreachable as e:  # a ps that may still come: retried, as a timeout
         options.usage_error(e)
         result.error, code = options.first_line(e), config_lib.EXIT_TIMEOUT
-    except (ValueError, data.DataError) as e:  # ConfigError, ClusterError, DataError
+    except (ValueError, DataError) as e:  # ConfigError, ClusterError, DataError
         options.usage_error(e)
         result.error, code = options.first_line(e), config_lib.EXIT_USAGE
     except ps.TaskTimeout as e:

@@ -64,14 +64,15 @@ STALLED_READ_MS = 5000
 
 
 def stalled(side, state: sync.SharedState, members: membership.Membership,
-            config: TaskConfig) -> str:
-    """What a worker waiting for an update can say: the contributions, and who is missing."""
+            config: TaskConfig) -> tuple[str, list[str]]:
+    """What a worker waiting for an update can say: the contributions, and who is missing, as
+    text and as the names TaskTimeout's `missing` takes."""
     # Probe first: against a ps this worker cannot reach, a fetch TensorFlow has not run before
     # in this session blocks while it registers the graph, past any timeout_in_ms.
     down = [f"ps {p} ({why})" for p, address in enumerate(config.cluster.ps_hosts)
             if (why := membership.probe(address))]
     if down:
-        return f"the ps is unreachable: {', '.join(down)}"
+        return f"the ps is unreachable: {', '.join(down)}", []
     try:
         step, last_push, accepted = side.run(
             [state.global_step, members.last_push, state.accepted],
@@ -81,11 +82,13 @@ def stalled(side, state: sync.SharedState, members: membership.Membership,
         # update waits for, and the launcher restarts the task a timeout names (report.py).
         ps = tf.DeviceSpec.from_string(state.global_step.device).task
         return (f"missing: ps {ps} (it accepts connections but did not answer a read of the "
-                f"counters in {STALLED_READ_MS // 1000} s)")
+                f"counters in {STALLED_READ_MS // 1000} s)"), [f"ps {ps}"]
     except tf.errors.OpError:
-        return "the ps is reachable but its counters cannot be read"
+        return "the ps is reachable but its counters cannot be read", []
+    last_push, step = [int(s) for s in last_push], int(step)
     return (f"contributions so far {[int(a) for a in accepted]}; missing: "
-            f"{membership.missing([int(s) for s in last_push], int(step), config.cluster)}")
+            f"{membership.missing(last_push, step, config.cluster)}",
+            membership.missing_peers(last_push, step))
 
 
 class EventsWriter:

@@ -181,13 +181,15 @@ class _Watch:
                 START_SECS if step is None else config.train.restart_grace):
             seen = "no worker has initialised the model" if step is None else (
                 f"global_step stuck at {step}")
+            missing = []
             if reading and len(done | set(lost)) == 0:
                 seen += "; missing: " + membership.missing(reading.last_push, step,
                                                            config.cluster)
+                missing = membership.missing_peers(reading.last_push, step)
             raise TaskTimeout(
                 f"ps {config.index}: no progress for {idle:.0f} s ({seen}; workers done: "
                 f"{sorted(done) or 'none'} of {config.cluster.num_workers}"
-                f"{'; lost: ' + str(lost) if lost else ''})")
+                f"{'; lost: ' + str(lost) if lost else ''})", missing=missing)
 
 
 def _final_counters(sess, state: sync.SharedState, options) -> verdict_lib.Counters | None:

@@ -98,7 +98,7 @@ class TaskResult:
     # SIGTERM or SIGUSR1; the chief saved it with --logdir. The task exits 143.
     preempted_at: int | None = None
     # False: the ps did not take this worker's done report within --timeout, after the run was
-    # complete and its verdict read (the ps then ends by its own bound); see WorkerRun.say_done.
+    # complete and its verdict read (the ps then ends by its own bound); see finish.say_done.
     done_reported: bool | None = None
     # Chief: checkpoint saves that failed for want of room under --logdir, and the last one's
     # warning. The run trained on (the model is on the ps), so they leave its exit code alone.

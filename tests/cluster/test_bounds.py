@@ -19,7 +19,8 @@ import tensorflow as tf
 
 from sync_mnist.core import protocol
 from sync_mnist.core import session
-from sync_mnist.task import worker
+from sync_mnist.task import finish, waits
+from sync_mnist.task.finish import report_done
 from sync_mnist.core.cluster import free_ports
 from sync_mnist.core.config import TaskTimeout
 
@@ -66,7 +67,7 @@ def test_reporting_done_to_a_silent_ps_ends_within_the_timeout(silent_ps):
     graph = tf.Graph()
     with graph.as_default():
         op = protocol.done_queue(0, 1).enqueue(0)
-    error, seconds = _within_guard(lambda: worker.report_done(
+    error, seconds = _within_guard(lambda: report_done(
         server.target, graph, op, session.session_config(["/job:ps", "/job:worker/task:0"]),
         timeout=TIMEOUT, me="worker 0", ps_hosts=(ps,)))
 
@@ -212,19 +213,21 @@ def test_a_done_report_the_ps_never_takes_after_a_verified_run_leaves_the_result
     with graph.as_default():
         op = protocol.done_queue(0, 1).enqueue(0)
     result = report.TaskResult(role="worker", index=0, mode="sync", synchronous=True)
-    run = SimpleNamespace(
-        export_dir=None, server=server, graph=graph, g=SimpleNamespace(report_done=op),
+    w = SimpleNamespace(  # the fields finish.say_done reads of a prepared worker
+        server=server, graph=graph, g=SimpleNamespace(report_done=op),
         tf_config=session.session_config(["/job:ps", "/job:worker/task:0"]),
-        train_config=SimpleNamespace(timeout=TIMEOUT), result=result,
-        config=SimpleNamespace(name="worker 0", cluster=SimpleNamespace(ps_hosts=(ps,))),
-        verdict=Verdict(True, True, "synchronous: 10 updates"))
+        config=SimpleNamespace(name="worker 0", cluster=SimpleNamespace(ps_hosts=(ps,)),
+                               train=SimpleNamespace(timeout=TIMEOUT)))
+    verdict = Verdict(True, True, "synchronous: 10 updates")
 
-    error, seconds = _within_guard(lambda: worker.WorkerRun.say_done(run))
+    said = []
+    error, seconds = _within_guard(lambda: said.append(finish.say_done(w, verdict)))
     for timer in [t for t in threading.enumerate() if isinstance(t, threading.Timer)]:
         timer.join(GUARD)  # an armed last resort would have fired by now
 
     assert error is None, repr(error)
-    assert result.done_reported is False
+    assert said == [False]  # the ps never took the report
+    result.done_reported = said[0]
     assert report.exit_code_for(result) == config_lib.EXIT_OK
     assert last_resorts == []  # disarmed: it would have ended the process with 200
     assert seconds < TIMEOUT + 5
@@ -233,24 +236,21 @@ def test_a_done_report_the_ps_never_takes_after_a_verified_run_leaves_the_result
 def test_a_read_at_the_finish_that_expires_says_what_it_waited_for():
     # Seen in the chaos soak: a ps stopped at the end cut a worker's final reading short, and
     # it ended 200 with "DeadlineExceededError: Graph execution error:", which names nothing.
-    from types import SimpleNamespace
-
     from sync_mnist.core.cluster import ClusterLayout, free_ports
     from sync_mnist.core.config import TaskTimeout
 
     ps = [f"127.0.0.1:{port}" for port in free_ports(2)]  # nothing listens: both are named
     layout = ClusterLayout(tuple(ps), ("localhost:2224",))
-    run = SimpleNamespace(config=SimpleNamespace(name="worker 1", cluster=layout),
-                          train_config=SimpleNamespace(timeout=20.0), side=None,
-                          graph=tf.Graph())
-    # The guard every read of the finish runs under, private to WorkerRun, on its own.
+    # The guard every read of the finish runs under, on its own.
     with pytest.raises(TaskTimeout) as raised:
-        with worker.WorkerRun._awaiting(run, "to evaluate the model"):
+        with waits.awaiting("to evaluate the model", me="worker 1", timeout=20.0, side=None,
+                            graph=tf.Graph(), cluster=layout):
             raise tf.errors.DeadlineExceededError(None, None, "Graph execution error:")
     assert str(raised.value) == (
         f"worker 1: waited 20 s for the ps tasks (ps 0 at {ps[0]}, ps 1 at {ps[1]}) to "
         f"evaluate the model; no answer; missing: ps 0 (nothing listens at {ps[0]}), ps 1 "
         f"(nothing listens at {ps[1]})")
     with pytest.raises(tf.errors.UnavailableError):  # only an expired bound is a timeout
-        with worker.WorkerRun._awaiting(run, "to evaluate the model"):
+        with waits.awaiting("to evaluate the model", me="worker 1", timeout=20.0, side=None,
+                            graph=tf.Graph(), cluster=layout):
             raise tf.errors.UnavailableError(None, None, "Socket closed")

@@ -65,8 +65,8 @@ def test_real_command_names_an_unreachable_ps_and_ends():
     allowance = 3.0
     ps, w0, w1, w2 = free_ports(4)
     script = ("import sys\n"
-              "from sync_mnist.task import cli, worker\n"
-              f"worker.START_SECS = {allowance}\n"
+              "from sync_mnist.task import cli, join\n"
+              f"join.START_SECS = {allowance}\n"
               "sys.exit(cli.main(sys.argv[1:]))\n")
     code, _, err, seconds = run_task_process([
         "--role", "worker", "--index", "1", "--ps-hosts", f"127.0.0.1:{ps}",

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sync_mnist.core.shard import Shard
 from sync_mnist.models import data
 from sync_mnist.models.data import DataError
 
@@ -323,7 +324,7 @@ def test_a_missing_shipped_file_is_named(tmp_path, monkeypatch):
 
 def test_shards_of_the_real_training_set_are_disjoint_and_equal():
     ds = data.load_dataset("mnist")
-    shards = [data.Shard(ds.train_images, ds.train_labels, index=i, num_workers=3,
+    shards = [Shard(ds.train_images, ds.train_labels, index=i, num_workers=3,
                          batch_size=100, seed=0) for i in range(3)]
     assert [s.size for s in shards] == [20000] * 3
     assert [s.batches_per_epoch for s in shards] == [200] * 3
@@ -340,12 +341,12 @@ def test_shards_of_the_real_training_set_are_disjoint_and_equal():
 def test_a_shard_of_dict_features_cuts_every_column_alike():
     labels = np.arange(12, dtype=np.int64)
     features = {"a": np.arange(12) * 10, "b": np.arange(24).reshape(12, 2)}
-    shard = data.Shard(features, labels, index=1, num_workers=2, batch_size=3, seed=4)
+    shard = Shard(features, labels, index=1, num_workers=2, batch_size=3, seed=4)
     x, y = shard.batch(1)
     np.testing.assert_array_equal(x["a"], y * 10)
     np.testing.assert_array_equal(x["b"][:, 0], y * 2)
     with pytest.raises(data.DataError, match=r"11 rows of features\['b'\] but 12 labels"):
-        data.Shard({"a": features["a"], "b": features["b"][:11]}, labels, index=0,
+        Shard({"a": features["a"], "b": features["b"][:11]}, labels, index=0,
                    num_workers=2, batch_size=3, seed=4)
 
 
@@ -368,7 +369,7 @@ def _index_of(images):
 def _shards(n, num_workers, batch_size, seed=0):
     images, labels = _indexed(n)
     return [
-        data.Shard(images, labels, index=i, num_workers=num_workers, batch_size=batch_size,
+        Shard(images, labels, index=i, num_workers=num_workers, batch_size=batch_size,
                    seed=seed)
         for i in range(num_workers)
     ]
@@ -411,7 +412,7 @@ def test_batches_are_deterministic_and_random_access():
 def test_batch_larger_than_shard():
     images, labels = _indexed(200)
     with pytest.raises(DataError) as err:
-        data.Shard(images, labels, index=2, num_workers=3, batch_size=100, seed=0)
+        Shard(images, labels, index=2, num_workers=3, batch_size=100, seed=0)
     assert str(err.value) == (
         "batch size 100 is larger than worker 2's shard of 66 examples "
         "(200 examples / 3 workers)"
@@ -422,7 +423,7 @@ def test_worker_index_outside_cluster():
     images, labels = _indexed(30)
     expected = r"worker index 5 is outside the cluster \(3 workers: 0-2\)"
     with pytest.raises(DataError, match=expected):
-        data.Shard(images, labels, index=5, num_workers=3, batch_size=2, seed=0)
+        Shard(images, labels, index=5, num_workers=3, batch_size=2, seed=0)
 
 
 # ------------------------------------------------------------------------- synthetic

@@ -1,4 +1,4 @@
-"""worker.silent_ps: the ps a timeout at a read of every ps names, so that the launcher restarts
+"""waits.silent_ps: the ps a timeout at a read of every ps names, so that the launcher restarts
 that ps (found by make chaos: ps 0 of 2 frozen at the finish; the workers' timeouts named no
 task, and the launcher spent its one restart on a worker)."""
 
@@ -10,7 +10,10 @@ import socket
 import pytest
 import tensorflow as tf
 
-from sync_mnist.task import report, worker
+from types import SimpleNamespace
+
+from sync_mnist.task.chief import Chief
+from sync_mnist.task.waits import silent_ps, timeout_naming_silent_ps
 from sync_mnist.core.cluster import ClusterLayout, free_ports
 
 tf1 = tf.compat.v1
@@ -56,14 +59,16 @@ def _listening(ports):
 def test_a_timeout_names_the_ps_that_do_not_answer_and_why():
     ports, layout, graph = _cluster(3)
     side = _Side(frozen={0})
+    waited = ("worker 1: waited 20 s for the ps tasks (...) at the finish (the barrier and the "
+              "final counters); no answer")
     with _listening(ports[:2]):  # ps 2's port: nothing listens
-        silent = worker.silent_ps(side, graph, layout)
+        silent = silent_ps(side, graph, layout)
+        timeout = timeout_naming_silent_ps(waited, _Side(frozen={0}), graph, layout)
     assert silent == ["ps 0 (it accepts connections but did not answer a read in 5 s)",
                       f"ps 2 (nothing listens at 127.0.0.1:{ports[2]})"]
     assert side.reads == [(0, 5000), (1, 5000)]  # one bounded read of each ps that listens
-    timeout = ("worker 1: waited 20 s for the ps tasks (...) at the finish (the barrier and the "
-               f"final counters); no answer; missing: {', '.join(silent)}")
-    assert report.missing_tasks(timeout) == ["ps 0", "ps 2"]
+    assert str(timeout) == f"{waited}; missing: {', '.join(silent)}"
+    assert timeout.missing == ("ps 0", "ps 2")  # what the launcher reads (TaskResult.missing)
 
 
 def test_a_final_save_that_timed_out_names_the_silent_ps(monkeypatch):
@@ -77,13 +82,14 @@ def test_a_final_save_that_timed_out_names_the_silent_ps(monkeypatch):
                           "did not answer")
 
     monkeypatch.setattr(session, "save_final", save_final)
-    run = worker.WorkerRun.__new__(worker.WorkerRun)  # the fields _save_final reads
-    run.side, run.graph, run.status = _Side(frozen={0}), graph, None
-    run.config = TaskConfig(role="worker", index=0, cluster=layout,
-                            train=TrainConfig(train_steps=1))
+    chief = Chief(SimpleNamespace(graph=graph, config=TaskConfig(
+        role="worker", index=0, cluster=layout, train=TrainConfig(train_steps=1))))
+    chief.side = _Side(frozen={0})
     with _listening(ports):
         with pytest.raises(TaskTimeout) as raised:
-            run._save_final(sess=None)
+            chief.save_final(sess=None, status=None)
     message = str(raised.value)
     assert message.startswith("waited 20 s for the ps (...) in _SharedCheckpointSaverHook.end")
-    assert report.missing_tasks(message) == ["ps 0"]
+    assert message.endswith("; missing: ps 0 (it accepts connections but did not answer a read "
+                            "in 5 s)")
+    assert raised.value.missing == ("ps 0",)

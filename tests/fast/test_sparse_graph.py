@@ -12,7 +12,8 @@ import tensorflow as tf
 
 import sync_mnist.api as sm
 from sync_mnist.core import placement
-from sync_mnist.task import worker
+from sync_mnist.task.graph import build_graph
+from sync_mnist.task.inputs import input_data, model_params
 from sync_mnist.core.cluster import ClusterLayout
 from sync_mnist.core.config import TaskConfig, TrainConfig
 from sync_mnist.models import ctr
@@ -29,12 +30,12 @@ def _worker_graph(num_ps: int, rows: int = ROWS, model=ctr.SMALL) -> tf.Graph:
                            ("localhost:3000", "localhost:3001"))
     config = TaskConfig(role="worker", index=1, cluster=layout,
                         train=TrainConfig(model="ctr", train_steps=10))
-    features, labels = worker.input_data("train_input_fn", model.train_input_fn,
-                                         worker.model_params(config, model))
+    features, labels = input_data("train_input_fn", model.train_input_fn,
+                                         model_params(config, model))
     example = ({k: v[:100] for k, v in features.items()}, labels[:100])
     graph = tf.Graph()
     with graph.as_default():
-        worker.build_graph(config, model, example, target=10)
+        build_graph(config, model, example, target=10)
     return graph
 
 

@@ -104,29 +104,26 @@ def test_check_checkpoint_refuses_a_moved_logdir_whose_checkpoint_file_names_the
 def test_a_chief_refuses_a_checkpoint_already_past_its_planned_updates(tmp_path):
     # Before: the chief resumed at global_step 10, trained nothing, and the verdict said
     # "global_step 10 != 4 planned": exit 3 (not synchronous) for what is bad input.
+    from mlp_graph import prepared_graph
     from procs import local_cluster
-    from sync_mnist.task import worker
     from sync_mnist.core.config import TrainConfig
 
     servers, spec = local_cluster(1)
     layout = ClusterLayout(tuple(spec.as_dict()["ps"]), tuple(spec.as_dict()["worker"]))
 
-    def chief(train_steps: int) -> worker.WorkerRun:
-        run = worker.WorkerRun(TaskConfig(role="worker", index=0, cluster=layout, train=TrainConfig(
+    def chief(train_steps: int):
+        return prepared_graph(TaskConfig(role="worker", index=0, cluster=layout, train=TrainConfig(
             train_steps=train_steps, dataset="synthetic", logdir=tmp_path, timeout=30.0)))
-        run.load_data()
-        return run
 
     # The chief's own model, at global_step 10, saved as a checkpoint in its --logdir.
-    run = chief(10)
-    run.make_graph()
-    with run.graph.as_default(), tf1.Session(servers[0].target) as sess:
+    built = chief(10)
+    with built.graph.as_default(), tf1.Session(servers[0].target) as sess:
         sess.run(tf1.global_variables_initializer())
         sess.run(tf1.assign(tf1.train.get_global_step(), 10))
         tf1.train.Saver().save(sess, str(tmp_path / "model.ckpt"), global_step=10)
-    chief(10).make_graph()  # 10 planned: nothing past the plan
+    chief(10)  # 10 planned: nothing past the plan
     with pytest.raises(ConfigError) as raised:
-        chief(4).make_graph()
+        chief(4)
     assert str(raised.value) == (f"--logdir {tmp_path} holds a checkpoint at global_step 10, "
                                  "past the 4 updates planned (--train-steps or --epochs): give "
                                  "a new --logdir, or plan at least 10")

@@ -329,6 +329,6 @@ def test_the_cnns_moving_statistics_move_in_the_update_and_not_in_a_step():
 
 
 def worker_graph(config, model):
-    from sync_mnist.task import worker
+    from sync_mnist.task.graph import build_graph
 
-    return worker.build_graph(config, model, EXAMPLE, dataset="mnist", target=10)
+    return build_graph(config, model, EXAMPLE, dataset="mnist", target=10)

@@ -1,7 +1,7 @@
 """A model that breaks the contract of sync_mnist.api is bad input: one line naming the problem.
 
-Each case builds a worker's graph as a task does (WorkerRun.load_data, make_graph: no server
-is needed for those) from a Model, or resolves a --model SPEC, and asserts the exact line. The
+Each case builds a worker's graph as a task does (inputs.load_shard, prepare.make_graph: no
+server is needed for those) from a Model, or resolves a --model SPEC, and asserts the exact line. The
 same errors through the real command line (exit 2, the line, the traceback below it) are in
 tests/cluster/test_your_model.py.
 """
@@ -9,15 +9,16 @@ tests/cluster/test_your_model.py.
 from __future__ import annotations
 
 import textwrap
+import types
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import sync_mnist.api as sm
+from mlp_graph import prepared_graph
 from sync_mnist.core import membership
 from sync_mnist.models import registry
-from sync_mnist.task import worker
 from sync_mnist.core.cluster import ClusterLayout
 from sync_mnist.core.config import ConfigError, TaskConfig, TrainConfig
 from sync_mnist.models import mlp
@@ -47,10 +48,8 @@ def _good(features, labels, mode, params):
 def _graph(model_fn=_good, train_input_fn=_data, **train):
     config = TaskConfig(role="worker", index=0, cluster=ClusterLayout(("p:1",), ("w0:1", "w1:1")),
                         train=TrainConfig(**{"train_steps": 5, "batch_size": 10, **train}))
-    run = worker.WorkerRun(config, sm.Model(model_fn, train_input_fn, _data))
-    run.load_data()
-    run.make_graph()
-    return run
+    built = prepared_graph(config, sm.Model(model_fn, train_input_fn, _data))
+    return types.SimpleNamespace(config=config, g=built.g)
 
 
 def test_a_model_within_the_contract_builds():
@@ -231,6 +230,7 @@ def test_a_model_file_that_raises_while_it_loads_shows_its_own_traceback(tmp_pat
     path = tmp_path / "broken.py"
     path.write_text(textwrap.dedent("""\
         import sync_mnist.api as sm
+from mlp_graph import prepared_graph
 
         def helper():
             return 1 / 0

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import sync_mnist.api as sm
 from inprocess_cluster import run_cluster
-from sync_mnist.models import data
+from sync_mnist.core.shard import Shard
 from sync_mnist.core.config import TaskConfig, TrainConfig
 
 tf1 = tf.compat.v1
@@ -47,7 +47,7 @@ MODEL = sm.Model(_model_fn, _data, _data)
 def _expected_s(num_workers: int) -> np.float32:
     """s after STEPS updates, each the mean of the workers' (s - batch_mean) / 2."""
     features, labels = _data({})
-    shards = [data.Shard(features, labels, index=i, num_workers=num_workers, batch_size=BATCH,
+    shards = [Shard(features, labels, index=i, num_workers=num_workers, batch_size=BATCH,
                          seed=SEED) for i in range(num_workers)]
     s = np.float32(0)
     for step in range(STEPS):
@@ -74,15 +74,13 @@ def test_each_update_moves_the_state_once_by_the_mean_of_the_workers_pushes(mode
 
 def _refused(model: sm.Model) -> str:
     """The line of the ContractError that building a worker's graph of `model` raises."""
-    from sync_mnist.task import worker
+    from mlp_graph import prepared_graph
     from sync_mnist.core.cluster import ClusterLayout
 
     config = TaskConfig(role="worker", index=0, cluster=ClusterLayout(("p:1",), ("w0:1",)),
                         train=TrainConfig(train_steps=1, batch_size=BATCH))
-    run = worker.WorkerRun(config, model)
-    run.load_data()
     with pytest.raises(sm.ContractError) as raised:
-        run.make_graph()
+        prepared_graph(config, model)
     return str(raised.value)
 
 
@@ -139,7 +137,7 @@ def _linear(features, labels, mode, params):
 
 def _clipped_w(clip_each: bool, steps: int) -> np.float32:
     features, labels = _signed_data({})
-    shards = [data.Shard(features, labels, index=i, num_workers=2, batch_size=BATCH, seed=SEED)
+    shards = [Shard(features, labels, index=i, num_workers=2, batch_size=BATCH, seed=SEED)
               for i in range(2)]
     w = np.float32(0)
     for step in range(steps):

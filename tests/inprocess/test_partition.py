@@ -2,7 +2,7 @@
 whatever the number, and --wire-dtype bfloat16 halves the bytes of every pull and push.
 
 In-process clusters (procs.local_cluster), one chief worker each, its graph built by
-worker.build_graph and its session by session.monitored_session, as a task builds them; the
+build_graph and its session by session.monitored_session, as a task builds them; the
 placement itself is checked without a cluster in test_model.py.
 """
 
@@ -16,8 +16,10 @@ import tensorflow as tf
 
 from procs import local_cluster
 import mlp_graph
+from sync_mnist.core.shard import Shard
 from sync_mnist.models import data
-from sync_mnist.task import evaluation, export, worker
+from sync_mnist.task import evaluation, export
+from sync_mnist.task.inputs import model_params
 from sync_mnist.core import placement, session
 from sync_mnist.models import mlp
 from sync_mnist.core.cluster import ClusterLayout
@@ -39,7 +41,7 @@ class _Chief:
         self.config = TaskConfig(role="worker", index=0, cluster=layout, train=TrainConfig(
             train_steps=100, dataset="synthetic", logdir=logdir, wire_dtype=wire_dtype))
         dataset = data.make_synthetic(0)
-        self.shard = data.Shard(dataset.train_images, dataset.train_labels, index=0,
+        self.shard = Shard(dataset.train_images, dataset.train_labels, index=0,
                                 num_workers=1, batch_size=100, seed=0)
         self.graph = tf.Graph()
         self.status = session.SessionStatus()
@@ -48,7 +50,7 @@ class _Chief:
             self.g = mlp_graph.build_graph(self.config, dataset="synthetic", target=100)
             self.kept = [v for v in tf1.global_variables()
                          if all(v is not t for t in self.g.transient)]
-            if logdir:  # as worker.WorkerRun.make_graph checks it
+            if logdir:  # as prepare.make_graph checks it
                 session.check_checkpoint(logdir, self.kept)
             self.sess = session.monitored_session(
                 servers[0].target, is_chief=True, hooks=self.g.training.hooks,
@@ -76,12 +78,12 @@ class _Chief:
                 for name, parts in read.items()}
 
     def export(self, export_dir) -> None:
-        params = worker.model_params(self.config, mlp.MODEL)
+        params = model_params(self.config, mlp.MODEL)
         export.write_saved_model(mlp.MODEL, params, mlp_graph.EXAMPLE, self.weights(), export_dir)
 
     def weights(self) -> dict[str, np.ndarray]:
         """The model's variables as the export reads them from the ps."""
-        params = worker.model_params(self.config, mlp.MODEL)
+        params = model_params(self.config, mlp.MODEL)
         return export.read_weights(
             lambda fetches: self.sess.run(fetches, options=self.options), self.graph,
             export.variable_names(mlp.MODEL, params, mlp_graph.EXAMPLE))
@@ -89,7 +91,7 @@ class _Chief:
     def evaluate(self, x, y) -> float:
         """The chief's evaluation loss of the batch (evaluation.Evaluator)."""
         evaluator = evaluation.Evaluator(
-            mlp.MODEL, worker.model_params(self.config, mlp.MODEL), mlp_graph.EXAMPLE,
+            mlp.MODEL, model_params(self.config, mlp.MODEL), mlp_graph.EXAMPLE,
             num_ps=self.config.cluster.num_ps, worker="/job:worker/task:0",
             target=self.servers[0].target,
             tf_config=session.session_config(self.config.cluster.device_filters("worker", 0)),

@@ -4,7 +4,7 @@ A kill lands where it lands; this test puts the dead worker exactly in the awkwa
 push for the next update is in the accumulators, but it never takes its token: a step with a
 short timeout does just that, the timeout cancelling only the wait for the token. Once the
 chief's push completes the update, the token is left in the queue. A successor that pushed
-again would put two of its gradients into one update; `worker._rejoin` takes the token
+again would put two of its gradients into one update; `rejoin` takes the token
 instead, and the counters end exactly as in an undisturbed run.
 """
 
@@ -19,6 +19,8 @@ import tensorflow as tf
 from procs import local_cluster
 from sync_mnist.core import membership, session, sync
 from sync_mnist.task import worker
+from sync_mnist.task.join import rejoin
+from sync_mnist.task.lockstep import no_silent_end
 from sync_mnist.core import verdict as verdict_lib
 
 tf1 = tf.compat.v1
@@ -97,17 +99,17 @@ def test_successor_of_a_worker_that_pushed_but_never_took_its_token_rejoins_exac
 
     successor_g = _worker_graph(cluster, 1)
     successor = _session(servers[1], successor_g, 1)
-    # worker._rejoin, private: the step of WorkerRun's join that these tests drive alone.
+    # join.rejoin: the step of a worker's join that these tests drive alone.
     with successor_g.graph.as_default(), tf1.Session(servers[1].target) as side:
         before = side.run([successor_g.state.global_step, successor_g.members.last_push,
                            successor_g.training.tokens_waiting])
         assert (int(before[0]), list(before[1]), int(before[2])) == expected
         if update_came_first:
-            token = worker._rejoin(side, successor_g, 1, bounded, TIMEOUT_MS / 1000)
+            token = rejoin(side, successor_g, 1, bounded, TIMEOUT_MS / 1000)
         else:
             # The successor waits for update 4 without pushing; the chief's push makes it.
             taken = []
-            rejoining = threading.Thread(target=lambda: taken.append(worker._rejoin(
+            rejoining = threading.Thread(target=lambda: taken.append(rejoin(
                 side, successor_g, 1, bounded, TIMEOUT_MS / 1000)), daemon=True)
             rejoining.start()
             assert chief_step() == 4
@@ -153,11 +155,11 @@ def test_a_dead_workers_token_waits_in_its_own_queue_for_its_successor():
 
     successor_g = _worker_graph(cluster, 1)
     successor = _session(servers[1], successor_g, 1)
-    # worker._rejoin, private: the step of WorkerRun's join that these tests drive alone.
+    # join.rejoin: the step of a worker's join that these tests drive alone.
     with successor_g.graph.as_default(), tf1.Session(servers[1].target) as side:
         reading = side.run(successor_g.training.rejoin_reading)
         assert (int(reading[0]), list(reading[1]), int(reading[2])) == (4, [4, 3], 1)
-        assert worker._rejoin(side, successor_g, 1, bounded, TIMEOUT_MS / 1000) == 4
+        assert rejoin(side, successor_g, 1, bounded, TIMEOUT_MS / 1000) == 4
     # The successor's push for update 5 joins the chief's, which waited.
     assert successor.run(successor_g.training.train_op, options=bounded) == 5
     with chief_g.graph.as_default(), tf1.Session(servers[0].target) as side:
@@ -178,7 +180,7 @@ def test_a_step_that_meets_a_closed_queue_is_an_error_not_the_end_of_training():
         close, take = queue.close(), queue.dequeue()
         with pytest.raises(worker.StepCutShort, match=r"^worker 1: a step ended in "
                                                       r"OutOfRangeError \(a queue on the ps"):
-            with tf1.train.MonitoredSession() as sess, worker.no_silent_end("worker 1"):
+            with tf1.train.MonitoredSession() as sess, no_silent_end("worker 1"):
                 sess.run(close)
                 sess.run(take)
         with tf1.train.MonitoredSession() as sess:  # what it did before: nothing at all

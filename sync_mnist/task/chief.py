@@ -1,0 +1,120 @@
+"""What only the chief (worker 0) does: evaluate the model, during training (--eval-every) and
+at the end, write the summaries, save the final checkpoint and write the SavedModel."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from sync_mnist.core import early_stop, session
+from sync_mnist.core.config import TaskTimeout
+from sync_mnist.core.session import SideSession
+from sync_mnist.core.verdict import Counters
+from sync_mnist.task import evaluation, export, inputs, preemption, progress_log, waits
+from sync_mnist.task.prepare import Worker
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Evaluated:
+    """The chief's final evaluation."""
+
+    accuracy: float | None  # its "accuracy" metric, if the model has one
+    loss: float
+    metrics: dict  # every eval_metric_ops value
+
+
+class Chief:
+    """The chief's duties over one run. The evaluation data is read, and the evaluation graph
+    built, at the first evaluation: while it trains, the chief holds only its shard."""
+
+    def __init__(self, w: Worker):
+        self.w = w
+        self.eval_data = self.evaluator = self.side = None
+        self.evaluations: early_stop.ChiefEvaluations | None = None
+        self.test_metrics: dict | None = None  # the last evaluation's
+        self.weights = None  # read for the SavedModel at the finish
+
+    def during_training(self, side: SideSession) -> early_stop.ChiefEvaluations | None:
+        """The evaluations during training (--eval-every), and the stop at the target."""
+        self.side = side
+        w, g, train = self.w, self.w.g, self.w.config.train
+        if not train.eval_every:
+            return None
+
+        def request_stop(step: int) -> None:
+            side.run(g.stop.request, {g.stop.step: step}, options=w.bounded)
+
+        self.evaluations = early_stop.ChiefEvaluations(
+            every=train.eval_every, target=train.target_accuracy,
+            evaluate=self.evaluate,
+            read_step=lambda: int(side.run(g.state.global_step, options=w.bounded)),
+            request_stop=request_stop, writer=w.writer)
+        return self.evaluations
+
+    def evaluate(self) -> tuple[float | None, float]:
+        """(The "accuracy" metric, if the model has one, and the mean loss) on the model's
+        evaluation data."""
+        w = self.w
+        if self.evaluator is None:
+            config = w.config
+            self.eval_data = inputs.input_data("eval_input_fn", w.model.eval_input_fn, w.params)
+            self.evaluator = evaluation.Evaluator(
+                w.model, w.params, w.example, num_ps=config.cluster.num_ps,
+                worker=f"/job:worker/task:{config.index}", target=w.server.target,
+                tf_config=w.tf_config, ps_hosts=config.cluster.ps_hosts)
+        self.test_metrics, loss = self.evaluator(*self.eval_data, w.bounded)
+        return self.test_metrics.get(evaluation.ACCURACY), loss
+
+    def save_final(self, sess, status: session.SessionStatus) -> None:
+        """session.save_final; its timeout (a bounded_call's, which names no ps) also says which
+        ps is silent, so that the launcher restarts that ps, not only this task (found by make
+        chaos: ps 0 of 2 frozen as the chief saved; the workers named ps 0 and the chief did
+        not, and the launcher had no restart left for the chief)."""
+        try:
+            session.save_final(sess, status)
+        except TaskTimeout as e:
+            e.handled()  # raised again below, arming its own last resort
+            raise waits.timeout_naming_silent_ps(str(e), self.side, self.w.graph,
+                                                 self.w.config.cluster) from None
+
+    def at_the_finish(self, counters: Counters, awaiting) -> Evaluated:
+        """The final evaluation, the summaries, and the weights for the SavedModel, read while
+        the ps serves. `awaiting(what)` bounds each read of the ps (finish.py)."""
+        w = self.w
+        w.shard = None  # trained: make room for the evaluation data
+        with awaiting("to evaluate the model"):
+            accuracy, loss = self.evaluate()
+        log.info("test_accuracy=%s test_loss=%.4f on %d evaluation examples (%s)",
+                 "-" if accuracy is None else f"{accuracy:.4f}", loss, len(self.eval_data[1]),
+                 " ".join(f"{k}={v:.4f}" for k, v in self.test_metrics.items()))
+        if w.writer:
+            progress_log.write_summaries(w.writer, counters, test_accuracy=accuracy)
+        if w.export_dir:  # the weights evaluated just now, read while the ps serves
+            with awaiting("to read the trained weights for the export"):
+                self.weights = export.read_weights(
+                    lambda fetches: self.side.run(fetches, options=w.bounded), w.graph,
+                    export.variable_names(w.model, w.params, w.example))
+        return Evaluated(accuracy, loss, self.test_metrics)
+
+    def write_model(self) -> Exception | None:
+        """Writes the SavedModel; the error if it could not. A disk with no room is tried again
+        for half of --timeout (session.retry_for_room: a disk freed meanwhile keeps the run's
+        product), well inside the ps's bound on the done reports (--timeout +
+        --restart-grace without progress); not once a preemption has been asked for."""
+        w = self.w
+        try:
+            _, tries = session.retry_for_room(
+                lambda: export.write_saved_model(w.model, w.params, w.example, self.weights,
+                                                 w.export_dir),
+                export.ExportError, w.config.train.timeout / 2, stop=preemption.signalled)
+        except Exception as e:
+            return e
+        log.info("saved the trained model to %s%s", w.export_dir,
+                 f" (try {tries})" if tries > 1 else "")
+        return None
+
+    def close(self) -> None:
+        if self.evaluator is not None:
+            self.evaluator.close()

@@ -1,0 +1,98 @@
+"""A worker's graph: the model's variables on the ps tasks, its step on this worker, and the
+synchronous update, counters and stop around them (sync.py, membership.py, early_stop.py).
+
+Lines that exist only because training is distributed and synchronous carry a `# Sync:` tag.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import tensorflow as tf
+
+from sync_mnist import api
+from sync_mnist.core import audit, early_stop, membership, optimizers, placement, protocol, sync
+from sync_mnist.core.config import TaskConfig
+from sync_mnist.task import inputs
+
+tf1 = tf.compat.v1
+
+
+class WorkerGraph(NamedTuple):
+    """What build_graph makes: the ops every phase of a worker's run uses."""
+
+    features: object  # placeholders: one, or a dict of them, as the shard holds the features
+    labels: tf.Tensor
+    spec: api.ModelSpec  # the model function's TRAIN spec: its loss and train_metrics
+    model_settings: dict  # Sync: the model's params and variables, compared with the chief's
+    state: sync.SharedState
+    training: sync.SyncTraining
+    members: membership.Membership  # Sync: published settings, last pushes, the finish barrier
+    report_done: tf.Operation  # Sync: one entry in every ps's done-queue
+    stop_vars: early_stop.StopVars  # on ps 0: the update the cluster stops on, if any
+    stop: early_stop.StopOps  # Sync: the stop's read after each token, and its requests
+
+    @property
+    def transient(self) -> list[tf.Variable]:
+        """Variables on the ps that checkpoints leave out."""
+        return self.members.transient + self.stop_vars.transient
+
+    def feed(self, features, labels) -> dict:
+        """The feed_dict of one batch."""
+        return {**placement.feed(self.features, features), self.labels: labels}
+
+
+def build_graph(config: TaskConfig, model: api.Model, example: tuple, num_tokens: int = 0,
+                dataset: str | None = None, target: int | None = None) -> WorkerGraph:
+    """This worker's graph: variables on the ps tasks, computation on this worker.
+
+    `example` is a batch (features, labels) of the shard, for the placeholders' dtypes and
+    shapes. num_tokens is 0 for the fixed setup; question.py passes -1, the stock default.
+    `dataset` (the resolved name) and the model's params and variables are published by the
+    chief and compared by the others. `target` (the run's length: updates in sync mode,
+    local steps per worker in async mode) sets how long the learning rate takes to decay with
+    --lr-decay cosine.
+    """
+    n, i = config.cluster.num_workers, config.index
+    train, params = config.train, inputs.model_params(config, model)
+    features, labels = placement.placeholders(*example)
+    recorded = placement.record(model.model_fn, features, labels, api.ModeKeys.TRAIN, params)
+    model_settings = membership.model_settings(params, placement.fingerprint(recorded))
+    shared = protocol.build_shared(config, dataset, model_settings)  # Sync: first, as all tasks
+    # Sync: between-graph replication. Variables go onto the ps tasks (the model's, cut into
+    # one slice per ps: placement.py); every other op stays on this worker.
+    setter = tf1.train.replica_device_setter(worker_device=f"/job:worker/task:{i}",
+                                             cluster=config.cluster.spec())
+    # global_step counts updates in sync mode, and every worker's local steps in async mode.
+    decay_steps = None if train.lr_decay == "none" or not target else (
+        target * n if train.mode == "async" else target)
+    with tf1.device(setter):
+        built = placement.build(model.model_fn, features, labels, api.ModeKeys.TRAIN, params,
+                                num_ps=config.cluster.num_ps, wire_dtype=train.wire_dtype,
+                                recorded=recorded)
+        spec = built.spec
+        if not tf1.trainable_variables():
+            raise api.ContractError("the model function made no trainable variables: nothing "
+                                    "to train")
+        # Sync: the proof holds for any model: its step writes nothing, and its UPDATE_OPS
+        # (moving statistics) are averaged over the workers once per update (audit.py).
+        audit.check_step([spec.loss, *spec.train_metrics.values()], built.ops)
+        state_deltas = audit.state_deltas(built.update_ops, built.ops, built.state)
+        optimizer = spec.optimizer or optimizers.make_optimizer(
+            train.optimizer, train.learning_rate, decay_steps=decay_steps,
+            global_step=shared.state.global_step)
+        # Sync: each update may latch the stop, asked for by --target-accuracy or a preempted
+        # task (early_stop.py).
+        latch = (lambda new_step: early_stop.latch(shared.stop, new_step, target)) \
+            if train.mode == "sync" and target else None
+        training = sync.build_train_op(
+            spec.loss, shared.state, optimizer,
+            worker_index=i, num_workers=n, replicas_to_aggregate=config.train.aggregate(n),
+            is_chief=config.is_chief, mode=config.train.mode, num_tokens=num_tokens,
+            last_push=shared.members.last_push, proof=config.train.proof, after_update=latch,
+            wire_dtype=train.wire_dtype, state_deltas=state_deltas)
+        stop = early_stop.build_stop_ops(shared.stop, training.token_on_ps,
+                                         shared.state.global_step, train.mode)
+    report_done = tf.group(*[q.enqueue(i) for q in shared.done_queues])
+    return WorkerGraph(features, labels, spec, model_settings, shared.state, training, shared.members,
+                  report_done, shared.stop, stop)

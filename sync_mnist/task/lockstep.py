@@ -1,0 +1,133 @@
+"""A worker trains in lockstep: one gradient per local step, each step's token the update that
+gradient joined, until the token reaches the target or the cluster's agreed stop."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+
+import tensorflow as tf
+
+from sync_mnist.core import early_stop, session, sync
+from sync_mnist.core.config import TaskTimeout
+from sync_mnist.task import preemption, progress_log
+
+log = logging.getLogger(__name__)
+
+
+class StepCutShort(RuntimeError):
+    """A training step ended in OutOfRangeError or StopIteration: a failure, never an end."""
+
+
+@contextlib.contextmanager
+def no_silent_end(me: str):
+    """Turns OutOfRangeError and StopIteration into StepCutShort.
+
+    MonitoredSession.__exit__ takes these two for "training is over" and swallows them, so a
+    step that met one would skip the finish phase without a word. Use it inside the session's
+    `with`, around everything that runs steps.
+    """
+    try:
+        yield
+    except (tf.errors.OutOfRangeError, StopIteration) as e:
+        raise StepCutShort(f"{me}: a step ended in {type(e).__name__} (a queue on the ps was "
+                           f"closed under it): {session.first_line(e)}") from e
+
+
+@dataclasses.dataclass
+class Trained:
+    """What the lockstep loop did."""
+
+    local_steps: int
+    last_token: int  # the update this worker's last gradient joined (early_stop.NONE: none)
+    stopped_early: bool  # the cluster's agreed stop (target accuracy, preemption) ended it
+    finished_at: float  # unix time the last step returned
+    train_s: float  # session ready to last step
+
+
+def train(w, joined, sess, evaluations: early_stop.ChiefEvaluations | None) -> Trained:
+    """Runs the local steps from `joined.start_step`; `evaluations`: the chief's, during
+    training (--eval-every), else None."""
+    config, train_config, g, side = w.config, w.config.train, w.g, joined.side
+    progress = progress_log.Progress(config, side, g.state, w.writer, w.target)
+    step_runner = _StepRunner(w, joined, sess, evaluations, progress)
+    train_started = time.monotonic()
+
+    def stopped(token: int) -> bool:
+        return early_stop.should_stop(token, step_runner.stop_step, train_config.mode)
+
+    local = sync.train_loop(step_runner, start_step=joined.start_step, planned=joined.planned,
+                            target=w.target, stop_on_token=train_config.mode == "sync",
+                            stopped=stopped)
+    last_token = step_runner.last_token
+    stopped_early = stopped(last_token)
+    if stopped_early and not sync.ran_the_plan(local=local, token=last_token,
+                                               planned=joined.planned, target=w.target,
+                                               stop_on_token=train_config.mode == "sync"):
+        log.info("stopped after %d local steps, at global_step %d: %s (planned: %s)",
+                 local, last_token, "a task was preempted"
+                 if train_config.target_accuracy is None
+                 else "the chief's evaluation reached the target accuracy, or a task was "
+                 "preempted",
+                 f"{joined.planned} local steps" if train_config.mode == "async"
+                 else f"{w.target} updates")
+    return Trained(local, last_token, stopped_early, time.time(),
+                   time.monotonic() - train_started)
+
+
+class _StepRunner:
+    """One local step, as sync.train_loop calls it: the batch of `step`, its push, and what the
+    update's token says."""
+
+    def __init__(self, w, joined, sess, evaluations, progress: progress_log.Progress):
+        self.w, self.joined, self.sess = w, joined, sess
+        self.evaluations, self.progress = evaluations, progress
+        g = w.g
+        # Sync: the stop step, read after the token
+        self.fetches = [g.training.train_op, g.spec.loss, dict(g.spec.train_metrics),
+                        g.stop.read]
+        self.lockstep = (w.config.train.mode == "sync"
+                         and w.aggregate == w.config.cluster.num_workers)
+        self.steps_run = 0
+        self.stop_step = self.last_token = early_stop.NONE
+        self.asked_to_stop = False
+        preemption.arm()
+
+    def __call__(self, step: int) -> int:
+        w, g, side = self.w, self.w.g, self.joined.side
+        x, y = w.shard.batch(step)
+        sessions = self.joined.status.sessions
+        try:
+            token, loss, train_metrics, stop_step = self.sess.run(
+                self.fetches, g.feed(x, y), options=w.bounded)
+        except tf.errors.DeadlineExceededError:
+            raise self._stalled(f"waited {w.config.train.timeout:g} s for an update after "
+                                f"local step {step}") from None
+        if self.lockstep and token != step + 1:
+            if self.joined.status.sessions == sessions:
+                # Sync: a token can only come from the update this push joined; another
+                # one means the lockstep broke (tokens are owned: sync.build_train_op).
+                raise self._stalled(f"pushed for update {step + 1} but was handed token "
+                                    f"{token}, in the same session: the lockstep is broken")
+            # Sync: the ps was lost and the chief restored it from the last checkpoint.
+            log.warning("global_step went back from %d to %d: the ps was restored from "
+                        "a checkpoint; training on from there", step + 1, token)
+        self.steps_run += 1
+        self.progress.step(self.steps_run, loss, train_metrics)
+        self.last_token, self.stop_step = int(token), int(stop_step)
+        if preemption.requested() and not self.asked_to_stop:
+            # Sync: the next update is the cluster's last (early_stop.py)
+            side.run(g.stop.preempt, options=w.bounded)
+            self.asked_to_stop = True
+        if self.evaluations:
+            self.evaluations.after_update(self.last_token)
+        return self.last_token
+
+    def _stalled(self, what: str) -> TaskTimeout:
+        """A timeout of this worker's: what it waited for, what the ps says so far, and the
+        workers the next update still waits for."""
+        w = self.w
+        text, missing = progress_log.stalled(self.joined.side, w.g.state, w.g.members, w.config)
+        return TaskTimeout(f"worker {w.config.index}: {what}; {text}", missing=missing)
