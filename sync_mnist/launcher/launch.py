@@ -24,6 +24,7 @@ from pathlib import Path
 
 from sync_mnist.core import cluster as cluster_lib
 from sync_mnist.core import config as config_lib
+from sync_mnist import models
 from sync_mnist.models import data
 from sync_mnist.task import preflight, report
 from sync_mnist.launcher import netns, progress
@@ -232,8 +233,9 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
     started = time.time()
     try:
         # A missing or damaged data file is the user's to fix: say so once, before any task
-        # starts, rather than once per task.
-        data.check_source(train.dataset, train.data_dir)
+        # starts, rather than once per task (for the built-in models that read MNIST; the
+        # others check their own data as they read it).
+        models.check_data(train)
         if summary_json:  # and the cluster's record, which is written only at the end
             preflight.check_output_file(Path(summary_json), "--summary-json")
     except (data.DataError, config_lib.ConfigError) as e:
