@@ -421,9 +421,10 @@ class _Policy:
     `max_restarts` counts faults: a task that dies (a signal, a crash) or freezes is started
     again with the same command while fewer than `max_restarts` faults have been mended,
     whether it failed while the cluster started or later. A task that timed out (exit 200)
-    and names a peer as missing (report.missing_tasks) has that peer restarted first, killed
-    first if it still runs: frozen (SIGSTOP) or stuck, it has not answered for a whole
-    --timeout (unless it is still starting: see _culprits). The peers that timed out waiting
+    and names a peer as missing (its record's `missing`, TaskResult.missing; never its
+    message) has that peer restarted first, killed first if it still runs: frozen (SIGSTOP)
+    or stuck, it has not answered for a whole --timeout (unless it is still starting: see
+    _culprits). The peers that timed out waiting
     for a task restarted after they started are restarted too, at no charge: the fault was
     that task's, and it is paid for once. So are the tasks that lost a ps restarted after they
     started (exit 201): a training step recovers from a lost ps by itself, but the finish
@@ -548,7 +549,7 @@ class _Policy:
     def _mended(self, task: _Task) -> _Task | None:
         """The peer that `task`'s timeout names which the policy restarted after `task`'s
         process started, if any."""
-        named = report.missing_tasks(task.result().error)
+        named = _missing(task)
         return next((t for t in self._tasks if t.tag in named and t is not task
                      and t.restarted is not None and t.restarted > task.spawned), None)
 
@@ -570,7 +571,7 @@ class _Policy:
         (START_SECS + --timeout), that has not yet said it waits for the chief or is ready, is
         a replacement on its way, not the one that was waited for.
         """
-        named = report.missing_tasks(task.result().error)
+        named = _missing(task)
         progressed = max((t.progressed for t in self._tasks if t.progressed), default=0.0)
         now = time.monotonic()
         return [t for t in self._tasks if t.tag in named and t is not task and not t.lost
@@ -591,6 +592,13 @@ class _Policy:
             log.warning("%s; restarting it (%s)", what, count)
         task.restart()
         return True
+
+
+def _missing(task: _Task) -> list[str]:
+    """The peers ("worker N", "ps N") that `task`'s bounded wait, expired, was for: its
+    record's structured field, filled from TaskTimeout.missing; never read from its message,
+    which may be worded any way."""
+    return task.result().missing or []
 
 
 def _done(worker: _Task) -> float:

@@ -10,7 +10,7 @@ import socket
 import pytest
 import tensorflow as tf
 
-from sync_mnist.task import report, worker
+from sync_mnist.task import worker
 from sync_mnist.core.cluster import ClusterLayout, free_ports
 
 tf1 = tf.compat.v1
@@ -61,9 +61,8 @@ def test_a_timeout_names_the_ps_that_do_not_answer_and_why():
     assert silent == ["ps 0 (it accepts connections but did not answer a read in 5 s)",
                       f"ps 2 (nothing listens at 127.0.0.1:{ports[2]})"]
     assert side.reads == [(0, 5000), (1, 5000)]  # one bounded read of each ps that listens
-    timeout = ("worker 1: waited 20 s for the ps tasks (...) at the finish (the barrier and the "
-               f"final counters); no answer; missing: {', '.join(silent)}")
-    assert report.missing_tasks(timeout) == ["ps 0", "ps 2"]
+    # Each names its ps first, as the timeout's `missing` field (TaskResult.missing) lists it.
+    assert [s.split(" (")[0] for s in silent] == ["ps 0", "ps 2"]
 
 
 def test_a_final_save_that_timed_out_names_the_silent_ps(monkeypatch):
@@ -86,4 +85,5 @@ def test_a_final_save_that_timed_out_names_the_silent_ps(monkeypatch):
             run._save_final(sess=None)
     message = str(raised.value)
     assert message.startswith("waited 20 s for the ps (...) in _SharedCheckpointSaverHook.end")
-    assert report.missing_tasks(message) == ["ps 0"]
+    assert message.endswith("; missing: ps 0 (it accepts connections but did not answer a read "
+                            "in 5 s)")
