@@ -16,7 +16,9 @@ restarted task). Every task's first process writes its pid to `ROLE-INDEX.pid`. 
   timeout          every worker exits 200 (a bounded wait) naming nobody as missing.
   frozen-worker    every worker's first process logs a progress line, then worker 1's stops
                    itself (SIGSTOP); the others then wait --timeout and exit 200 naming worker
-                   1 as missing, as real ones do. Restarted, every worker ends as in `ok`.
+                   1 as missing, as real ones do (in the message, and in the record's
+                   `missing`, which is what the launcher reads). Restarted, every worker ends
+                   as in `ok`.
   slow-replacement every worker's first process logs a progress line, then worker 1's kills
                    itself (SIGKILL); its second process takes 3 x --timeout to start, while the
                    others' first processes exit 200 after 2 x --timeout naming worker 1 as
@@ -131,7 +133,7 @@ def main() -> int:
             time.sleep(0.05)
         return _fail(args, config_lib.EXIT_TIMEOUT,
                      "worker 2: waited 1 s for an update after local step 2; missing: ps 0 "
-                     "(nothing listens at localhost:1)")
+                     "(nothing listens at localhost:1)", missing=["ps 0"])
     if behaviour == "lost-backup" and args.index == 2:
         os.kill(os.getpid(), signal.SIGKILL)
     if behaviour == "frozen-worker" and run == 1:
@@ -148,7 +150,7 @@ def main() -> int:
         return _fail(args, config_lib.EXIT_TIMEOUT,
                      f"worker {args.index}: waited {args.timeout:g} s for an update after "
                      "local step 2; contributions so far [2, 2, 2]; missing: worker 1 (no "
-                     "gradient for update 3)")
+                     "gradient for update 3)", missing=["worker 1"])
     if behaviour == "slow-replacement":
         if run == 1:
             print(f"[worker {args.index}] step=2 global_step=2/4 loss=0.1 accuracy=0.9 "
@@ -167,7 +169,7 @@ def main() -> int:
             return _fail(args, config_lib.EXIT_TIMEOUT,
                          f"worker {args.index}: waited {args.timeout:g} s for an update after "
                          "local step 2; contributions so far [2, 2, 2]; missing: worker 1 (no "
-                         "gradient for update 3)")
+                         "gradient for update 3)", missing=["worker 1"])
     if behaviour == "chatty":
         for line in range(10_000):
             print(f"[worker {args.index}] line {line} " + "x" * 200, flush=True)
@@ -217,10 +219,12 @@ def _read_when_written(path: Path) -> str:
     return text
 
 
-def _fail(args, code: int, error: str) -> int:
+def _fail(args, code: int, error: str, missing: list[str] | None = None) -> int:
+    """Ends as a real task that failed: its `error:` line, and a record with the error and, for
+    a timeout, the peers it names as missing (the launcher reads the field, not the words)."""
     print(f"[{args.role} {args.index}] error: {error}", flush=True)
     report.TaskResult(role=args.role, index=args.index, mode="sync", error=error,
-                      exit_code=code).write_json(args.summary_json)
+                      missing=missing, exit_code=code).write_json(args.summary_json)
     return code
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from sync_mnist.core import cluster as cluster_lib
 from sync_mnist.core import config as config_lib
+from sync_mnist import models
 from sync_mnist.models import data
 from sync_mnist.task import preflight, report
 from sync_mnist.launcher import netns, progress
@@ -232,8 +233,9 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
     started = time.time()
     try:
         # A missing or damaged data file is the user's to fix: say so once, before any task
-        # starts, rather than once per task.
-        data.check_source(train.dataset, train.data_dir)
+        # starts, rather than once per task (for the built-in models that read MNIST; the
+        # others check their own data as they read it).
+        models.check_data(train)
         if summary_json:  # and the cluster's record, which is written only at the end
             preflight.check_output_file(Path(summary_json), "--summary-json")
     except (data.DataError, config_lib.ConfigError) as e:
@@ -280,7 +282,7 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
 
 
 def _run_tasks(start, tasks: list[_Task], *, num_ps: int, num_workers: int, train: TrainConfig,
-               max_restarts: int, display, namespace) -> tuple[_Task | None, bool]:
+               max_restarts: int, display, namespace) -> tuple[_Task | None, int]:
     """Starts the tasks (`start(role, index)`) and waits for their end; stops every one left.
 
     Returns the task whose failure ended the run (or None), and the code of a stop the launcher
@@ -289,21 +291,7 @@ def _run_tasks(start, tasks: list[_Task], *, num_ps: int, num_workers: int, trai
     """
     interrupted = 0
     preempted: list[float] = []  # when the launcher was sent SIGTERM or SIGUSR1 (monotonic)
-
-    def preempt(signum, frame):
-        # Sync: passed on to every task, which stop together on one update (preemption.py).
-        # Before the chief has started nothing has trained: stop at once.
-        if not preempted and not any(t.role == "worker" and t.index == 0 for t in tasks):
-            preempted.append(time.monotonic())
-            raise KeyboardInterrupt
-        if not preempted:
-            preempted.append(time.monotonic())
-            for t in tasks:
-                if t.poll() is None:
-                    t.signal_group(signal.SIGTERM)
-
-    previous = {signal.SIGINT: signal.signal(signal.SIGINT, _raise_interrupt),
-                **{s: signal.signal(s, preempt) for s in (signal.SIGTERM, signal.SIGUSR1)}}
+    previous = _catch_signals(tasks, preempted)
     try:
         for index in range(num_ps):
             start("ps", index)
@@ -340,6 +328,26 @@ def _run_tasks(start, tasks: list[_Task], *, num_ps: int, num_workers: int, trai
         for s, handler in previous.items():
             signal.signal(s, handler)
     return failed, interrupted
+
+
+def _catch_signals(tasks: list[_Task], preempted: list[float]) -> dict:
+    """Installs the launcher's handlers: SIGINT raises KeyboardInterrupt; SIGTERM and SIGUSR1
+    preempt (their first: its time goes into `preempted`). Returns the handlers they replace.
+    """
+    def preempt(signum, frame):
+        # Sync: passed on to every task, which stop together on one update (preemption.py).
+        # Before the chief has started nothing has trained: stop at once.
+        if not preempted and not any(t.role == "worker" and t.index == 0 for t in tasks):
+            preempted.append(time.monotonic())
+            raise KeyboardInterrupt
+        if not preempted:
+            preempted.append(time.monotonic())
+            for t in tasks:
+                if t.poll() is None:
+                    t.signal_group(signal.SIGTERM)
+
+    return {signal.SIGINT: signal.signal(signal.SIGINT, _raise_interrupt),
+            **{s: signal.signal(s, preempt) for s in (signal.SIGTERM, signal.SIGUSR1)}}
 
 
 def _report(tasks: list[_Task], results: list[report.TaskResult], wall: float,
@@ -414,27 +422,29 @@ _FINAL_EXITS = (config_lib.EXIT_USAGE, *_ENDS)
 
 
 class _Policy:
-    """What the launcher does when a task fails: restart it, let it go, or stop the cluster.
+    """What the launcher does when a task exits: restart it, let it go, or stop the cluster.
 
     `max_restarts` counts faults: a task that dies (a signal, a crash) or freezes is started
     again with the same command while fewer than `max_restarts` faults have been mended,
     whether it failed while the cluster started or later. A task that timed out (exit 200)
-    and names a peer as missing (report.missing_tasks) has that peer restarted first, killed
-    first if it still runs: frozen (SIGSTOP) or stuck, it has not answered for a whole
-    --timeout (unless it is still starting: see _culprits). The peers that timed out waiting
-    for a task restarted after they started are restarted too, at no charge: the fault was
-    that task's, and it is paid for once. So are the tasks that lost a ps restarted after they
-    started (exit 201): a training step recovers from a lost ps by itself, but the finish
-    (its barrier, the counters, the evaluation) fails on it. Failing a restart, a worker other
-    than the chief may be left dead while `spare_workers` allow (backups, R < N): the chief
-    declares it lost and the rest finish without it.
+    and names peers as missing (its record's `missing`, TaskResult.missing; never its
+    message) has those peers restarted first, killed first if they still run: frozen (SIGSTOP)
+    or stuck, they have not answered for a whole --timeout (unless still starting: see
+    _culprits). The peers that timed out waiting for a task restarted after they started are
+    restarted too, at no charge: the fault was that task's, and it is paid for once. So are
+    the tasks that lost a ps restarted after they started (exit 201): a training step
+    recovers from a lost ps by itself, but the finish (its barrier, the counters, the
+    evaluation) fails on it. Failing a restart, a worker other than the chief may be left dead
+    while `spare_workers` allow (backups, R < N): the chief declares it lost and the rest
+    finish without it.
 
     Once a worker has ended with its verdict (exit 0 or 3), it has passed the finish barrier:
     every worker's last gradient is in, and the counters it read are final. A worker other
     than the chief that fails after that is not needed again, and not restarted: the chief
     (evaluating, writing the model, reporting done) and the others decide the run. A task
     that fails after its own done report (the chief's export on a full disk) stops the
-    cluster: the ps has counted that report and may have ended.
+    cluster: the ps has counted that report and may have ended. Which tasks still running at
+    the end a verified run did without: _spared_at_the_end.
     """
 
     def __init__(self, tasks: list[_Task], *, max_restarts: int, spare_workers: int,
@@ -447,22 +457,9 @@ class _Policy:
         """Handles `task`'s exit with `code` (`when`: a phrase for the log, such as " before
         the chief started"); False when the cluster must be stopped."""
         exited = f"{task.tag} exited with code {code}{when}"
-        if self._chief_ended_ok() or (task.role == "worker" and task.index != 0
-                                      and self._verdict_read()):
-            # Sync: a chief that ended 0 had passed the finish barrier, verified the final
-            # counters and written its model. A restarted task
-            # could not rejoin a finished run: a ps would come back empty and wait for done
-            # reports its predecessor already had, a worker (say, a backup the chief declared
-            # lost) would wait for updates that never come. The others finish without it, or
-            # fail on their own, and the run's code is theirs.
-            if self._spare_left(task):
-                task.lost = True
-                log.warning("%s; the backup workers carry on without it", exited)
-            else:
-                task.spent = True
-                log.warning("%s after %s had verified the run and ended: not restarted; "
-                            "the workers' results decide the run", exited,
-                            "the chief" if self._chief_ended_ok() else "a worker")
+        if _chief_ended_ok(self._tasks) or (task.role == "worker" and task.index != 0
+                                            and _verdict_read(self._tasks)):
+            self._let_go(task, exited)
             return True
         if code in _FINAL_EXITS:
             log.error("%s; stopping the cluster", exited)
@@ -474,25 +471,9 @@ class _Policy:
             log.error("%s after its done report, which a restart cannot undo; stopping the "
                       "cluster", exited)
             return False
-        if code == config_lib.EXIT_TIMEOUT:
-            for culprit in self._culprits(task):
-                if not self._restart(culprit, f"{exited} naming {culprit.tag} as missing; "
-                                              f"{culprit.tag}"):
-                    break
-            mended = self._mended(task)
-            if mended:  # Sync: it waited for a peer restarted since: part of that one fault
-                self._restart(task, f"{exited} waiting for {mended.tag}, restarted for that "
-                                    "fault", charged=False)
-                return True
-        if code == config_lib.EXIT_PEER_LOST:
-            mended = self._ps_restarted_since(task)
-            if mended:  # Sync: it lost that ps, outside a training step's recovery
-                self._restart(task, f"{exited} after losing {mended.tag}, restarted for that "
-                                    "fault", charged=False)
-                return True
-        if self._restart(task, exited):
+        if self._restarted_with_its_fault(task, code, exited) or self._restart(task, exited):
             return True
-        if self._spare_left(task):
+        if _spare_left(self._tasks, task, self._spare):
             task.lost = True
             log.warning("%s; the backup workers carry on without it", exited)
             return True
@@ -500,53 +481,54 @@ class _Policy:
         return False
 
     def spared_at_the_end(self, live: list[_Task]) -> list[_Task]:
-        """Of the tasks still running at the end, those a verified run did without: asked past
-        the end bound, and (_wait) as soon as only ps and never-joined replacements run.
+        """Of `live`, the tasks still running that a verified run did without: see
+        _spared_at_the_end."""
+        return _spared_at_the_end(self._tasks, live, self._spare)
 
-        Once the chief has ended 0: a backup (R < N) restarted after the chief declared its
-        predecessor lost waits for a run that is over; so does a worker restarted that never
-        joined (it lost a ps in its finish, and waits to be initialised by the chief); and a ps
-        left with no worker running waits for done reports that no one is left to send (a
-        worker gave up its report, or died, after the verdict, or reported to the ps this one
-        replaced: it logged its verdict, or ended, before this one started). Its own bound
-        allows for restarts that will not come. A ps that every worker reported done to is
-        stuck, and stays overdue.
+    def _let_go(self, task: _Task, exited: str) -> None:
+        """`task` failed once the run was verified: marked lost or spent, not restarted.
+
+        Sync: a chief that ended 0 had passed the finish barrier, verified the final counters
+        and written its model. A restarted task could not rejoin a finished run: a ps would
+        come back empty and wait for done reports its predecessor already had, a worker (say,
+        a backup the chief declared lost) would wait for updates that never come. The others
+        finish without it, or fail on their own, and the run's code is theirs.
         """
-        if not any(t.role == "worker" and t.index == 0 and t.poll() == config_lib.EXIT_OK
-                   for t in self._tasks):
-            return []
-        spared = []
-        for t in live:
-            if self._spare_left(t):
-                t.lost = True  # counted by _spare_left for the next one
-                spared.append(t)
-            elif _never_joined(t):
-                t.spent = True  # a replacement that waits for a chief who is gone: no judge
-                spared.append(t)
-        workers = [t for t in self._tasks if t.role == "worker"]
-        if not all(t.role == "ps" for t in live if t not in spared):
-            return spared
-        unreported = any(t.spent or t.lost or t in spared or t.result().done_reported is False
-                         for t in workers)
-        for ps in (t for t in live if t.role == "ps"):
-            if unreported or any(_done(w) < ps.spawned for w in workers):
-                spared.append(ps)
-        return spared
+        if _spare_left(self._tasks, task, self._spare):
+            task.lost = True
+            log.warning("%s; the backup workers carry on without it", exited)
+        else:
+            task.spent = True
+            log.warning("%s after %s had verified the run and ended: not restarted; "
+                        "the workers' results decide the run", exited,
+                        "the chief" if _chief_ended_ok(self._tasks) else "a worker")
 
-    def _chief_ended_ok(self) -> bool:
-        return any(t.role == "worker" and t.index == 0 and t.poll() == config_lib.EXIT_OK
-                   for t in self._tasks)
-
-    def _verdict_read(self) -> bool:
-        """Whether a worker has read its verdict, past the finish barrier: it logged it, or
-        ended with it."""
-        return any(t.role == "worker" and (t.verdict_at is not None or t.poll() in (
-            config_lib.EXIT_OK, config_lib.EXIT_NOT_SYNCHRONOUS)) for t in self._tasks)
+    def _restarted_with_its_fault(self, task: _Task, code: int, exited: str) -> bool:
+        """Restarts the peers a timeout names as missing (charged); then `task`, at no charge,
+        if it waited for (200), or lost (201), a peer restarted since it started. True when
+        `task` was restarted so."""
+        if code == config_lib.EXIT_TIMEOUT:
+            for culprit in self._culprits(task):
+                if not self._restart(culprit, f"{exited} naming {culprit.tag} as missing; "
+                                              f"{culprit.tag}"):
+                    break
+            # Sync: it waited for a peer restarted since: part of that one fault
+            mended, how = self._mended(task), "waiting for"
+        elif code == config_lib.EXIT_PEER_LOST:
+            # Sync: it lost that ps, outside a training step's recovery
+            mended, how = self._ps_restarted_since(task), "after losing"
+        else:
+            return False
+        if mended is None:
+            return False
+        self._restart(task, f"{exited} {how} {mended.tag}, restarted for that fault",
+                      charged=False)
+        return True
 
     def _mended(self, task: _Task) -> _Task | None:
-        """The peer that `task`'s timeout names which the policy restarted after `task`'s
-        process started, if any."""
-        named = report.missing_tasks(task.result().error)
+        """The peer that `task`'s timeout names as missing which the policy restarted after
+        `task`'s process started, if any."""
+        named = _missing(task)
         return next((t for t in self._tasks if t.tag in named and t is not task
                      and t.restarted is not None and t.restarted > task.spawned), None)
 
@@ -554,11 +536,6 @@ class _Policy:
         """A ps that the policy restarted after `task`'s process started, if any."""
         return next((t for t in self._tasks if t.role == "ps" and t.restarted is not None
                      and t.restarted > task.spawned), None)
-
-    def _spare_left(self, task: _Task) -> bool:
-        """Whether `task` is a worker other than the chief that the backups can do without."""
-        return task.role == "worker" and task.index != 0 \
-            and sum(t.lost for t in self._tasks) < self._spare
 
     def _culprits(self, task: _Task) -> list[_Task]:
         """The live tasks that `task`'s timeout names as missing.
@@ -568,7 +545,7 @@ class _Policy:
         (START_SECS + --timeout), that has not yet said it waits for the chief or is ready, is
         a replacement on its way, not the one that was waited for.
         """
-        named = report.missing_tasks(task.result().error)
+        named = _missing(task)
         progressed = max((t.progressed for t in self._tasks if t.progressed), default=0.0)
         now = time.monotonic()
         return [t for t in self._tasks if t.tag in named and t is not task and not t.lost
@@ -589,6 +566,65 @@ class _Policy:
             log.warning("%s; restarting it (%s)", what, count)
         task.restart()
         return True
+
+
+def _missing(task: _Task) -> list[str]:
+    """The peers ("worker N", "ps N") that `task`'s bounded wait, expired, was for: its
+    record's structured field, filled from TaskTimeout.missing; never read from its message,
+    which may be worded any way."""
+    return task.result().missing or []
+
+
+def _chief_ended_ok(tasks: list[_Task]) -> bool:
+    return any(t.role == "worker" and t.index == 0 and t.poll() == config_lib.EXIT_OK
+               for t in tasks)
+
+
+def _verdict_read(tasks: list[_Task]) -> bool:
+    """Whether a worker has read its verdict, past the finish barrier: it logged it, or ended
+    with it."""
+    return any(t.role == "worker" and (t.verdict_at is not None or t.poll() in (
+        config_lib.EXIT_OK, config_lib.EXIT_NOT_SYNCHRONOUS)) for t in tasks)
+
+
+def _spare_left(tasks: list[_Task], task: _Task, spare: int) -> bool:
+    """Whether `task` is a worker other than the chief that the backups (`spare` of them) can
+    do without."""
+    return task.role == "worker" and task.index != 0 and sum(t.lost for t in tasks) < spare
+
+
+def _spared_at_the_end(tasks: list[_Task], live: list[_Task], spare: int) -> list[_Task]:
+    """Of the tasks still running at the end (`live`), those a verified run did without: asked
+    past the end bound, and (_wait) as soon as only ps and never-joined replacements run.
+
+    Once the chief has ended 0: a backup (R < N) restarted after the chief declared its
+    predecessor lost waits for a run that is over; so does a worker restarted that never
+    joined (it lost a ps in its finish, and waits to be initialised by the chief); and a ps
+    left with no worker running waits for done reports that no one is left to send (a
+    worker gave up its report, or died, after the verdict, or reported to the ps this one
+    replaced: it logged its verdict, or ended, before this one started). Its own bound
+    allows for restarts that will not come. A ps that every worker reported done to is
+    stuck, and stays overdue.
+    """
+    if not _chief_ended_ok(tasks):
+        return []
+    spared = []
+    for t in live:
+        if _spare_left(tasks, t, spare):
+            t.lost = True  # counted by _spare_left for the next one
+            spared.append(t)
+        elif _never_joined(t):
+            t.spent = True  # a replacement that waits for a chief who is gone: no judge
+            spared.append(t)
+    workers = [t for t in tasks if t.role == "worker"]
+    if not all(t.role == "ps" for t in live if t not in spared):
+        return spared
+    unreported = any(t.spent or t.lost or t in spared or t.result().done_reported is False
+                     for t in workers)
+    for ps in (t for t in live if t.role == "ps"):
+        if unreported or any(_done(w) < ps.spawned for w in workers):
+            spared.append(ps)
+    return spared
 
 
 def _done(worker: _Task) -> float:
@@ -631,31 +667,15 @@ def _wait(tasks: list[_Task], policy: _Policy, *, ps_serve_forever: bool,
     launcher passed on a preemption (`preempted`: when), marking what still runs overdue. With
     ps_serve_forever (the question's server.join()), it ends when every worker has.
     """
-    first_end: tuple[float, _Task] | None = None  # when, and which worker, ended by itself
+    first_end: list[tuple[float, _Task]] = []  # when, and which worker, ended by itself
     while True:
-        running = False
-        for task in tasks:
-            code = task.poll()
-            if code is None:
-                running = running or not (ps_serve_forever and task.role == "ps")
-            elif code == config_lib.EXIT_PREEMPTED and task.result().preempted_at is None:
-                # Sync: stopped at once, before it trained: there was no update to stop on,
-                # and the others cannot go on without it.
-                log.error("%s exited with code %d before it trained (preempted); stopping the "
-                          "cluster", task.tag, code)
-                return task
-            elif code in _ENDS:
-                if first_end is None and task.role == "worker":
-                    first_end = (time.monotonic(), task)
-            elif not task.lost and not task.spent:
-                if not policy.after_exit(task, code):
-                    return task
-                running = True
+        failed, running = _exits(tasks, policy, ps_serve_forever, first_end)
+        if failed is not None:
+            return failed
         if not running:
             return None
         live = [t for t in tasks if t.poll() is None
                 and not (ps_serve_forever and t.role == "ps")]
-        now = time.monotonic()
         if not live:  # only a lost backup ended just now: the next round sees the rest
             time.sleep(0.1)
             continue
@@ -668,25 +688,68 @@ def _wait(tasks: list[_Task], policy: _Policy, *, ps_serve_forever: bool,
             if spared and len(spared) == len(live):
                 _mark_spared(spared, "still running after every worker that joined the run ended")
                 return None
-        if preempted and now - preempted[0] > preempt_bound:
-            why = f"still running {preempt_bound:g} s after the preemption was passed on"
-        elif first_end is not None and now - first_end[0] > end_bound:
-            why = f"still running {end_bound:g} s after {first_end[1].tag} ended"
-        elif first_end is None and now - max(t.last_sign_of_life() for t in tasks) > stall_bound:
-            why = (f"still running after {stall_bound:g} s in which no task started or ended "
-                   "and no worker logged progress")
-        else:
+        why = _past_a_bound(tasks, first_end, preempted, end_bound=end_bound,
+                            stall_bound=stall_bound, preempt_bound=preempt_bound)
+        if why is None:
             time.sleep(0.1)
             continue
-        spared = policy.spared_at_the_end(live)
-        _mark_spared(spared, why)
-        live = [t for t in live if t not in spared]
-        if not live:
-            return None
-        for t in live:
-            t.overdue = f"{why}; stopped by the launcher"
-        log.error("%s %s; stopping the cluster", ", ".join(t.tag for t in live), why)
-        return live[0]
+        return _overdue(policy, live, why)
+
+
+def _exits(tasks: list[_Task], policy: _Policy, ps_serve_forever: bool,
+           first_end: list[tuple[float, _Task]]) -> tuple[_Task | None, bool]:
+    """One look at every task for _wait: the task whose exit `policy` cannot mend (or None),
+    and whether a task it waits for still runs. The first worker seen ended by itself goes
+    into `first_end`, with when."""
+    running = False
+    for task in tasks:
+        code = task.poll()
+        if code is None:
+            running = running or not (ps_serve_forever and task.role == "ps")
+        elif code == config_lib.EXIT_PREEMPTED and task.result().preempted_at is None:
+            # Sync: stopped at once, before it trained: there was no update to stop on,
+            # and the others cannot go on without it.
+            log.error("%s exited with code %d before it trained (preempted); stopping the "
+                      "cluster", task.tag, code)
+            return task, running
+        elif code in _ENDS:
+            if not first_end and task.role == "worker":
+                first_end.append((time.monotonic(), task))
+        elif not task.lost and not task.spent:
+            if not policy.after_exit(task, code):
+                return task, running
+            running = True
+    return None, running
+
+
+def _past_a_bound(tasks: list[_Task], first_end: list[tuple[float, _Task]],
+                  preempted: list[float], *, end_bound: float, stall_bound: float,
+                  preempt_bound: float) -> str | None:
+    """Once one of _wait's bounds has passed, why the tasks still running are overdue;
+    None before."""
+    now = time.monotonic()
+    if preempted and now - preempted[0] > preempt_bound:
+        return f"still running {preempt_bound:g} s after the preemption was passed on"
+    if first_end and now - first_end[0][0] > end_bound:
+        return f"still running {end_bound:g} s after {first_end[0][1].tag} ended"
+    if not first_end and now - max(t.last_sign_of_life() for t in tasks) > stall_bound:
+        return (f"still running after {stall_bound:g} s in which no task started or ended "
+                "and no worker logged progress")
+    return None
+
+
+def _overdue(policy: _Policy, live: list[_Task], why: str) -> _Task | None:
+    """Past a bound (`why`): the tasks of `live` that a verified run did without are spared,
+    the others marked overdue; returns the first overdue one, or None."""
+    spared = policy.spared_at_the_end(live)
+    _mark_spared(spared, why)
+    live = [t for t in live if t not in spared]
+    if not live:
+        return None
+    for t in live:
+        t.overdue = f"{why}; stopped by the launcher"
+    log.error("%s %s; stopping the cluster", ", ".join(t.tag for t in live), why)
+    return live[0]
 
 
 def _never_joined(task: _Task) -> bool:

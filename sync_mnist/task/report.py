@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -14,31 +13,6 @@ from sync_mnist.core import config as config_lib
 # Logged by a non-chief worker just before it waits for the chief; the launcher starts the chief
 # only once every other worker has said it, so both setups face the same start order.
 WAITING_FOR_CHIEF = "waiting for the chief"
-
-# Sync: a task whose bounded wait expired because a peer did not answer says so at the end of
-# its message (its record's `error`) as `missing: ` and the peers, each `worker N` or `ps N`,
-# with an optional `(why)`, comma-separated: membership.missing's form, e.g. `missing: worker 1
-# (no gradient for update 24), worker 2 (...)`. The launcher reads it to restart that peer
-# rather than the task that waited for it. (`missing: none: ... the chief (worker 0) ...` is
-# membership.missing's form for a chief whose update loop is what is missing.)
-_MISSING = re.compile(r"missing: ((?:(?:worker|ps) \d+(?: \([^()]*\))?(?:, |$|;))+)")
-_CHIEF_MISSING = re.compile(r"missing: none: .*the chief \(worker 0\)")
-_TASK = re.compile(r"\b(worker|ps) (\d+)\b")
-
-
-def missing_tasks(message: str | None) -> list[str]:
-    """The peers a timeout message names as missing, as `worker N` / `ps N`; [] for none."""
-    if not message:
-        return []
-    if _CHIEF_MISSING.search(message):
-        return ["worker 0"]
-    names = []
-    for clause in _MISSING.findall(message):
-        # Only the names, not what the reasons in parentheses mention.
-        for role, index in _TASK.findall(re.sub(r"\([^()]*\)", "", clause)):
-            if f"{role} {index}" not in names:
-                names.append(f"{role} {index}")
-    return names
 
 
 @dataclasses.dataclass
@@ -77,7 +51,8 @@ class TaskResult:
     sessions: int | None = None  # sessions created; more than 1: a ps was lost and came back
     lost: list[int] | None = None  # workers the chief declared lost at the finish
     # Sync: the peers a bounded wait that expired was for ("worker N", "ps N"; TaskTimeout's
-    # `missing`): the launcher restarts them rather than this task.
+    # `missing`): the launcher restarts them rather than this task. It reads this field, never
+    # the wording of `error`.
     missing: list[str] | None = None
     # The launcher: why it stopped this task after a verified run that did without it.
     spared: str | None = None

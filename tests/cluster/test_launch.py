@@ -265,24 +265,6 @@ def test_a_cluster_in_which_no_worker_ends_is_stopped_at_the_launchers_bound(pro
     assert all(t["blocked"] for t in summary["tasks"])
 
 
-def test_missing_tasks_reads_the_peers_a_timeout_message_names():
-    assert report.missing_tasks(
-        "worker 2: waited 20 s for an update after local step 492; contributions so far "
-        "[492, 492, 492]; missing: worker 1 (no gradient for update 493)") == ["worker 1"]
-    assert report.missing_tasks(
-        "ps 0: no progress for 25 s (global_step stuck at 5; missing: worker 1 (no gradient "
-        "for update 6; nothing listens at 127.0.0.1:5), worker 2 (no gradient for update 6); "
-        "workers done: none of 3)") == ["worker 1", "worker 2"]
-    assert report.missing_tasks(
-        "worker 1: ...; missing: none: every worker pushed for update 24 but no update came; "
-        "the chief (worker 0) runs the update loop and is missing") == ["worker 0"]
-    assert report.missing_tasks("missing: ps 1 (does not answer)") == ["ps 1"]
-    # No clause, no names: what a reason mentions is not a name.
-    assert report.missing_tasks("worker 1: waited 10 s for an update after local step 3; the "
-                                "ps is reachable but its counters cannot be read") == []
-    assert report.missing_tasks(None) == []
-
-
 def test_the_cluster_summary_judges_a_run_by_the_workers_that_were_not_lost():
     def worker(index, **fields):
         return report.TaskResult(role="worker", index=index, mode="sync", **fields)

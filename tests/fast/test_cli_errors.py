@@ -28,6 +28,7 @@ from sync_mnist.core.cluster import free_ports
 from sync_mnist.core.config import EXIT_USAGE
 
 RAN = 99  # what the recorders return: validation passed and the task/cluster would have run
+RUN_CLUSTER = launch.run_cluster  # the real one, for the checks it makes before any task starts
 
 
 @pytest.fixture(autouse=True)
@@ -354,6 +355,27 @@ def test_launcher_valid_flags_reach_the_cluster_and_its_tasks(recorders):
     assert kwargs["summary_json"] == Path("out.json")
     # The tasks get the training flags, never the launcher's own.
     assert kwargs["task_args"] == ["--train-steps", "7", "--seed", "3"]
+
+
+def test_launcher_checks_mnist_files_only_for_the_models_that_read_them(tmp_path, monkeypatch,
+                                                                       capsys):
+    # Before, the launcher checked MNIST's files for every model: `--model ctr`, which
+    # generates its clicks, failed on a --data-dir holding no MNIST.
+    monkeypatch.setattr(launch, "run_cluster", RUN_CLUSTER)
+    empty = tmp_path / "data"
+    empty.mkdir()
+    # --summary-json a directory: the launcher's next check before any task starts, so that
+    # a data check passed ends there too, with no task started.
+    argv = ["--data-dir", str(empty), "--summary-json", str(tmp_path), "--isolate", "off",
+            "--base-port", "0"]
+    assert _call(launcher_cli.main, ["--model", "ctr", *argv]) == 2
+    _assert_one_line(capsys.readouterr(),
+                     f"error: --summary-json {tmp_path} is a directory, not a file")
+    assert _call(launcher_cli.main, ["--model", "mlp", *argv]) == 2
+    _assert_one_line(capsys.readouterr(),
+                     f"error: no MNIST in --data-dir {empty}: looked for "
+                     "train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], "
+                     "t10k-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz] or mnist.npz")
 
 
 # Abbreviations: argparse would take `--worker 2` for `--workers 2`, and the launcher would then

@@ -15,9 +15,9 @@ from sync_mnist.task.report import TaskResult
 class _FakeTask:
     """Stands in for launch._Task: each start exits with the next code of `codes`."""
 
-    def __init__(self, role, index, *codes, error=None, done_reported=None):
+    def __init__(self, role, index, *codes, error=None, missing=None, done_reported=None):
         self.role, self.index, self.tag = role, index, f"{role} {index}"
-        self.done_reported = done_reported
+        self.done_reported, self.missing = done_reported, missing
         self.codes, self.starts, self.lost, self.spent = list(codes), 1, False, False
         self.spawned, self.progressed, self.ended = time.monotonic() - 1.0, None, None
         self.restarted, self.error = None, error
@@ -39,7 +39,7 @@ class _FakeTask:
 
     def result(self):
         return TaskResult(role=self.role, index=self.index, mode="sync", error=self.error,
-                          done_reported=self.done_reported)
+                          missing=self.missing, done_reported=self.done_reported)
 
     def last_sign_of_life(self):
         return time.monotonic()
@@ -89,8 +89,10 @@ def test_one_fault_costs_one_restart_whoever_timed_out_waiting_for_it():
     # Issue 35: worker 1 died (or froze) and was restarted; the chief and worker 2, started
     # before that, timed out waiting for it. --max-restarts 1 mends the one fault.
     dead = _FakeTask("worker", 1, -9, None)
-    chief = _FakeTask("worker", 0, EXIT_TIMEOUT, None, error=_MISSING_1.format(0))
-    other = _FakeTask("worker", 2, EXIT_TIMEOUT, EXIT_TIMEOUT, error=_MISSING_1.format(2))
+    chief = _FakeTask("worker", 0, EXIT_TIMEOUT, None, error=_MISSING_1.format(0),
+                      missing=["worker 1"])
+    other = _FakeTask("worker", 2, EXIT_TIMEOUT, EXIT_TIMEOUT, error=_MISSING_1.format(2),
+                      missing=["worker 1"])
     policy = _policy([dead, chief, other], max_restarts=1)
     assert policy.after_exit(dead, -9)
     assert policy.after_exit(other, EXIT_TIMEOUT) and policy.after_exit(chief, EXIT_TIMEOUT)
@@ -99,9 +101,71 @@ def test_one_fault_costs_one_restart_whoever_timed_out_waiting_for_it():
     assert not policy.after_exit(other, EXIT_TIMEOUT)
     assert other.starts == 2
     # A timeout that names no restarted peer is charged as before.
-    alone = _FakeTask("worker", 2, EXIT_TIMEOUT, error=_MISSING_1.format(2))
+    alone = _FakeTask("worker", 2, EXIT_TIMEOUT, error=_MISSING_1.format(2),
+                      missing=["worker 1"])
     assert not _policy([_FakeTask("worker", 1, None), alone], max_restarts=0).after_exit(
         alone, EXIT_TIMEOUT)
+
+
+# The same timeout in other words, or in none: the record's `missing` field, not the message,
+# says whom the task waited for.
+_REWORDED = ("worker {}: gave up after 10 s: worker 1 sent no gradient for update 6",
+             "worker {}: timed out", None)
+
+
+def test_a_reworded_message_does_not_change_whom_the_launcher_restarts():
+    def decide(error, missing):
+        """Worker 1, frozen past its start-up, held up worker 2, which timed out naming it."""
+        frozen = _FakeTask("worker", 1, None, 0)
+        frozen.up = True
+        timed_out = _FakeTask("worker", 2, EXIT_TIMEOUT, 0, error=error, missing=missing)
+        policy = _policy([frozen, timed_out], max_restarts=1)
+        assert policy.after_exit(timed_out, EXIT_TIMEOUT)
+        return frozen.killed, frozen.starts, timed_out.starts, policy._made
+
+    # The frozen peer is killed and restarted (the one fault), the task that waited for it
+    # restarted at no charge.
+    assert decide(_MISSING_1.format(2), ["worker 1"]) == (1, 2, 2, 1)
+    for error in _REWORDED:
+        assert decide(error and error.format(2), ["worker 1"]) == (1, 2, 2, 1), error
+    # A message that names the peer while the field is empty restarts nobody but the task
+    # itself (its own fault, charged): the words are not read.
+    for missing in (None, []):
+        assert decide(_MISSING_1.format(2), missing) == (0, 1, 2, 1), missing
+
+
+def test_a_reworded_message_does_not_change_which_timeout_is_part_of_a_mended_fault():
+    def decide(error, missing):
+        """Worker 1 died and was restarted (the one fault); then the chief, started before,
+        timed out waiting for it."""
+        dead = _FakeTask("worker", 1, -9, None)
+        chief = _FakeTask("worker", 0, EXIT_TIMEOUT, None, error=error, missing=missing)
+        policy = _policy([dead, chief], max_restarts=1)
+        assert policy.after_exit(dead, -9)
+        return policy.after_exit(chief, EXIT_TIMEOUT), chief.starts
+
+    assert decide(_MISSING_1.format(0), ["worker 1"]) == (True, 2)  # at no charge
+    for error in _REWORDED:
+        assert decide(error and error.format(0), ["worker 1"]) == (True, 2), error
+    # Named in words only: a fault of its own, and none is left for it.
+    assert decide(_MISSING_1.format(0), None) == (False, 1)
+
+
+def test_the_launcher_reads_missing_from_the_record_the_task_wrote(tmp_path):
+    from sync_mnist.launcher import launch
+
+    TaskResult(role="worker", index=2, mode="sync", error="worker 2: timed out",
+               missing=["worker 1", "ps 0"], exit_code=EXIT_TIMEOUT).write_json(
+        tmp_path / "worker-2.json")
+    task = launch._Task.__new__(launch._Task)  # its fields only: no process is started
+    task.role, task.index, task.summary = "worker", 2, tmp_path / "worker-2.json"
+    task.proc = type("Proc", (), {"returncode": EXIT_TIMEOUT})()
+    task.restarts, task.lost, task.spent, task.overdue = 0, False, False, None
+    task.stopped, task.spared = False, None
+    assert launch._missing(task) == ["worker 1", "ps 0"]
+    # A record with no such field (a task that wrote none, or an older one): nobody.
+    task.summary = tmp_path / "none.json"
+    assert launch._missing(task) == []
 
 
 def test_the_workers_that_lost_a_restarted_ps_in_their_finish_are_part_of_its_fault():
@@ -145,7 +209,7 @@ def test_a_task_frozen_past_its_start_up_is_restarted_though_training_never_bega
     # starting", worker 1 was restarted instead, and the chief's timeout then stopped the run.
     frozen = _FakeTask("worker", 2, None, 0)
     timed_out = _FakeTask("worker", 1, EXIT_TIMEOUT, 0, error=_MISSING_1.replace(
-        "worker 1 (", "worker 2 (").format(1))
+        "worker 1 (", "worker 2 (").format(1), missing=["worker 2"])
     policy = _policy([frozen, timed_out], max_restarts=1)
     assert policy._culprits(timed_out) == []  # still starting, as far as anyone knows
     frozen.up = True  # it said it waits for the chief
