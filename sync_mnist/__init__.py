@@ -1,3 +1,3 @@
-"""sync_mnist: provably synchronous parameter-server training of MNIST with TensorFlow on CPU."""
+"""sync_mnist: provably synchronous parameter-server training with TensorFlow on CPU."""
 
 __version__ = "0.1.0"

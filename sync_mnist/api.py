@@ -115,7 +115,7 @@ class ModelSpec:
             if not (isinstance(name, str) and _METRIC_NAME.fullmatch(name)) or \
                     name in _PROGRESS_FIELDS:
                 raise ContractError(f"ModelSpec: train_metrics[{name!r}]: a name must be a "
-                                    "word of letters, digits, _ and /, and not one of the "
+                                    "word of letters, numbers, _ and /, and not one of the "
                                     f"progress line's own ({', '.join(_PROGRESS_FIELDS)})")
             _check_scalar(f"train_metrics[{name!r}]", metric)
         for name, pair in dict(self.eval_metric_ops).items():

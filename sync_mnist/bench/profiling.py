@@ -80,7 +80,7 @@ def _profile_against(out: Path, ps: str, worker_address: str, timed_steps: int,
     layout = cluster_lib.ClusterLayout.parse(ps, worker_address)
     config = TaskConfig(role="worker", index=0, cluster=layout,
                         train=TrainConfig(model=model_name, train_steps=10**6,
-                                          dataset="synthetic", proof=proof))
+                                          data_options={"dataset": "synthetic"}, proof=proof))
     server = tf.distribute.Server(layout.spec(), job_name="worker", task_index=0, start=True)
     model = ctr.MODEL if model_name == "ctr" else mlp.MODEL
     if model_name == "ctr":
@@ -92,7 +92,7 @@ def _profile_against(out: Path, ps: str, worker_address: str, timed_steps: int,
     shard = Shard(features, labels, index=0, num_workers=1, batch_size=100, seed=0)
     graph = tf.Graph()
     with graph.as_default():
-        g = build_graph(config, model, shard.batch(0), dataset="synthetic")
+        g = build_graph(config, model, shard.batch(0))
         optimizer = g.training.optimizer
         update_op = optimizer._chief_queue_runner.enqueue_ops[0]  # pylint: disable=protected-access
         init = [tf1.global_variables_initializer(), tf1.local_variables_initializer()]

@@ -99,7 +99,7 @@ class TaskTimeout(RuntimeError):
 class TrainConfig:
     """What every task of one cluster must agree on."""
 
-    # --model SPEC: a built-in model, pkg.module:NAME or file.py:NAME (model_spec.py resolves
+    # --model SPEC: a built-in model, pkg.module:NAME or file.py:NAME (models/registry.py resolves
     # it in each task; every worker's must be the same model, variables and all).
     model: str = "mlp"
     train_steps: int | None = None  # updates (global steps) to run; exclusive with epochs
@@ -112,8 +112,10 @@ class TrainConfig:
     lr_decay: str = "cosine"
     optimizer: str = "adam"  # wrapped by SyncReplicasOptimizer in sync mode
     seed: int = 0  # model init, shard partition and per-epoch reshuffle all derive from it
-    dataset: str = "mnist"  # mnist | synthetic
-    data_dir: Path | None = None  # the user's own MNIST files; None: the copy the package ships
+    # The options of the built-in models that read their data from files (--dataset,
+    # --data-dir: sync_mnist.models.DATA_OPTIONS); they reach those models' params and no
+    # other model's. Empty: the models' defaults.
+    data_options: dict = dataclasses.field(default_factory=dict)
     logdir: Path | None = None  # checkpoints and TensorBoard summaries (chief only); None: none
     timeout: float = 300.0  # seconds; the bound on every blocking wait
     mode: str = "sync"  # sync: SyncReplicasOptimizer; async: the plain optimizer, for comparison
@@ -132,7 +134,7 @@ class TrainConfig:
     # Benchmark only (hidden --bench-no-proof): leave the ps-side counters out of the graph to
     # price them. The run is then NOT verified: its verdict says so and claims nothing.
     proof: bool = True
-    # Time to accuracy (early_stop.py): the chief evaluates on the test digits every this many
+    # Time to accuracy (early_stop.py): the chief evaluates on the model's evaluation data every this many
     # updates (global steps); None: only once, at the end.
     eval_every: int | None = None
     # The cluster stops at the first of those evaluations whose accuracy reaches this; None: it
@@ -181,8 +183,8 @@ class TrainConfig:
     def _check_time_to_accuracy(self) -> None:
         a = self.target_accuracy
         if a is not None and not 0 < a <= 1:
-            raise ConfigError(f"--target-accuracy must be in (0, 1], a fraction of the test "
-                              f"digits, got {a}")
+            raise ConfigError(f"--target-accuracy must be in (0, 1], a fraction of the "
+                              f"evaluation examples, got {a}")
         if a is not None and self.eval_every is None:
             raise ConfigError(f"--target-accuracy {a} needs --eval-every K: the target is "
                               "checked at those evaluations")

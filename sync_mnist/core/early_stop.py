@@ -1,6 +1,6 @@
 """Stopping the whole cluster on one update: at --target-accuracy, or when a task is preempted.
 
-Time to accuracy: the chief evaluates on the test digits every --eval-every updates, and the
+Time to accuracy: the chief evaluates on the model's evaluation data every --eval-every updates, and the
 cluster stops at the first evaluation that reaches --target-accuracy. Preemption (preemption.py):
 a task sent SIGTERM or SIGUSR1 asks for the stop the same way, and the cluster stops on one
 update, saves there and exits 143.

@@ -74,15 +74,14 @@ def build_membership(num_workers: int, settings: dict) -> Membership:
     return Membership(published, ready, last_push, finished, worker, value, mark)
 
 
-def settings(config: TaskConfig, dataset: str | None = None, model: dict | None = None
-             ) -> dict:
+def settings(config: TaskConfig, model: dict | None = None) -> dict:
     """What every task of one cluster must agree on, as published and compared.
 
     Host names are left out: one machine may rightly be `localhost` to itself and an address to
     the others. A ps compares the cluster size, which shapes the variables it holds, and the
     setup, which decides its life (a done-queue, or the question's server.join()); the
-    training settings do not touch it, and it knows no dataset. `model` is a worker's
-    model_settings: the model's params and its variables.
+    training settings do not touch it, and it knows no model. `model` is a worker's
+    model_settings: the model's params (its data options among them) and its variables.
     """
     train, n = config.train, config.cluster.num_workers
     values = {"workers": n, "ps": config.cluster.num_ps, "setup": train.setup}
@@ -92,7 +91,7 @@ def settings(config: TaskConfig, dataset: str | None = None, model: dict | None 
                       train_steps=train.train_steps, epochs=train.epochs,
                       optimizer=train.optimizer, learning_rate=train.learning_rate,
                       lr_decay=train.lr_decay, wire_dtype=train.wire_dtype,
-                      seed=train.seed, dataset=dataset,
+                      seed=train.seed,
                       # Sync: a worker without the target would never read the stop.
                       eval_every=train.eval_every, target_accuracy=train.target_accuracy,
                       # Sync: every worker trains the same model: its SPEC, its params and its

@@ -23,7 +23,7 @@ The protocol, in the order it happens (where each step lives in brackets):
      [membership.finish_barrier].
   7. **Verify.** Every worker reads the counters on the ps and computes the verdict from them:
      synchronous only if each update averaged one gradient from each worker [verdict_lib.verify].
-  8. **Evaluate.** The chief evaluates the final weights on the test digits [worker.py].
+  8. **Evaluate.** The chief evaluates the final weights on the model's evaluation data [chief.py].
   9. **Done.** Each worker puts its index in every ps's done-queue; a ps exits once it holds
      one entry per worker that was not lost, instead of `server.join()` forever [ps.py].
 
@@ -55,18 +55,16 @@ class Shared(NamedTuple):
     stop: early_stop.StopVars  # --target-accuracy: the update the cluster stops on
 
 
-def build_shared(config: TaskConfig, dataset: str | None = None,
-                 model: dict | None = None) -> Shared:
+def build_shared(config: TaskConfig, model: dict | None = None) -> Shared:
     """The shared variables and queues, placed identically in every task's graph.
 
     Args:
       config: this task's configuration; the chief publishes its settings from it.
-      dataset: the dataset name the settings carry (the chief's is compared by the others).
       model: the model's params and variables (membership.model_settings), compared alike.
     """
     n = config.cluster.num_workers
     state = sync.build_shared_state(n)  # Sync: on ps 0 (inside), as membership and the stop
-    members = membership.build_membership(n, membership.settings(config, dataset, model))
+    members = membership.build_membership(n, membership.settings(config, model))
     done_queues = [done_queue(p, n) for p in range(config.cluster.num_ps)]
     # Explicitly on ps 0 too, last: built whatever the flags, so every task's graph is the same.
     return Shared(state, members, done_queues, early_stop.build_stop_vars())

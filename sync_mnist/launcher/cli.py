@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def launcher_parser() -> options.Parser:
     parser = options.Parser(prog="sync-mnist-cluster", description="Start a synchronous "
-                            "parameter-server cluster on this machine and train MNIST.")
+                            "parameter-server cluster on this machine and train a model (--model).")
     parser.add_argument("--ps", type=int, default=cluster_lib.DEFAULT_NUM_PS,
                         help="parameter-server tasks; every weight matrix and bias is cut into "
                              "one slice per ps, so each holds and serves an even share of "

@@ -233,7 +233,7 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
     started = time.time()
     try:
         # A missing or damaged data file is the user's to fix: say so once, before any task
-        # starts, rather than once per task (for the built-in models that read MNIST; the
+        # starts, rather than once per task (for the built-in models that read files; the
         # others check their own data as they read it).
         models.check_data(train)
         if summary_json:  # and the cluster's record, which is written only at the end
@@ -255,8 +255,8 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
             num_ps, num_workers, base_port or cluster_lib.DEFAULT_BASE_PORT)
     else:
         ps_hosts, worker_hosts = choose_hosts(num_ps, num_workers, base_port)
-    log.info("cluster: ps %s, workers %s; dataset %s; mode %s", ",".join(ps_hosts),
-             ",".join(worker_hosts), train.dataset, train.mode)
+    log.info("cluster: ps %s, workers %s; model %s; mode %s", ",".join(ps_hosts),
+             ",".join(worker_hosts), train.model, train.mode)
     display = progress.open_display(verbose=verbose, mode=train.mode, num_workers=num_workers)
     tasks: list[_Task] = []
     with tempfile.TemporaryDirectory(prefix="sync-mnist-") as tmp:
@@ -268,7 +268,7 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
                     # Sync: the ps waits for the workers the launcher restarts.
                     *(["--restart-grace", f"{config_lib.START_SECS:g}"]
                       if max_restarts and role == "ps" else []),
-                    "--dataset", train.dataset, "--summary-json", str(summary)]
+                    *models.data_argv(train.data_options), "--summary-json", str(summary)]
             entry = network.entry(role, index) if network else namespace
             tasks.append(_Task(role, index, argv, summary, entry, display.task_line))
             return tasks[-1]

@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from sync_mnist import api
+from sync_mnist import api, models
 from sync_mnist.core.shard import Shard
 from sync_mnist.models import registry
 from sync_mnist.task import evaluation, ps, report
@@ -99,13 +99,13 @@ def run_question_worker(config: TaskConfig, *, model: api.Model | None = None,
     model = model or registry.resolve(train.model)
     shard, local_steps, description = load_shard(config, model)
     example = shard.batch(0)
-    q = _supervised_graph(config, model, example, train.dataset, local_steps)
+    q = _supervised_graph(config, model, example, local_steps)
     result = report.TaskResult(role="worker", index=i, mode=train.mode, target_steps=local_steps,
-                               replicas_to_aggregate=train.aggregate(n), dataset=train.dataset,
+                               replicas_to_aggregate=train.aggregate(n),
+                               dataset=models.data_name(train.model, train.data_options),
                                dataset_description=description, model=train.model)
     tf_config = session.session_config(config.cluster.device_filters("worker", i))
-    sess = _prepare_or_wait(config, server, q, tf_config, result, started, train.dataset,
-                            local_steps)
+    sess = _prepare_or_wait(config, server, q, tf_config, result, started, local_steps)
     side = tf1.Session(server.target, graph=q.graph, config=tf_config)
     # Not in the question: with --logdir the chief writes the counters as summaries, as in the
     # fixed setup, so that `sync-mnist plot` and TensorBoard can show the run (no checkpoints).
@@ -143,14 +143,13 @@ class _Supervised(NamedTuple):
     init_tokens: tf.Operation
 
 
-def _supervised_graph(config: TaskConfig, model: api.Model, example: tuple, dataset: str,
+def _supervised_graph(config: TaskConfig, model: api.Model, example: tuple,
                       local_steps: int) -> _Supervised:
     """The fixed setup's graph with the stock R tokens, under the question's Supervisor."""
     graph = tf.Graph()
     with graph.as_default():
         tf1.set_random_seed(config.train.seed)
-        g = build_graph(config, model, example, num_tokens=-1, dataset=dataset,
-                        target=local_steps)
+        g = build_graph(config, model, example, num_tokens=-1, target=local_steps)
         optimizer = g.training.optimizer
         chief_queue_runner = optimizer.get_chief_queue_runner()
         init_tokens = optimizer.get_init_tokens_op()  # the default: R tokens, anyone's to take
@@ -165,8 +164,7 @@ def _supervised_graph(config: TaskConfig, model: api.Model, example: tuple, data
 
 
 def _prepare_or_wait(config: TaskConfig, server, q: _Supervised, tf_config,
-                     result: report.TaskResult, started: float, dataset: str,
-                     local_steps: int):
+                     result: report.TaskResult, started: float, local_steps: int):
     """Supervisor's session; the chief then preloads the tokens and starts its queue runner."""
     if not config.is_chief:
         log.info("%s (Supervisor's default poll: every 30 s)", report.WAITING_FOR_CHIEF)
@@ -182,7 +180,7 @@ def _prepare_or_wait(config: TaskConfig, server, q: _Supervised, tf_config,
              result.startup_s, sess.run(q.g.state.global_step), local_steps)
     # Not in the question: the same start-up check as the fixed setup, so that a task started
     # with other settings than the chief's says so instead of joining.
-    membership.check_agreement(membership.settings(config, dataset, q.g.model_settings),
+    membership.check_agreement(membership.settings(config, q.g.model_settings),
                                sess.run(q.g.members.published), me=config.name,
                                restarted_chief=False)
     if config.is_chief:

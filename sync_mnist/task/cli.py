@@ -16,8 +16,8 @@ The same command in every task, which learns its place from the environment:
     srun --ntasks 4 sync-mnist                                 # a Slurm step: rank 0 is the ps
 
 The model the chief saved (--export-dir, or LOGDIR/saved_model), in TensorFlow 2, no cluster:
-    sync-mnist evaluate --model DIR
-    sync-mnist predict  --model DIR digit.png ...
+    sync-mnist evaluate --saved-model DIR
+    sync-mnist predict  --saved-model DIR image.png ...
 """
 
 from __future__ import annotations
@@ -41,11 +41,11 @@ from sync_mnist.core.config import TaskConfig
 
 def task_parser() -> argparse.ArgumentParser:
     parser = options.Parser(prog="sync-mnist", description="Run one task of a synchronous "
-                            "parameter-server cluster that trains MNIST.",
+                            "parameter-server cluster that trains a model (--model).",
                             epilog="`sync-mnist plot LOGDIR` draws a finished run instead (see "
                                    "`sync-mnist plot --help`); to use a trained model: "
-                                   "sync-mnist evaluate --model DIR, sync-mnist predict "
-                                   "--model DIR IMAGE.png ...")
+                                   "sync-mnist evaluate --saved-model DIR, sync-mnist "
+                                   "predict --saved-model DIR IMAGE.png ...")
     parser.add_argument("--role", help="ps or worker (default: from TF_CONFIG, or from the "
                         "rank in an srun step; given beside TF_CONFIG, it must agree)")
     parser.add_argument("--index", type=int,

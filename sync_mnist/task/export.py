@@ -6,15 +6,12 @@ the weights into it and saves that graph. Nothing of the cluster goes in: no ps 
 strings, no sync queues or accumulators, no optimizer slots, no counters.
 
 Signature `serving_default`: the inputs of the model's serving_input_fn (without one, the
-features as the training data has them), and the outputs of its ModelSpec's predictions. The
-MNIST models' (models/mnist.py):
-  images         uint8 [None, 28, 28]: pixels 0-255 as in MNIST (a white digit on black)
-  probabilities  float32 [None, 10]
-  classes        int64 [None]
+features as the training data has them), and the outputs of its ModelSpec's predictions (the
+built-in models' signature: tools/inference.py, which reads it).
 
 Loaded in TensorFlow 2, with no import of this package:
   model = tf.saved_model.load(DIR)
-  out = model.signatures["serving_default"](images=tf.constant(batch_uint8))
+  out = model.signatures["serving_default"](**inputs)
 """
 
 from __future__ import annotations
@@ -33,10 +30,6 @@ from sync_mnist.core import placement, session
 tf1 = tf.compat.v1
 
 SIGNATURE = "serving_default"
-INPUT = "images"
-PROBABILITIES = "probabilities"
-CLASSES = "classes"
-IMAGE_SIZE = 28
 
 
 class _Serving:

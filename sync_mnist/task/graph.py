@@ -43,22 +43,21 @@ class WorkerGraph(NamedTuple):
 
 
 def build_graph(config: TaskConfig, model: api.Model, example: tuple, num_tokens: int = 0,
-                dataset: str | None = None, target: int | None = None) -> WorkerGraph:
+                target: int | None = None) -> WorkerGraph:
     """This worker's graph: variables on the ps tasks, computation on this worker.
 
     `example` is a batch (features, labels) of the shard, for the placeholders' dtypes and
     shapes. num_tokens is 0 for the fixed setup; question.py passes -1, the stock default.
-    `dataset` (the resolved name) and the model's params and variables are published by the
-    chief and compared by the others. `target` (the run's length: updates in sync mode,
-    local steps per worker in async mode) sets how long the learning rate takes to decay with
-    --lr-decay cosine.
+    The model's params and variables are published by the chief and compared by the others.
+    `target` (the run's length: updates in sync mode, local steps per worker in async mode)
+    sets how long the learning rate takes to decay with --lr-decay cosine.
     """
     n, i = config.cluster.num_workers, config.index
     train, params = config.train, inputs.model_params(config, model)
     features, labels = placement.placeholders(*example)
     recorded = placement.record(model.model_fn, features, labels, api.ModeKeys.TRAIN, params)
     model_settings = membership.model_settings(params, placement.fingerprint(recorded))
-    shared = protocol.build_shared(config, dataset, model_settings)  # Sync: first, as all tasks
+    shared = protocol.build_shared(config, model_settings)  # Sync: first, as all tasks
     # Sync: between-graph replication. Variables go onto the ps tasks (the model's, cut into
     # one slice per ps: placement.py); every other op stays on this worker.
     setter = tf1.train.replica_device_setter(worker_device=f"/job:worker/task:{i}",
@@ -94,5 +93,5 @@ def build_graph(config: TaskConfig, model: api.Model, example: tuple, num_tokens
         stop = early_stop.build_stop_ops(shared.stop, training.token_on_ps,
                                          shared.state.global_step, train.mode)
     report_done = tf.group(*[q.enqueue(i) for q in shared.done_queues])
-    return WorkerGraph(features, labels, spec, model_settings, shared.state, training, shared.members,
-                  report_done, shared.stop, stop)
+    return WorkerGraph(features, labels, spec, model_settings, shared.state, training,
+                       shared.members, report_done, shared.stop, stop)

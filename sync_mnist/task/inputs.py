@@ -16,10 +16,10 @@ log = logging.getLogger(__name__)
 
 
 def model_params(config: TaskConfig, model: api.Model) -> dict:
-    """The params a model's functions are given: its defaults, and the data options."""
+    """The params a model's functions are given: its defaults, the data options it reads (the
+    built-in models that read files: models.data_params), and the seed."""
     train = config.train
-    return {**model.params, "dataset": train.dataset,
-            "data_dir": None if train.data_dir is None else str(train.data_dir),
+    return {**model.params, **models.data_params(train.model, train.data_options),
             "seed": train.seed}
 
 
@@ -64,7 +64,7 @@ def load_shard(config: TaskConfig, model: api.Model) -> tuple[Shard, int, str]:
     shard = Shard(features, labels, index=config.index,
                        num_workers=config.cluster.num_workers, batch_size=train.batch_size,
                        seed=train.seed)
-    source = train.dataset if train.model in models.READ_DATASET else train.model
+    source = models.data_name(train.model, train.data_options) or train.model
     description = f"{source}: {len(labels):,} training examples"
     log.info("dataset %s; this worker's shard: %s examples", description, f"{shard.size:,}")
     return shard, train.train_steps or train.epochs * shard.batches_per_epoch, description

@@ -48,7 +48,7 @@ def join(w: Worker):
     for p, address in enumerate(config.cluster.ps_hosts):
         cluster_lib.wait_reachable(address, f"ps {p}", startup_wait)
     chief_wait = startup_wait
-    mine = membership.settings(config, train.dataset, w.g.model_settings)
+    mine = membership.settings(config, w.g.model_settings)
     waiting_since = time.monotonic()
     if not config.is_chief:
         log.info("%s to initialise the model (polling every %g s, for at most %g s)",

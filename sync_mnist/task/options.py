@@ -91,12 +91,7 @@ def _add_schedule_options(g) -> None:
 
 def _add_file_options(g) -> None:
     """What it reads and writes."""
-    g.add_argument("--dataset", default="mnist", choices=("mnist", "synthetic"),
-                   help="mnist: the complete MNIST (60,000 train / 10,000 test digits); "
-                        "synthetic: generated, not digits, for tests (default: mnist)")
-    g.add_argument("--data-dir", type=Path, default=None,
-                   help="a directory with your own MNIST: the four IDX files (raw or .gz) or "
-                        "mnist.npz (default: none: the copy that ships with sync_mnist)")
+    models.add_data_arguments(g)
     g.add_argument("--logdir", type=Path, default=None,
                    help="chief's checkpoints and TensorBoard summaries; an existing checkpoint "
                         "is resumed (default: none)")
@@ -141,8 +136,8 @@ def _add_protocol_options(g) -> None:
     g.add_argument("--log-every", type=int, default=20,
                    help="local steps between progress lines (default: 20)")
     g.add_argument("--eval-every", type=int, default=None, metavar="K",
-                   help="the chief evaluates on the test digits every K updates (global "
-                        "steps), into TensorBoard (test/accuracy) and the result record "
+                   help="the chief evaluates on the model's evaluation data every K updates "
+                        "(global steps), into TensorBoard (test/accuracy) and the result record "
                         "(default: none: only at the end)")
     g.add_argument("--target-accuracy", type=float, default=None, metavar="A",
                    help="stop the whole cluster, all workers on the same update, at the first "
@@ -172,8 +167,9 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(model=args.model, train_steps=args.train_steps, epochs=epochs,
                        batch_size=args.batch_size, learning_rate=args.learning_rate,
                        lr_decay=args.lr_decay,
-                       optimizer=args.optimizer, seed=args.seed, dataset=args.dataset,
-                       data_dir=args.data_dir, logdir=args.logdir, timeout=args.timeout,
+                       optimizer=args.optimizer, seed=args.seed,
+                       data_options=models.data_options(args),
+                       logdir=args.logdir, timeout=args.timeout,
                        mode=args.mode, log_every=args.log_every, save_steps=args.save_steps,
                        save_secs=args.save_secs, export_dir=_export_dir(args),
                        restart_grace=args.restart_grace, preempt_grace=args.preempt_grace,

@@ -99,7 +99,7 @@ def make_graph(config: TaskConfig, model: api.Model, params: dict, example: tupl
     graph = tf.Graph()
     with graph.as_default():
         tf1.set_random_seed(train.seed)
-        g = build_graph(config, model, example, dataset=train.dataset, target=target)
+        g = build_graph(config, model, example, target=target)
         if train.eval_every:
             evaluation.check_accuracy_metric(model, params, example)
         restore = None

@@ -34,7 +34,7 @@ class TaskResult:
     synchronous: bool | None = None
     verdict: str | None = None
     test_accuracy: float | None = None  # chief only
-    test_loss: float | None = None  # chief only: mean cross-entropy on the test digits
+    test_loss: float | None = None  # chief only: mean loss on the evaluation data
     test_metrics: dict | None = None  # chief only: every eval_metric_ops value of the model
     dataset: str | None = None
     model: str | None = None  # --model: the SPEC it was given

@@ -75,8 +75,8 @@ def _result(w: Worker, joined: Joined, trained: Trained, finished: Finished,
     result = report.TaskResult(role="worker", index=config.index, mode=train.mode,
                                replicas_to_aggregate=w.aggregate, model=train.model)
     result.target_steps = w.target
-    # --dataset is the built-in models' data; a model of the user's brings its own.
-    result.dataset = train.dataset if train.model in models.READ_DATASET else None
+    # The built-in models' data option; a model of the user's brings its own data.
+    result.dataset = models.data_name(train.model, train.data_options)
     result.dataset_description = w.description
     result.ready_at, result.startup_s = joined.ready_at, joined.startup_s
     result.chief_wait_s = joined.chief_wait_s

@@ -17,10 +17,19 @@ from sync_mnist.models import data
 from sync_mnist.tools import png
 from sync_mnist.task import preflight
 from sync_mnist.core.config import ConfigError
-from sync_mnist.task.export import CLASSES, IMAGE_SIZE, INPUT, PROBABILITIES, SIGNATURE
+from sync_mnist.models import mnist
+from sync_mnist.task.export import SIGNATURE
 from sync_mnist.tools.png import ImageError
 
-NUM_CLASSES = 10
+# The signature the built-in MNIST models' SavedModel serves (models/mnist.py):
+#   images         uint8 [None, 28, 28]: pixels 0-255 as in MNIST (a white digit on black)
+#   probabilities  float32 [None, 10]
+#   classes        int64 [None]
+INPUT = mnist.SERVING_INPUT
+PROBABILITIES = "probabilities"
+CLASSES = "classes"
+IMAGE_SIZE = mnist.IMAGE_SIZE
+NUM_CLASSES = mnist.NUM_CLASSES
 BATCH = 1000  # images per call of the model
 
 Model = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]

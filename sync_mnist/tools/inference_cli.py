@@ -25,7 +25,7 @@ def model_parser() -> argparse.ArgumentParser:
         description="The digit in each 28x28 grayscale PNG (white on black, as in MNIST), "
                     "with its probability.")
     for command in (evaluate, predict):
-        command.add_argument("--model", type=Path, required=True,
+        command.add_argument("--saved-model", type=Path, required=True, metavar="DIR",
                              help="the SavedModel directory (required)")
         command.add_argument("--verbose", action="store_true",
                              help="show TensorFlow's C++ logs (default: hidden)")
@@ -45,7 +45,7 @@ def main(argv: list[str]) -> int:
     from sync_mnist.core import tfcompat
 
     try:
-        preflight.check_model_dir(args.model)  # at once, not after TensorFlow's start-up
+        preflight.check_model_dir(args.saved_model)  # at once, not after TensorFlow's start-up
     except config_lib.ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return config_lib.EXIT_USAGE
@@ -54,10 +54,10 @@ def main(argv: list[str]) -> int:
     from sync_mnist.tools import inference
 
     try:
-        model = inference.load_model(args.model)
+        model = inference.load_model(args.saved_model)
         if args.command == "evaluate":
             images, labels, description = inference.test_digits(args.data_dir)
-            print(f"model {args.model} on {description}")
+            print(f"model {args.saved_model} on {description}")
             print(inference.evaluate(model, images, labels).format())
         else:
             for prediction in inference.predict(model, args.images):

@@ -194,7 +194,7 @@ def test_predict_names_every_file_that_is_not_a_28x28_grayscale_png(exported, tm
         tmp_path / "missing.png": "cannot be read",
     }
     (tmp_path / "text.png").write_text("not an image")
-    run = _sync_mnist("predict", "--model", model_dir, good, *bad)
+    run = _sync_mnist("predict", "--saved-model", model_dir, good, *bad)
     assert run.returncode == 2, run.stderr
     assert run.stdout == ""  # nothing classified when any file is bad
     errors = run.stderr.strip().splitlines()
@@ -228,10 +228,10 @@ def test_predict_refuses_a_png_by_its_header_before_decoding_it(tmp_path, monkey
 
 @pytest.mark.parametrize("command", [["evaluate"], ["predict", "x.png"]])
 def test_a_missing_or_non_model_dir_is_named(command, tmp_path):
-    run = _sync_mnist(*command, "--model", tmp_path / "nowhere")
+    run = _sync_mnist(*command, "--saved-model", tmp_path / "nowhere")
     assert run.returncode == 2
     assert run.stderr.strip() == f"error: model directory {tmp_path / 'nowhere'} does not exist"
-    run = _sync_mnist(*command, "--model", tmp_path)
+    run = _sync_mnist(*command, "--saved-model", tmp_path)
     assert run.returncode == 2
     assert f"error: {tmp_path} is not a SavedModel: it has no saved_model.pb" in run.stderr
 
@@ -276,7 +276,7 @@ def test_saved_model_scores_what_the_cluster_scored(trained, trained_in_tf2):
 
 def test_evaluate_reports_accuracy_loss_and_confusion_matrix(trained):
     model_dir, summary, _ = trained
-    run = _sync_mnist("evaluate", "--model", model_dir)
+    run = _sync_mnist("evaluate", "--saved-model", model_dir)
     assert run.returncode == 0, run.stderr
     _, labels, _ = inference.test_digits()
     head = re.search(r"examples=(\d+) accuracy=([\d.]+) loss=([\d.]+)", run.stdout)
@@ -295,7 +295,7 @@ def test_predict_classifies_real_digit_pngs(trained, trained_in_tf2, tmp_path):
     model_dir, _, _ = trained
     images, labels, _ = inference.test_digits()
     paths = [_write_png(tmp_path / f"digit{i}.png", images[i][:, :, None]) for i in range(10)]
-    run = _sync_mnist("predict", "--model", model_dir, *paths)
+    run = _sync_mnist("predict", "--saved-model", model_dir, *paths)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.strip().splitlines()
     out = trained_in_tf2  # the first 10 of its rows are these 10 digits

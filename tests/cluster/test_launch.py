@@ -46,7 +46,7 @@ if "stall" in options:
     launch.STALL_ALLOWANCE_SECS = options["stall"]
 sys.exit(launch.run_cluster(
     num_ps=1, num_workers=3, base_port=0, isolate="off", task_args=["--timeout", "1"],
-    train=TrainConfig(train_steps=2, timeout=1.0, dataset="synthetic",
+    train=TrainConfig(train_steps=2, timeout=1.0, data_options={"dataset": "synthetic"},
                       replicas_to_aggregate=options.get("replicas")),
     max_restarts=options.get("max_restarts", 0), summary_json=Path(marks) / "cluster.json"))
 """
@@ -139,7 +139,8 @@ def test_the_launchers_summary_json_is_checked_before_any_task_starts(tmp_path, 
     monkeypatch.setattr(launch, "TASK_COMMAND", [sys.executable, FAKE_TASK, "not-synchronous",
                                                  str(tmp_path)])
     code = launch.run_cluster(num_ps=1, num_workers=2, base_port=0, isolate="off", task_args=[],
-                              train=TrainConfig(train_steps=2, timeout=1.0, dataset="synthetic"),
+                              train=TrainConfig(train_steps=2, timeout=1.0,
+                                                data_options={"dataset": "synthetic"}),
                               summary_json=tmp_path)
     assert code == EXIT_USAGE
     assert capsys.readouterr().err.splitlines() == [

@@ -137,7 +137,7 @@ TASK_ERRORS = {
                                            "the target is checked at those evaluations"),
     "negative target accuracy": ([*WORKER_1, "--target-accuracy", "-0.1", "--eval-every", "5"],
                                  None, "error: --target-accuracy must be in (0, 1], a fraction "
-                                       "of the test digits, got -0.1"),
+                                       "of the evaluation examples, got -0.1"),
     "malformed TF_CONFIG": (["--role", "worker", "--index", "0"], '{"cluster": {ps: []}}',
                             "error: TF_CONFIG is not valid JSON (Expecting property name "
                             "enclosed in double quotes at character 13)"),
@@ -326,10 +326,10 @@ LAUNCH_ERRORS = {
                                            "the target is checked at those evaluations"),
     "target accuracy above 1": (["--target-accuracy", "97", "--eval-every", "100"],
                                 "error: --target-accuracy must be in (0, 1], a fraction of the "
-                                "test digits, got 97.0"),
+                                "evaluation examples, got 97.0"),
     "target accuracy 0": (["--target-accuracy", "0", "--eval-every", "100"],
-                          "error: --target-accuracy must be in (0, 1], a fraction of the test "
-                          "digits, got 0.0"),
+                          "error: --target-accuracy must be in (0, 1], a fraction of the "
+                          "evaluation examples, got 0.0"),
     "zero eval-every": (["--eval-every", "0"],
                         "error: --eval-every must be a positive integer, got 0"),
     "eval-every in the question's replay": (["--eval-every", "10", "--setup", "question"],

@@ -28,10 +28,10 @@ HOSTS3 = ("--ps-hosts", "h:1", "--worker-hosts", "a:1,b:1,c:1")
 
 
 def test_settings_leave_hosts_out_and_compare_equal_across_tasks():
-    chief = membership.settings(_config("--role", "worker", "--index", "0", *HOSTS3), "synthetic")
+    chief = membership.settings(_config("--role", "worker", "--index", "0", *HOSTS3))
     # Worker 1 calls its own host localhost: the same cluster.
     worker = membership.settings(_config("--role", "worker", "--index", "1", "--ps-hosts", "h:1",
-                                         "--worker-hosts", "a:1,localhost:1,c:1"), "synthetic")
+                                         "--worker-hosts", "a:1,localhost:1,c:1"))
     assert worker == chief
     membership.check_agreement(worker, json.dumps(chief), me="worker 1", restarted_chief=False)
     ps = membership.settings(_config("--role", "ps", "--index", "0", *HOSTS3))
@@ -58,9 +58,8 @@ def test_settings_leave_hosts_out_and_compare_equal_across_tasks():
      "has none (the default)"),
 ])
 def test_a_difference_is_one_line_naming_both_values(argv, restarted, expected):
-    chief = membership.settings(_config("--role", "worker", "--index", "0", *HOSTS3), "synthetic")
-    mine = membership.settings(_config("--role", "worker", "--index", "1", *HOSTS3, *argv),
-                               "synthetic")
+    chief = membership.settings(_config("--role", "worker", "--index", "0", *HOSTS3))
+    mine = membership.settings(_config("--role", "worker", "--index", "1", *HOSTS3, *argv))
     with pytest.raises(ConfigError) as raised:
         membership.check_agreement(mine, json.dumps(chief), me="worker 1",
                                    restarted_chief=restarted)

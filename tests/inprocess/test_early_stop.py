@@ -94,7 +94,7 @@ def test_a_worker_without_the_chiefs_target_is_refused_naming_both_values():
     def settings(index, **flags):
         config = TaskConfig(role="worker", index=index, cluster=layout,
                             train=TrainConfig(train_steps=5, **flags))
-        return membership.settings(config, "synthetic")
+        return membership.settings(config)
 
     chief = json.dumps(settings(0, eval_every=5, target_accuracy=0.9))
     with pytest.raises(ConfigError, match=r"^worker 1 has --eval-every none \(the default\) but "
@@ -115,7 +115,7 @@ def _step_and_update_ops(flags: dict) -> tuple[dict, dict, object]:
     config = TaskConfig(role="worker", index=0, cluster=ClusterLayout(("p:1",), ("w0:1", "w1:1")),
                         train=TrainConfig(train_steps=5, **flags))
     with tf.Graph().as_default():
-        g = mlp_graph.build_graph(config, dataset="synthetic", target=5)
+        g = mlp_graph.build_graph(config, target=5)
         runner = g.training.optimizer.get_chief_queue_runner()
 
         def closure(fetches):

@@ -181,7 +181,7 @@ def _placement(num_ps: int, index: int) -> dict[str, tuple[str, int]]:
                                               ("w0:1", "w1:1", "w2:1")),
                         train=TrainConfig(train_steps=1))
     with tf.Graph().as_default():
-        mlp_graph.build_graph(config, dataset="synthetic")
+        mlp_graph.build_graph(config)
         return {v.op.name: (v.device, v.shape.num_elements() * v.dtype.size)
                 for v in tf1.global_variables()}
 
@@ -217,7 +217,7 @@ def test_the_update_runs_on_the_ps_alone_and_the_sync_state_on_ps_0():
                         cluster=ClusterLayout(("p0:1", "p1:1"), ("w0:1", "w1:1")),
                         train=TrainConfig(train_steps=10))
     with tf.Graph().as_default():
-        g = mlp_graph.build_graph(config, dataset="synthetic", target=10)
+        g = mlp_graph.build_graph(config, target=10)
         shared = {v.op.name: v.device for v in tf1.global_variables()
                   if v.op.name == "global_step" or v.op.name.startswith("sync_")}
         (update,) = g.training.optimizer.get_chief_queue_runner().enqueue_ops
@@ -239,7 +239,7 @@ def _worker_graph(num_ps: int):
                                               ("w0:1", "w1:1")))
     graph = tf.Graph()
     with graph.as_default():
-        g = mlp_graph.build_graph(config, dataset="synthetic", target=10)
+        g = mlp_graph.build_graph(config, target=10)
         (update,) = g.training.optimizer.get_chief_queue_runner().enqueue_ops
     return graph, update
 
@@ -331,4 +331,4 @@ def test_the_cnns_moving_statistics_move_in_the_update_and_not_in_a_step():
 def worker_graph(config, model):
     from sync_mnist.task.graph import build_graph
 
-    return build_graph(config, model, EXAMPLE, dataset="mnist", target=10)
+    return build_graph(config, model, EXAMPLE, target=10)

@@ -128,7 +128,7 @@ def _wrong_width(features, labels, mode, params):
                          "digits, _ and /, and not one of the progress line's own (step, "
                          "global_step, loss, examples_per_sec, contributions)"),
     (_metric_named_with_a_space, "ModelSpec: train_metrics['my loss']: a name must be a word of "
-                                 "letters, digits, _ and /, and not one of the progress line's "
+                                 "letters, numbers, _ and /, and not one of the progress line's "
                                  "own (step, global_step, loss, examples_per_sec, "
                                  "contributions)"),
     (_not_a_spec, "the model function returned SymbolicTensor in mode 'train', not a "
@@ -251,8 +251,8 @@ from mlp_graph import prepared_graph
 def test_a_worker_with_another_version_of_the_model_is_named():
     one = _graph()
     other = _graph(_wrong_width_but_builds)
-    mine = membership.settings(other.config, "mnist", other.g.model_settings)
-    published = membership.settings(one.config, "mnist", one.g.model_settings)
+    mine = membership.settings(other.config, other.g.model_settings)
+    published = membership.settings(one.config, one.g.model_settings)
     import json
 
     with pytest.raises(ConfigError) as raised:

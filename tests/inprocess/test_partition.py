@@ -39,7 +39,8 @@ class _Chief:
         hosts = spec.as_dict()
         layout = ClusterLayout(tuple(hosts["ps"]), tuple(hosts["worker"]))
         self.config = TaskConfig(role="worker", index=0, cluster=layout, train=TrainConfig(
-            train_steps=100, dataset="synthetic", logdir=logdir, wire_dtype=wire_dtype))
+            train_steps=100, data_options={"dataset": "synthetic"}, logdir=logdir,
+            wire_dtype=wire_dtype))
         dataset = data.make_synthetic(0)
         self.shard = Shard(dataset.train_images, dataset.train_labels, index=0,
                                 num_workers=1, batch_size=100, seed=0)
@@ -47,7 +48,7 @@ class _Chief:
         self.status = session.SessionStatus()
         with self.graph.as_default():
             tf1.set_random_seed(num_ps)  # another start for each K: only a restore equals them
-            self.g = mlp_graph.build_graph(self.config, dataset="synthetic", target=100)
+            self.g = mlp_graph.build_graph(self.config, target=100)
             self.kept = [v for v in tf1.global_variables()
                          if all(v is not t for t in self.g.transient)]
             if logdir:  # as prepare.make_graph checks it
@@ -315,10 +316,10 @@ def test_a_chief_refuses_to_initialise_a_model_one_ps_of_which_kept_its_share():
     hosts = spec.as_dict()
     layout = ClusterLayout(tuple(hosts["ps"]), tuple(hosts["worker"]))
     config = TaskConfig(role="worker", index=0, cluster=layout,
-                        train=TrainConfig(train_steps=10, dataset="synthetic"))
+                        train=TrainConfig(train_steps=10, data_options={"dataset": "synthetic"}))
     graph = tf.Graph()
     with graph.as_default():
-        g = mlp_graph.build_graph(config, dataset="synthetic", target=10)
+        g = mlp_graph.build_graph(config, target=10)
         on_ps0 = [v for v in tf1.global_variables() if v.device == "/job:ps/task:0"]
         assert 0 < len(on_ps0) < len(tf1.global_variables())
         with tf1.Session(servers[0].target) as sess:  # what ps 0 kept
