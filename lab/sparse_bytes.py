@@ -44,7 +44,7 @@ def measure(rows: int, num_ps: int, traced: int, batch_size: int = 100,
     import tensorflow as tf
 
     from sync_mnist.models import data
-    from sync_mnist.core import session
+    from sync_mnist.core import sessions
     from sync_mnist.task import worker
     from sync_mnist.core.cluster import ClusterLayout, free_ports
     from sync_mnist.core.config import TaskConfig, TrainConfig
@@ -75,10 +75,10 @@ def measure(rows: int, num_ps: int, traced: int, batch_size: int = 100,
     graph = tf.Graph()
     with graph.as_default():
         g = worker.build_graph(config, model, shard.batch(0), target=traced + 1)
-        sess = session.monitored_session(
+        sess = sessions.monitored_session(
             chief.target, is_chief=True, hooks=g.training.hooks,
-            config=session.session_config(layout.device_filters("worker", 0)), timeout=120,
-            transient=g.transient, status=session.SessionStatus())
+            config=sessions.session_config(layout.device_filters("worker", 0)), timeout=120,
+            transient=g.transient, status=sessions.SessionStatus())
     moved = []
     try:
         options = tf1.RunOptions(timeout_in_ms=120_000)

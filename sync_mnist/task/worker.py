@@ -17,13 +17,13 @@ import tensorflow as tf
 
 from sync_mnist.core import cluster as cluster_lib
 from sync_mnist import api, models
-from sync_mnist.core import (audit, early_stop, membership, optimizers, placement, protocol,
-                             session, sync)
+from sync_mnist.core import (audit, bounded, checkpoints, early_stop, membership, optimizers,
+                             placement, protocol, sessions, sync)
 from sync_mnist.models import data, registry
 from sync_mnist.task import evaluation, export, progress_log, preemption, report
 from sync_mnist.core import verdict as verdict_lib
-from sync_mnist.core.config import START_SECS, TaskConfig, TaskTimeout
-from sync_mnist.core.session import SideSession
+from sync_mnist.core.config import START_SECS, TaskConfig, TaskTimeout, first_line
+from sync_mnist.core.sessions import SideSession
 
 tf1 = tf.compat.v1
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ def no_silent_end(me: str):
         yield
     except (tf.errors.OutOfRangeError, StopIteration) as e:
         raise StepCutShort(f"{me}: a step ended in {type(e).__name__} (a queue on the ps was "
-                           f"closed under it): {session.first_line(e)}") from e
+                           f"closed under it): {first_line(e)}") from e
 
 
 class _Graph(NamedTuple):
@@ -225,10 +225,10 @@ def silent_ps(side, graph: tf.Graph, cluster: cluster_lib.ClusterLayout) -> list
         why = membership.probe(address)
         if why is None and p in one_each:
             # Bounded twice: a fetch new to this session registers its graph first, which
-            # no RunOptions bound (session.bounded_call).
+            # no RunOptions bound (bounded.bounded_call).
             read = tf1.RunOptions(timeout_in_ms=int(SILENT_READ_SECS * 1000))
             try:
-                session.bounded_call(lambda v=one_each[p]: side.run(v, options=read),
+                bounded.bounded_call(lambda v=one_each[p]: side.run(v, options=read),
                                      SILENT_READ_SECS + 1, f"a read of ps {p}")
             except (tf.errors.DeadlineExceededError, TaskTimeout) as e:
                 if isinstance(e, TaskTimeout):
@@ -290,7 +290,7 @@ class WorkerRun:
         if server is None:
             server = config.cluster.server("worker", i)
         self.server = server
-        self.tf_config = session.session_config(config.cluster.device_filters("worker", i))
+        self.tf_config = sessions.session_config(config.cluster.device_filters("worker", i))
 
     def make_graph(self) -> None:
         if self.config.is_chief and not self.train_config.logdir:
@@ -311,7 +311,7 @@ class WorkerRun:
                 # has nothing left to train (in async mode, each worker's local steps count).
                 # A damaged newest checkpoint is passed over: the chief restores the one chosen.
                 transient = self.g.transient
-                self.restore = session.check_checkpoint(self.logdir, [
+                self.restore = checkpoints.check_checkpoint(self.logdir, [
                     v for v in tf1.global_variables() if all(v is not t for t in transient)],
                     planned=self.target if self.train_config.mode == "sync" else None)
             # The writer CheckpointSaverHook also uses (one cache per logdir): one events file.
@@ -332,14 +332,14 @@ class WorkerRun:
         waiting_since = time.monotonic()
         if not config.is_chief:
             log.info("%s to initialise the model (polling every %g s, for at most %g s)",
-                     report.WAITING_FOR_CHIEF, session.READY_POLL_SECS, chief_wait)
+                     report.WAITING_FOR_CHIEF, sessions.READY_POLL_SECS, chief_wait)
             # Sync: compare settings with the chief's as soon as it has published them, before
             # anything that a different cluster size or model would break.
             with self.graph.as_default():
                 _check_published(SideSession(self.server.target, self.graph, self.tf_config),
                                  self.g.members, mine, config.name, chief_wait,
                                  f"worker 0 at {config.cluster.address('worker', 0)}")
-        status = session.SessionStatus()
+        status = sessions.SessionStatus()
         monitored = self._monitored_session(status, chief_wait)
         self.side = SideSession(self.server.target, self.graph, self.tf_config,
                                 config.cluster.ps_hosts)
@@ -360,11 +360,11 @@ class WorkerRun:
         if self.writer:
             self.writer.close()
 
-    def _monitored_session(self, status: session.SessionStatus, chief_wait: float):
+    def _monitored_session(self, status: sessions.SessionStatus, chief_wait: float):
         config, train = self.config, self.train_config
         with self.graph.as_default():
             try:
-                return session.monitored_session(
+                return sessions.monitored_session(
                     self.server.target, is_chief=config.is_chief, hooks=self.g.training.hooks,
                     config=self.tf_config, timeout=chief_wait,
                     checkpoint_dir=str(self.logdir) if self.logdir else None,
@@ -377,7 +377,7 @@ class WorkerRun:
                     f"worker {config.index}: waited {chief_wait:g} s for the chief (worker 0 at "
                     f"{config.cluster.address('worker', 0)}) to initialise the model") from None
 
-    def _take_position(self, status: session.SessionStatus, mine: dict) -> None:
+    def _take_position(self, status: sessions.SessionStatus, mine: dict) -> None:
         """Where this worker starts: global_step, or its predecessor's token after a rejoin."""
         config, train, side, g = self.config, self.train_config, self.side, self.g
         if status.model == "continued":
@@ -466,12 +466,12 @@ class WorkerRun:
             self._save_final(sess)
 
     def _save_final(self, sess) -> None:
-        """session.save_final; its timeout (a bounded_call's, which names no ps) also says which
+        """sessions.save_final; its timeout (a bounded_call's, which names no ps) also says which
         ps is silent, so that the launcher restarts that ps, not only this task (found by make
         chaos: ps 0 of 2 frozen as the chief saved; the workers named ps 0 and the chief did not,
         and the launcher had no restart left for the chief)."""
         try:
-            session.save_final(sess, self.status)
+            sessions.save_final(sess, self.status)
         except TaskTimeout as e:
             e.handled()  # raised again below, arming its own last resort
             missing = _missing(self.side, self.graph, self.config.cluster)
@@ -595,11 +595,11 @@ class WorkerRun:
 
     def _write_model(self) -> Exception | None:
         """Writes the SavedModel; the error if it could not. A disk with no room is tried again
-        for half of --timeout (session.retry_for_room: a disk freed meanwhile keeps the run's
+        for half of --timeout (checkpoints.retry_for_room: a disk freed meanwhile keeps the run's
         product), well inside the ps's bound on the done reports (--timeout +
         --restart-grace without progress); not once a preemption has been asked for."""
         try:
-            _, tries = session.retry_for_room(
+            _, tries = checkpoints.retry_for_room(
                 lambda: export.write_saved_model(self.model, self.params, self.example,
                                                  self.weights, self.export_dir),
                 export.ExportError, self.train_config.timeout / 2, stop=preemption.signalled)
@@ -648,11 +648,11 @@ def report_done(target: str, graph: tf.Graph, op: tf.Operation, tf_config: tf1.C
             # the call has returned here; a ps that is gone has nothing left to wait for.
             log.info("the ps had exited by the end of my done report")
         finally:
-            session.close_bounded(done.close, done)
+            bounded.close_bounded(done.close, done)
 
     # Sync: a ps that accepts connections but does not answer would hold the session's creation
     # and first run past any RunOptions.
-    session.bounded_call(report, timeout, f"{me}: waited {timeout:g} s to report done to the "
+    bounded.bounded_call(report, timeout, f"{me}: waited {timeout:g} s to report done to the "
                                           f"ps ({', '.join(ps_hosts)})")
 
 
@@ -669,7 +669,7 @@ def _check_published(side: SideSession, members: membership.Membership, mine: di
             if time.monotonic() > deadline:
                 raise TaskTimeout(f"{me}: waited {wait:g} s for the chief ({chief}) to "
                                   "initialise the model")
-            time.sleep(session.READY_POLL_SECS)
+            time.sleep(sessions.READY_POLL_SECS)
         published = side.run(members.published, options=poll)
     except tf.errors.OpError:
         return  # the session creation that follows waits for the ps and reports it

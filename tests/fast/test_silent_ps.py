@@ -67,7 +67,7 @@ def test_a_timeout_names_the_ps_that_do_not_answer_and_why():
 
 
 def test_a_final_save_that_timed_out_names_the_silent_ps(monkeypatch):
-    from sync_mnist.core import session
+    from sync_mnist.core import sessions
     from sync_mnist.core.config import TaskConfig, TaskTimeout, TrainConfig
 
     ports, layout, graph = _cluster(2)
@@ -76,7 +76,7 @@ def test_a_final_save_that_timed_out_names_the_silent_ps(monkeypatch):
         raise TaskTimeout("waited 20 s for the ps (...) in _SharedCheckpointSaverHook.end; it "
                           "did not answer")
 
-    monkeypatch.setattr(session, "save_final", save_final)
+    monkeypatch.setattr(sessions, "save_final", save_final)
     run = worker.WorkerRun.__new__(worker.WorkerRun)  # the fields _save_final reads
     run.side, run.graph, run.status = _Side(frozen={0}), graph, None
     run.config = TaskConfig(role="worker", index=0, cluster=layout,
