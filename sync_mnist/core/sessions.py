@@ -275,7 +275,7 @@ def monitored_session(master: str, *, is_chief: bool, hooks: list, config: tf1.C
       restore: the checkpoint the chief's first session restores, if the model is not on the
         ps (check_checkpoint's choice); later sessions restore the latest in checkpoint_dir.
       events: the checkpoint saver's writer for its notes in the events file, in place of
-        TensorFlow's own (metrics.EventsWriter: a full disk does not fail the run).
+        TensorFlow's own (progress_log.EventsWriter: a full disk does not fail the run).
     """
     status = status if status is not None else SessionStatus()
     tf.get_logger().addFilter(_recovery_log_filter)  # idempotent: a logger holds a filter once
