@@ -44,7 +44,7 @@ def measure(rows: int, num_ps: int, traced: int, batch_size: int = 100,
     import tensorflow as tf
 
     from sync_mnist.core.shard import Shard
-    from sync_mnist.core import session
+    from sync_mnist.core import sessions
     from sync_mnist.task.graph import build_graph
     from sync_mnist.task.inputs import input_data, model_params
     from sync_mnist.core.cluster import ClusterLayout, free_ports
@@ -76,10 +76,10 @@ def measure(rows: int, num_ps: int, traced: int, batch_size: int = 100,
     graph = tf.Graph()
     with graph.as_default():
         g = build_graph(config, model, shard.batch(0), target=traced + 1)
-        sess = session.monitored_session(
+        sess = sessions.monitored_session(
             chief.target, is_chief=True, hooks=g.training.hooks,
-            config=session.session_config(layout.device_filters("worker", 0)), timeout=120,
-            transient=g.transient, status=session.SessionStatus())
+            config=sessions.session_config(layout.device_filters("worker", 0)), timeout=120,
+            transient=g.transient, status=sessions.SessionStatus())
     moved = []
     try:
         options = tf1.RunOptions(timeout_in_ms=120_000)

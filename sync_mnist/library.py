@@ -106,7 +106,7 @@ class SyncOptimizer:
                 raise TaskTimeout(f"worker {self._index}: waited {self._timeout:g} s for the "
                                   f"chief ({self._layout.address('worker', 0)}) to initialise "
                                   "the model")
-        self._sess = _Bounded(sess, self._bounded, self._index)
+        self._sess = _BoundedRuns(sess, self._bounded, self._index)
         return self._sess
 
     def finish(self, sess) -> str:
@@ -128,7 +128,7 @@ class SyncOptimizer:
         return f"verdict: {verdict.line}"
 
 
-class _Bounded:
+class _BoundedRuns:
     """A session whose every run is bounded (RunOptions' timeout), unless given options."""
 
     def __init__(self, sess, bounded: tf1.RunOptions, index: int):

@@ -79,7 +79,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 # A test marked own_process leaves a TensorFlow call that never returns in a thread it abandons:
-# the bound under test abandons it, and a task then ends its process (session.bounded_call).
+# the bound under test abandons it, and a task then ends its process (bounded.bounded_call).
 # Left in a test process that goes on to other tests, such a call can abort it later: CI saw
 # "Fatal Python error: Aborted" in an xdist test process, in the abandoned wait of test_ps.py's
 # ps for a sibling that never came, once its port was free for another test's server. So each

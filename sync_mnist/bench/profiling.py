@@ -66,7 +66,7 @@ def _profile_against(out: Path, ps: str, worker_address: str, timed_steps: int,
     from sync_mnist.core import cluster as cluster_lib
     from sync_mnist.core.shard import Shard
     from sync_mnist.models import data
-    from sync_mnist.core import session
+    from sync_mnist.core import sessions
     from sync_mnist.task import worker
     from sync_mnist.task.graph import build_graph
     from sync_mnist.task.inputs import input_data, model_params
@@ -97,7 +97,7 @@ def _profile_against(out: Path, ps: str, worker_address: str, timed_steps: int,
         update_op = optimizer._chief_queue_runner.enqueue_ops[0]  # pylint: disable=protected-access
         init = [tf1.global_variables_initializer(), tf1.local_variables_initializer()]
     sess = tf1.Session(server.target, graph=graph,
-                       config=session.session_config(layout.device_filters("worker", 0)))
+                       config=sessions.session_config(layout.device_filters("worker", 0)))
     sess.run(init)
     sess.run([optimizer.chief_init_op, optimizer.local_step_init_op])
     full = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE, output_partition_graphs=True)

@@ -161,14 +161,35 @@ def from_tf_config(text: str) -> tuple[ClusterLayout, str, int]:
         of a list ("sparseCluster", TFJob's enableDynamicWorker): SyncReplicasOptimizer
         averages a fixed number of workers' gradients, so the workers cannot come and go.
     """
+    config = _tf_config_json(text)
+    cluster, role, index = _tf_config_cluster_and_task(config)
+    chief_jobs = [job for job in CHIEF_JOBS if cluster.get(job)]
+    chief = [host for job in chief_jobs for host in cluster[job]]
+    if len(chief) > 1:
+        raise ClusterError(f"TF_CONFIG has {len(chief)} chief tasks ({', '.join(chief)}); "
+                           "a cluster has at most one")
+    layout = ClusterLayout(tuple(cluster.get("ps", [])),
+                           tuple(chief) + tuple(cluster.get("worker", [])))
+    role, index = _tf_config_task(cluster, chief_jobs, chief, role, index)
+    layout.check_task(role, index)
+    return layout, role, index
+
+
+def _tf_config_json(text: str):
+    """TF_CONFIG's value, parsed; a ClusterError if it is not JSON Python can read."""
     try:
-        config = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise ClusterError(f"TF_CONFIG is not valid JSON ({e.msg} at character {e.pos})") from None
     except ValueError as e:  # a number of more than 4300 digits (Python's limit for int())
         raise ClusterError(f"TF_CONFIG cannot be read: {e}") from None
     except RecursionError:
         raise ClusterError("TF_CONFIG is nested too deeply to be read") from None
+
+
+def _tf_config_cluster_and_task(config) -> tuple[dict, str, object]:
+    """TF_CONFIG's "cluster" and this task's type and index, as given; a ClusterError for a
+    TF_CONFIG without them, or with what sync-mnist cannot run (from_tf_config says what)."""
     if isinstance(config, dict) and "sparseCluster" in config:
         raise ClusterError("TF_CONFIG has a \"sparseCluster\" (a TFJob with enableDynamicWorker): "
                            "synchronous training needs a fixed list of workers; set "
@@ -195,13 +216,13 @@ def from_tf_config(text: str) -> tuple[ClusterLayout, str, int]:
         if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
             raise ClusterError(f"TF_CONFIG's {job!r} job is not a list of host:port strings: "
                                f"{hosts!r}")
-    chief_jobs = [job for job in CHIEF_JOBS if cluster.get(job)]
-    chief = [host for job in chief_jobs for host in cluster[job]]
-    if len(chief) > 1:
-        raise ClusterError(f"TF_CONFIG has {len(chief)} chief tasks ({', '.join(chief)}); "
-                           "a cluster has at most one")
-    layout = ClusterLayout(tuple(cluster.get("ps", [])),
-                           tuple(chief) + tuple(cluster.get("worker", [])))
+    return cluster, role, index
+
+
+def _tf_config_task(cluster: dict, chief_jobs: list[str], chief: list[str], role: str,
+                    index) -> tuple[str, int]:
+    """This task's role and index in the layout: a chief (or master) task is worker 0, and
+    with one, the "worker" job's tasks follow it."""
     if not isinstance(index, int) or isinstance(index, bool):
         raise ClusterError(f"TF_CONFIG task index {index!r} is not an integer")
     if role in CHIEF_JOBS:
@@ -219,8 +240,7 @@ def from_tf_config(text: str) -> tuple[ClusterLayout, str, int]:
                                f"\"worker\" job ({count} task{'s' if count != 1 else ''}"
                                f"{f': 0-{count - 1}' if count else ''})")
         index += len(chief)  # worker 0 is the chief: TF_CONFIG's workers follow it
-    layout.check_task(role, index)
-    return layout, role, index
+    return role, index
 
 
 def from_slurm(environ: Mapping[str, str], num_ps: int = DEFAULT_NUM_PS,
@@ -245,18 +265,34 @@ def from_slurm(environ: Mapping[str, str], num_ps: int = DEFAULT_NUM_PS,
       ClusterError: a variable is missing or malformed, the step is too small, a node is
         listed twice, or this rank would be given an address that is not its own.
     """
-    from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver as slurm
-
-    def var(name: str) -> str:
-        if not environ.get(name):
-            raise ClusterError(f"{name} is not set: not inside an srun step? (SLURM_PROCID is "
-                               f"{environ.get('SLURM_PROCID')!r})")
-        return environ[name]
-
-    rank = _whole_number(var("SLURM_PROCID"))
+    rank = _whole_number(_slurm_var(environ, "SLURM_PROCID"))
     if rank is None:
         raise ClusterError(f"SLURM_PROCID {environ['SLURM_PROCID']!r} is not a task rank")
-    nodelist, tasks_per_node = var("SLURM_STEP_NODELIST"), var("SLURM_STEP_TASKS_PER_NODE")
+    nodelist = _slurm_var(environ, "SLURM_STEP_NODELIST")
+    tasks_per_node = _slurm_var(environ, "SLURM_STEP_TASKS_PER_NODE")
+    nodes, counts = _slurm_nodes(nodelist, tasks_per_node)
+    _check_slurm_step(counts, tasks_per_node, rank, num_ps, base_port)
+    addresses = [f"{node}:{base_port + local}"
+                 for node, count in zip(nodes, counts) for local in range(count)]
+    layout = ClusterLayout(tuple(addresses[:num_ps]), tuple(addresses[num_ps:]))
+    role, index = ("ps", rank) if rank < num_ps else ("worker", rank - num_ps)
+    _check_block_distribution(environ, layout, role, index, rank, base_port)
+    return layout, role, index
+
+
+def _slurm_var(environ: Mapping[str, str], name: str) -> str:
+    """srun's variable `name`; a ClusterError if it is not set (not inside an srun step)."""
+    if not environ.get(name):
+        raise ClusterError(f"{name} is not set: not inside an srun step? (SLURM_PROCID is "
+                           f"{environ.get('SLURM_PROCID')!r})")
+    return environ[name]
+
+
+def _slurm_nodes(nodelist: str, tasks_per_node: str) -> tuple[list[str], list[int]]:
+    """The step's nodes, in Slurm's order, and the count of tasks on each; a ClusterError if
+    either list is malformed or too long, names a node twice, or the two do not match."""
+    from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver as slurm
+
     for name, value in (("SLURM_STEP_NODELIST", nodelist),
                         ("SLURM_STEP_TASKS_PER_NODE", tasks_per_node)):
         if _expansion_bound(value) > MAX_SLURM_TASKS:
@@ -275,6 +311,13 @@ def from_slurm(environ: Mapping[str, str], num_ps: int = DEFAULT_NUM_PS,
     if len(nodes) != len(counts):
         raise ClusterError(f"SLURM_STEP_NODELIST names {len(nodes)} nodes but "
                            f"SLURM_STEP_TASKS_PER_NODE counts tasks for {len(counts)}")
+    return nodes, counts
+
+
+def _check_slurm_step(counts: list[int], tasks_per_node: str, rank: int, num_ps: int,
+                      base_port: int) -> None:
+    """A ClusterError unless the step's tasks fit: a worker beside the ps, ports for every
+    task on a node, and this rank among them."""
     total = sum(counts)
     if total > MAX_SLURM_TASKS:
         raise ClusterError(f"SLURM_STEP_TASKS_PER_NODE {tasks_per_node!r} counts {total} tasks, "
@@ -287,10 +330,12 @@ def from_slurm(environ: Mapping[str, str], num_ps: int = DEFAULT_NUM_PS,
                            f"{base_port}-{base_port + max(counts) - 1}, outside 1-65535")
     if rank >= total:
         raise ClusterError(f"SLURM_PROCID {rank} is outside the step's {total} tasks")
-    addresses = [f"{node}:{base_port + local}"
-                 for node, count in zip(nodes, counts) for local in range(count)]
-    layout = ClusterLayout(tuple(addresses[:num_ps]), tuple(addresses[num_ps:]))
-    role, index = ("ps", rank) if rank < num_ps else ("worker", rank - num_ps)
+
+
+def _check_block_distribution(environ: Mapping[str, str], layout: ClusterLayout, role: str,
+                              index: int, rank: int, base_port: int) -> None:
+    """A ClusterError if SLURMD_NODENAME and SLURM_LOCALID, where set, place this rank
+    elsewhere than the address the layout gives it."""
     node, local = environ.get("SLURMD_NODENAME"), _whole_number(environ.get("SLURM_LOCALID", ""))
     if node and local is not None:
         mine, given = f"{node}:{base_port + local}", layout.address(role, index)
@@ -299,7 +344,6 @@ def from_slurm(environ: Mapping[str, str], num_ps: int = DEFAULT_NUM_PS,
                 f"Slurm rank {rank} runs on {node} (local task {local}), but a block "
                 f"distribution makes it {role} {index} at {given}: the ranks must fill the "
                 "nodes in order (srun --distribution=block)")
-    return layout, role, index
 
 
 # A real step has far fewer nodes and tasks; a range such as n[1-999999999] would have

@@ -95,6 +95,13 @@ class TaskTimeout(RuntimeError):
             self._timer.cancel()
 
 
+def first_line(error: Exception) -> str:
+    """The error's first line (its type's name if it has no text); of a TensorFlow error, its
+    message's, without the op's traceback that str() adds."""
+    text = getattr(error, "message", None) or str(error)
+    return (text.strip().splitlines() or [type(error).__name__])[0]
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """What every task of one cluster must agree on."""

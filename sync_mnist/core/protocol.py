@@ -8,7 +8,7 @@ The protocol, in the order it happens (where each step lives in brackets):
      them its settings (`membership.published`). Every other task, the ps included, compares
      its own settings with them and exits 2 on a difference [membership.py].
   3. **Ready.** A non-chief worker polls every 0.25 s until the chief has initialised the
-     model, where `tf.train.Supervisor` waited 30 s between polls [session.py].
+     model, where `tf.train.Supervisor` waited 30 s between polls [sessions.py].
   4. **Lockstep.** Each local step, a worker pushes one gradient and waits for a token. With
      `num_tokens=0` a token comes only from the update that its gradient joined; the chief's
      queue runner makes each update from R gradients, adds 1 to global_step and hands every

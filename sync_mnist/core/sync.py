@@ -119,6 +119,19 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
     optimizer = _WithState(optimizer, [s for _, s in state_deltas]) if state_deltas else optimizer
     if mode == "async":
         return _async_train_op(grads_and_vars, state, optimizer, worker_index, wire_dtype)
+    return _sync_train_op(grads_and_vars, state, optimizer, worker_index=worker_index,
+                          num_workers=num_workers, replicas_to_aggregate=replicas_to_aggregate,
+                          is_chief=is_chief, num_tokens=num_tokens, last_push=last_push,
+                          proof=proof, after_update=after_update, wire_dtype=wire_dtype)
+
+
+def _sync_train_op(grads_and_vars, state: SharedState, optimizer: tf1.train.Optimizer, *,
+                   worker_index: int, num_workers: int, replicas_to_aggregate: int,
+                   is_chief: bool, num_tokens: int, last_push: tf.Variable | None, proof: bool,
+                   after_update: Callable[[tf.Tensor], tf.Operation] | None,
+                   wire_dtype: str) -> SyncTraining:
+    """--mode sync: SyncReplicasOptimizer around `optimizer`, with owned tokens when R = N and
+    none preloaded, the counters (unless not `proof`) and the rejoin ops."""
     who, local_step = _who_and_local_step(state, num_workers, proof)
     grads_and_vars = _copy_count_push(grads_and_vars, state, who, local_step,
                                       worker_index=worker_index, num_workers=num_workers,

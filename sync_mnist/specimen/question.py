@@ -30,7 +30,7 @@ from sync_mnist import api, models
 from sync_mnist.core.shard import Shard
 from sync_mnist.models import registry
 from sync_mnist.task import evaluation, ps, report
-from sync_mnist.core import membership, session
+from sync_mnist.core import membership, sessions
 from sync_mnist.core import verdict as verdict_lib
 from sync_mnist.core.config import START_SECS, TaskConfig
 from sync_mnist.task.progress_log import Progress, contributions_so_far, write_summaries
@@ -70,7 +70,7 @@ def _check_settings(config: TaskConfig, server) -> None:
     wait = START_SECS + config.train.timeout
     deadline = time.monotonic() + wait
     with tf1.Session(server.target, graph=graph,
-                     config=session.session_config(["/job:ps"])) as sess:
+                     config=sessions.session_config(["/job:ps"])) as sess:
         while time.monotonic() < deadline:
             try:
                 if sess.run(members.published_ready, options=poll):
@@ -78,7 +78,7 @@ def _check_settings(config: TaskConfig, server) -> None:
                     break
             except tf.errors.OpError:
                 pass  # ps 0 is not up yet
-            time.sleep(session.READY_POLL_SECS)
+            time.sleep(sessions.READY_POLL_SECS)
         else:
             log.warning("no chief published its settings within %g s; serving on unchecked",
                         wait)
@@ -104,7 +104,7 @@ def run_question_worker(config: TaskConfig, *, model: api.Model | None = None,
                                replicas_to_aggregate=train.aggregate(n),
                                dataset=models.data_name(train.model, train.data_options),
                                dataset_description=description, model=train.model)
-    tf_config = session.session_config(config.cluster.device_filters("worker", i))
+    tf_config = sessions.session_config(config.cluster.device_filters("worker", i))
     sess = _prepare_or_wait(config, server, q, tf_config, result, started, local_steps)
     side = tf1.Session(server.target, graph=q.graph, config=tf_config)
     # Not in the question: with --logdir the chief writes the counters as summaries, as in the

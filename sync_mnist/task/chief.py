@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from sync_mnist.core import early_stop, session
+from sync_mnist.core import early_stop, checkpoints, sessions
 from sync_mnist.core.config import TaskTimeout
-from sync_mnist.core.session import SideSession
+from sync_mnist.core.sessions import SideSession
 from sync_mnist.core.verdict import Counters
 from sync_mnist.task import evaluation, export, inputs, preemption, progress_log, waits
 from sync_mnist.task.prepare import Worker
@@ -67,13 +67,13 @@ class Chief:
         self.test_metrics, loss = self.evaluator(*self.eval_data, w.bounded)
         return self.test_metrics.get(evaluation.ACCURACY), loss
 
-    def save_final(self, sess, status: session.SessionStatus) -> None:
-        """session.save_final; its timeout (a bounded_call's, which names no ps) also says which
+    def save_final(self, sess, status: sessions.SessionStatus) -> None:
+        """sessions.save_final; its timeout (a bounded_call's, which names no ps) also says which
         ps is silent, so that the launcher restarts that ps, not only this task (found by make
         chaos: ps 0 of 2 frozen as the chief saved; the workers named ps 0 and the chief did
         not, and the launcher had no restart left for the chief)."""
         try:
-            session.save_final(sess, status)
+            sessions.save_final(sess, status)
         except TaskTimeout as e:
             e.handled()  # raised again below, arming its own last resort
             raise waits.timeout_naming_silent_ps(str(e), self.side, self.w.graph,
@@ -100,12 +100,12 @@ class Chief:
 
     def write_model(self) -> Exception | None:
         """Writes the SavedModel; the error if it could not. A disk with no room is tried again
-        for half of --timeout (session.retry_for_room: a disk freed meanwhile keeps the run's
+        for half of --timeout (checkpoints.retry_for_room: a disk freed meanwhile keeps the run's
         product), well inside the ps's bound on the done reports (--timeout +
         --restart-grace without progress); not once a preemption has been asked for."""
         w = self.w
         try:
-            _, tries = session.retry_for_room(
+            _, tries = checkpoints.retry_for_room(
                 lambda: export.write_saved_model(w.model, w.params, w.example, self.weights,
                                                  w.export_dir),
                 export.ExportError, w.config.train.timeout / 2, stop=preemption.signalled)

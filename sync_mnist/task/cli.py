@@ -193,7 +193,7 @@ def _task(config: TaskConfig, verbose: bool):
         preflight.check_task(config)
     except ValueError as e:  # ConfigError, ClusterError
         options.usage_error(e)
-        result.error = options.first_line(e)
+        result.error = config_lib.first_line(e)
         return result, config_lib.EXIT_USAGE
     if not _load_tensorflow(verbose):  # stopped while TensorFlow loads: nothing to report yet
         return None, _interrupted()
@@ -257,10 +257,10 @@ def _run_role(config: TaskConfig, verbose: bool, result):
         code = report.exit_code_for(result)
     except cluster_lib.Unreachable as e:  # a ps that may still come: retried, as a timeout
         options.usage_error(e)
-        result.error, code = options.first_line(e), config_lib.EXIT_TIMEOUT
+        result.error, code = config_lib.first_line(e), config_lib.EXIT_TIMEOUT
     except (ValueError, DataError) as e:  # ConfigError, ClusterError, DataError
         options.usage_error(e)
-        result.error, code = options.first_line(e), config_lib.EXIT_USAGE
+        result.error, code = config_lib.first_line(e), config_lib.EXIT_USAGE
     except ps.TaskTimeout as e:
         log.error("%s", e)
         result.error, code = str(e), config_lib.EXIT_TIMEOUT
@@ -273,10 +273,10 @@ def _run_role(config: TaskConfig, verbose: bool, result):
             log.error("interrupted")
             result.error, code = "interrupted", _interrupted()
         else:
-            log.error("failed: %s: %s", type(e).__name__, options.first_line(e))
+            log.error("failed: %s: %s", type(e).__name__, config_lib.first_line(e))
             if verbose:
                 log.exception("traceback")
-            result.error = f"{type(e).__name__}: {options.first_line(e)}"
+            result.error = f"{type(e).__name__}: {config_lib.first_line(e)}"
             code = (config_lib.EXIT_PEER_LOST if _peer_lost(e) else
                     config_lib.EXIT_TIMEOUT if _timed_out(e) else config_lib.EXIT_FAILED)
     return result, code

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from sync_mnist import api
 from sync_mnist.core import placement
-from sync_mnist.core.session import SideSession
+from sync_mnist.core.sessions import SideSession
 
 tf1 = tf.compat.v1
 

@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from sync_mnist import api
-from sync_mnist.core import placement, session
+from sync_mnist.core import checkpoints, placement
 
 tf1 = tf.compat.v1
 
@@ -91,7 +91,7 @@ def write_saved_model(model: api.Model, params: dict, example: tuple,
     except tf.errors.ResourceExhaustedError as e:
         shutil.rmtree(partial, ignore_errors=True)
         raise ExportError(f"could not write the trained model to {export_dir}: "
-                          f"{session.storage_error(e)}") from None
+                          f"{checkpoints.storage_error(e)}") from None
     if export_dir.exists():
         export_dir.rename(previous)
     partial.rename(export_dir)

@@ -8,10 +8,10 @@ import logging
 
 import tensorflow as tf
 
-from sync_mnist.core import early_stop, membership, session
+from sync_mnist.core import early_stop, membership, bounded
 from sync_mnist.core import verdict as verdict_lib
 from sync_mnist.core.config import TaskTimeout
-from sync_mnist.core.session import SideSession
+from sync_mnist.core.sessions import SideSession
 from sync_mnist.task import waits
 from sync_mnist.task.prepare import Worker
 
@@ -98,9 +98,9 @@ def report_done(target: str, graph: tf.Graph, op: tf.Operation, tf_config: tf1.C
             # the call has returned here; a ps that is gone has nothing left to wait for.
             log.info("the ps had exited by the end of my done report")
         finally:
-            session.close_bounded(done.close, done)
+            bounded.close_bounded(done.close, done)
 
     # Sync: a ps that accepts connections but does not answer would hold the session's creation
     # and first run past any RunOptions.
-    session.bounded_call(report, timeout, f"{me}: waited {timeout:g} s to report done to the "
+    bounded.bounded_call(report, timeout, f"{me}: waited {timeout:g} s to report done to the "
                                           f"ps ({', '.join(ps_hosts)})")

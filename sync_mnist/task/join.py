@@ -12,9 +12,9 @@ import time
 import tensorflow as tf
 
 from sync_mnist.core import cluster as cluster_lib
-from sync_mnist.core import membership, session, sync
+from sync_mnist.core import membership, sessions, sync
 from sync_mnist.core.config import START_SECS, TaskTimeout
-from sync_mnist.core.session import SideSession
+from sync_mnist.core.sessions import SideSession
 from sync_mnist.task import report
 from sync_mnist.task.graph import WorkerGraph
 from sync_mnist.task.prepare import Worker
@@ -29,7 +29,7 @@ class Joined:
     """What joining gave: the session beside the training one, and where this worker starts."""
 
     side: SideSession  # reads and writes on the ps outside the training step
-    status: session.SessionStatus  # the training session's: sessions made, saves failed
+    status: sessions.SessionStatus  # the training session's: sessions made, saves failed
     start_step: int  # the local step this worker starts at (after any rejoin)
     planned: int  # local steps to run from there
     rejoined: bool  # took its predecessor's token instead of pushing again
@@ -52,14 +52,14 @@ def join(w: Worker):
     waiting_since = time.monotonic()
     if not config.is_chief:
         log.info("%s to initialise the model (polling every %g s, for at most %g s)",
-                 report.WAITING_FOR_CHIEF, session.READY_POLL_SECS, chief_wait)
+                 report.WAITING_FOR_CHIEF, sessions.READY_POLL_SECS, chief_wait)
         # Sync: compare settings with the chief's as soon as it has published them, before
         # anything that a different cluster size or model would break.
         with w.graph.as_default():
             _check_published(SideSession(w.server.target, w.graph, w.tf_config),
                              w.g.members, mine, config.name, chief_wait,
                              f"worker 0 at {config.cluster.address('worker', 0)}")
-    status = session.SessionStatus()
+    status = sessions.SessionStatus()
     monitored = _monitored_session(w, status, chief_wait)
     side = SideSession(w.server.target, w.graph, w.tf_config, config.cluster.ps_hosts)
     with w.graph.as_default(), monitored as sess:
@@ -74,11 +74,11 @@ def join(w: Worker):
             yield sess, joined
 
 
-def _monitored_session(w: Worker, status: session.SessionStatus, chief_wait: float):
+def _monitored_session(w: Worker, status: sessions.SessionStatus, chief_wait: float):
     config, train = w.config, w.config.train
     with w.graph.as_default():
         try:
-            return session.monitored_session(
+            return sessions.monitored_session(
                 w.server.target, is_chief=config.is_chief, hooks=w.g.training.hooks,
                 config=w.tf_config, timeout=chief_wait,
                 checkpoint_dir=str(w.logdir) if w.logdir else None,
@@ -92,7 +92,7 @@ def _monitored_session(w: Worker, status: session.SessionStatus, chief_wait: flo
                 f"{config.cluster.address('worker', 0)}) to initialise the model") from None
 
 
-def _take_position(w: Worker, side: SideSession, status: session.SessionStatus, mine: dict,
+def _take_position(w: Worker, side: SideSession, status: sessions.SessionStatus, mine: dict,
                    startup_s: float) -> tuple[int, int, bool]:
     """Where this worker starts: (start step, local steps planned, rejoined), from global_step,
     or its predecessor's token after a rejoin."""
@@ -136,7 +136,7 @@ def _check_published(side: SideSession, members: membership.Membership, mine: di
             if time.monotonic() > deadline:
                 raise TaskTimeout(f"{me}: waited {wait:g} s for the chief ({chief}) to "
                                   "initialise the model")
-            time.sleep(session.READY_POLL_SECS)
+            time.sleep(sessions.READY_POLL_SECS)
         published = side.run(members.published, options=poll)
     except tf.errors.OpError:
         return  # the session creation that follows waits for the ps and reports it

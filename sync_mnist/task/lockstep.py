@@ -10,8 +10,8 @@ import time
 
 import tensorflow as tf
 
-from sync_mnist.core import early_stop, session, sync
-from sync_mnist.core.config import TaskTimeout
+from sync_mnist.core import early_stop, sync
+from sync_mnist.core.config import TaskTimeout, first_line
 from sync_mnist.task import preemption, progress_log
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ def no_silent_end(me: str):
         yield
     except (tf.errors.OutOfRangeError, StopIteration) as e:
         raise StepCutShort(f"{me}: a step ended in {type(e).__name__} (a queue on the ps was "
-                           f"closed under it): {session.first_line(e)}") from e
+                           f"closed under it): {first_line(e)}") from e
 
 
 @dataclasses.dataclass

@@ -17,7 +17,7 @@ from pathlib import Path
 from sync_mnist.models import registry
 from sync_mnist import models
 from sync_mnist.core import config as config_lib
-from sync_mnist.core.config import TrainConfig
+from sync_mnist.core.config import TrainConfig, first_line
 
 DEFAULT_EPOCHS = 12
 
@@ -240,9 +240,3 @@ def usage_error(error: Exception) -> int:
     if details:
         print(details, file=sys.stderr)
     return config_lib.EXIT_USAGE
-
-
-def first_line(error: Exception) -> str:
-    """The error's first line (its type's name if it has no text)."""
-    text = str(error).strip() or type(error).__name__
-    return text.splitlines()[0]

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from sync_mnist import api
-from sync_mnist.core import session
+from sync_mnist.core import checkpoints, sessions
 from sync_mnist.core.config import TaskConfig
 from sync_mnist.core.shard import Shard
 from sync_mnist.task import evaluation, inputs, progress_log
@@ -40,7 +40,7 @@ class Worker:
     tf_config: tf1.ConfigProto
     graph: tf.Graph
     g: WorkerGraph
-    restore: session.Restorable | None  # the checkpoint the chief restores, if any
+    restore: checkpoints.Restorable | None  # the checkpoint the chief restores, if any
     writer: progress_log.EventsWriter | None  # the chief's TensorBoard events, with --logdir
 
     @property
@@ -75,7 +75,7 @@ def prepare(config: TaskConfig, model: api.Model, server=None) -> Worker:
     example = shard.batch(0)
     if server is None:
         server = config.cluster.server("worker", config.index)
-    tf_config = session.session_config(config.cluster.device_filters("worker", config.index))
+    tf_config = sessions.session_config(config.cluster.device_filters("worker", config.index))
     built = make_graph(config, model, params, example, target)
     return Worker(config, model, params, shard, example, target, description, started, server,
                   tf_config, *built)
@@ -84,7 +84,7 @@ def prepare(config: TaskConfig, model: api.Model, server=None) -> Worker:
 class BuiltGraph(NamedTuple):
     graph: tf.Graph
     g: WorkerGraph
-    restore: session.Restorable | None  # the checkpoint the chief restores, if any
+    restore: checkpoints.Restorable | None  # the checkpoint the chief restores, if any
     writer: progress_log.EventsWriter | None  # the chief's, with --logdir
 
 
@@ -110,7 +110,7 @@ def make_graph(config: TaskConfig, model: api.Model, params: dict, example: tupl
             # has nothing left to train (in async mode, each worker's local steps count).
             # A damaged newest checkpoint is passed over: the chief restores the one chosen.
             transient = g.transient
-            restore = session.check_checkpoint(logdir, [
+            restore = checkpoints.check_checkpoint(logdir, [
                 v for v in tf1.global_variables() if all(v is not t for t in transient)],
                 planned=target if train.mode == "sync" else None)
         # The writer CheckpointSaverHook also uses (one cache per logdir): one events file.

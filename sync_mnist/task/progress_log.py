@@ -99,7 +99,7 @@ class EventsWriter:
     checkpoint saver's next note, would fail the run. Here the first failure is one warning
     naming the directory and the error; the events of the rest of the run are left out.
     The one FileWriter per directory (FileWriterCache) is shared with CheckpointSaverHook,
-    which session.monitored_session hands this instead.
+    which sessions.monitored_session hands this instead.
     """
 
     def __init__(self, logdir: str):

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from sync_mnist.core import early_stop, membership, protocol, session, sync
+from sync_mnist.core import bounded, early_stop, membership, protocol, sessions, sync
 from sync_mnist.task import preemption, report
 from sync_mnist.core import verdict as verdict_lib
 from sync_mnist.core.config import START_SECS, TaskConfig, TaskTimeout
@@ -53,8 +53,8 @@ def run_ps(config: TaskConfig, *, server=None) -> report.TaskResult:
                                         config.train.mode)
     log.info("serving %s; waiting for %d workers to report done (timeout %g s without progress)",
              config.cluster.address("ps", config.index), n, timeout)
-    with session.closed_bounded(tf1.Session(server.target, graph=graph,
-                                            config=session.session_config(["/job:ps"]))) as sess:
+    with bounded.closed_bounded(tf1.Session(server.target, graph=graph,
+                                            config=sessions.session_config(["/job:ps"]))) as sess:
         watch = _Watch(config, sess, shared, waiting, take_done, preempt)
         watch.wait_for_the_other_ps()
         watch.until_every_worker_is_done()
@@ -102,7 +102,7 @@ class _Watch:
         # wait for the other ps can make it wait): poll again, within the same bound.
         while (left := deadline - time.monotonic()) > 0:
             try:
-                session.bounded_call(lambda: self.sess.run(self.waiting, options=self.poll),
+                bounded.bounded_call(lambda: self.sess.run(self.waiting, options=self.poll),
                                      left, what)
                 return
             except tf.errors.DeadlineExceededError:
@@ -120,7 +120,7 @@ class _Watch:
             if entries:
                 self._take_done_entries(entries)
                 continue
-            time.sleep(session.READY_POLL_SECS)
+            time.sleep(sessions.READY_POLL_SECS)
             # One read of ps 0 a poll, whichever ps this is (it costs ps 0 a run per poll).
             reading = _read_shared(self.sess, self.shared.state, self.shared.members,
                                    with_published=not self.checked)

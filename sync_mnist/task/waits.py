@@ -9,7 +9,7 @@ import contextlib
 import tensorflow as tf
 
 from sync_mnist.core import cluster as cluster_lib
-from sync_mnist.core import membership, session
+from sync_mnist.core import membership, bounded
 from sync_mnist.core.config import TaskTimeout
 
 tf1 = tf.compat.v1
@@ -43,10 +43,10 @@ def _silent(side, graph: tf.Graph, cluster: cluster_lib.ClusterLayout) -> list[t
 def _read_fails(side, variable: tf.Variable, p: int) -> str | None:
     """Why a read of `variable` on ps `p` did not come back; None if it did."""
     # Bounded twice: a fetch new to this session registers its graph first, which
-    # no RunOptions bound (session.bounded_call).
+    # no RunOptions bound (bounded.bounded_call).
     read = tf1.RunOptions(timeout_in_ms=int(SILENT_READ_SECS * 1000))
     try:
-        session.bounded_call(lambda: side.run(variable, options=read),
+        bounded.bounded_call(lambda: side.run(variable, options=read),
                              SILENT_READ_SECS + 1, f"a read of ps {p}")
     except (tf.errors.DeadlineExceededError, TaskTimeout) as e:
         if isinstance(e, TaskTimeout):

@@ -68,6 +68,6 @@ def main(argv: list[str]) -> int:
         return config_lib.EXIT_USAGE
     except Exception as e:  # a TensorFlow error or a bug: one line, then the exit code
         logging.getLogger("sync_mnist").error("failed: %s: %s", type(e).__name__,
-                                              options.first_line(e))
+                                              config_lib.first_line(e))
         return config_lib.EXIT_FAILED
     return config_lib.EXIT_OK

@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 from sync_mnist.core import protocol
-from sync_mnist.core import session
+from sync_mnist.core import sessions
 from sync_mnist.task import finish, waits
 from sync_mnist.task.finish import report_done
 from sync_mnist.core.cluster import free_ports
@@ -68,7 +68,7 @@ def test_reporting_done_to_a_silent_ps_ends_within_the_timeout(silent_ps):
     with graph.as_default():
         op = protocol.done_queue(0, 1).enqueue(0)
     error, seconds = _within_guard(lambda: report_done(
-        server.target, graph, op, session.session_config(["/job:ps", "/job:worker/task:0"]),
+        server.target, graph, op, sessions.session_config(["/job:ps", "/job:worker/task:0"]),
         timeout=TIMEOUT, me="worker 0", ps_hosts=(ps,)))
 
     assert isinstance(error, TaskTimeout), repr(error)
@@ -96,9 +96,9 @@ def test_a_session_against_a_silent_ps_ends_within_its_bound(silent_ps, is_chief
         with graph.as_default():
             with tf1.device("/job:ps/task:0"):
                 tf1.get_variable("v", initializer=tf.zeros([2]))
-            session.monitored_session(
+            sessions.monitored_session(
                 server.target, is_chief=is_chief, hooks=[],
-                config=session.session_config(["/job:ps", "/job:worker/task:0"]),
+                config=sessions.session_config(["/job:ps", "/job:worker/task:0"]),
                 timeout=TIMEOUT, ps_hosts=(ps,))
 
     error, seconds = _within_guard(create)
@@ -133,9 +133,9 @@ def test_a_hook_that_waits_on_the_ps_at_session_creation_ends_within_the_timeout
         with graph.as_default():
             with tf1.device("/job:ps/task:0"):
                 tf1.get_variable("v", initializer=tf.zeros([2]))
-            with session.monitored_session(
+            with sessions.monitored_session(
                     workers[0].target, is_chief=True, hooks=[_WaitsOnThePs()],
-                    config=session.session_config(["/job:ps", "/job:worker/task:0"]),
+                    config=sessions.session_config(["/job:ps", "/job:worker/task:0"]),
                     timeout=timeout, ps_hosts=(ps,)):
                 pass
 
@@ -176,9 +176,9 @@ def test_a_checkpoint_save_against_a_stopped_ps_ends_within_the_timeout(processe
         with tf1.device("/job:worker/task:0"):  # the step itself never touches the ps
             step = tf1.train.get_or_create_global_step()
             tick = tf1.assign_add(step, 1)
-        sess = session.monitored_session(
+        sess = sessions.monitored_session(
             server.target, is_chief=True, hooks=[],
-            config=session.session_config(["/job:ps", "/job:worker/task:0"]),
+            config=sessions.session_config(["/job:ps", "/job:worker/task:0"]),
             timeout=timeout, checkpoint_dir=str(tmp_path), save_steps=1, ps_hosts=(ps,))
     try:
         os.kill(ps_proc.popen.pid, signal.SIGSTOP)  # its port still accepts connections
@@ -215,7 +215,7 @@ def test_a_done_report_the_ps_never_takes_after_a_verified_run_leaves_the_result
     result = report.TaskResult(role="worker", index=0, mode="sync", synchronous=True)
     w = SimpleNamespace(  # the fields finish.say_done reads of a prepared worker
         server=server, graph=graph, g=SimpleNamespace(report_done=op),
-        tf_config=session.session_config(["/job:ps", "/job:worker/task:0"]),
+        tf_config=sessions.session_config(["/job:ps", "/job:worker/task:0"]),
         config=SimpleNamespace(name="worker 0", cluster=SimpleNamespace(ps_hosts=(ps,)),
                                train=SimpleNamespace(timeout=TIMEOUT)))
     verdict = Verdict(True, True, "synchronous: 10 updates")

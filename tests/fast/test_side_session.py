@@ -11,7 +11,7 @@ import threading
 import pytest
 import tensorflow as tf
 
-from sync_mnist.core import session
+from sync_mnist.core import sessions as sessions_lib
 
 tf1 = tf.compat.v1
 
@@ -27,14 +27,14 @@ class _Silent:
         return "late"
 
 
-def _side(sess) -> session.SideSession:
-    side = session.SideSession.__new__(session.SideSession)
+def _side(sess) -> sessions_lib.SideSession:
+    side = sessions_lib.SideSession.__new__(sessions_lib.SideSession)
     side._sess, side._ps_hosts = sess, ()
     return side
 
 
 def test_a_bounded_run_that_does_not_return_ends_as_deadline_exceeded(monkeypatch):
-    monkeypatch.setattr(session, "RUN_GRACE_SECS", 0.2, raising=False)
+    monkeypatch.setattr(sessions_lib, "RUN_GRACE_SECS", 0.2, raising=False)
     silent = _Silent()
     outcome = []
 
@@ -81,10 +81,10 @@ def test_a_ps_that_came_back_empty_is_still_a_lost_ps(monkeypatch):
     sessions = [_Scripted([tf.errors.NotFoundError(None, None, "Resource does not exist")]),
                 _Scripted([tf.errors.FailedPreconditionError(None, None, "uninitialized")]),
                 _Scripted([])]
-    monkeypatch.setattr(session.tf1, "Session", lambda *args: sessions.pop(0))
+    monkeypatch.setattr(sessions_lib.tf1, "Session", lambda *args: sessions.pop(0))
     side = _side(_Scripted([lost]))
     side._args, side._ps_hosts = (), ("127.0.0.1:1",)
-    monkeypatch.setattr(session.membership, "probe", lambda address: None)  # it answers again
+    monkeypatch.setattr(sessions_lib.membership, "probe", lambda address: None)  # it answers again
     with pytest.raises(tf.errors.AbortedError) as raised:
         side.run("x")
     assert raised.value is lost  # exit 201 (a lost peer), not 1

@@ -72,7 +72,7 @@ def test_a_timeout_names_the_ps_that_do_not_answer_and_why():
 
 
 def test_a_final_save_that_timed_out_names_the_silent_ps(monkeypatch):
-    from sync_mnist.core import session
+    from sync_mnist.core import sessions
     from sync_mnist.core.config import TaskConfig, TaskTimeout, TrainConfig
 
     ports, layout, graph = _cluster(2)
@@ -81,7 +81,7 @@ def test_a_final_save_that_timed_out_names_the_silent_ps(monkeypatch):
         raise TaskTimeout("waited 20 s for the ps (...) in _SharedCheckpointSaverHook.end; it "
                           "did not answer")
 
-    monkeypatch.setattr(session, "save_final", save_final)
+    monkeypatch.setattr(sessions, "save_final", save_final)
     chief = Chief(SimpleNamespace(graph=graph, config=TaskConfig(
         role="worker", index=0, cluster=layout, train=TrainConfig(train_steps=1))))
     chief.side = _Side(frozen={0})

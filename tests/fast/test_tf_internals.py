@@ -2,7 +2,7 @@
 
 TensorFlow has no public handle on some of what the fix needs: SyncReplicasOptimizer's token
 queue, local step and chief queue runner (sync.py), the session creators' hook for their
-SessionManager and the attributes it reads (session.py), what a slice of a partitioned
+SessionManager and the attributes it reads (sessions.py), what a slice of a partitioned
 variable says of the whole (model.py), and the switch for deprecation warnings (tfcompat.py). A TensorFlow that renamed one would fail a cluster run much later, or
 worse, quietly bring back the 30 s readiness poll or a traceback at every close. Each check
 here names the attribute, and checks that TensorFlow itself still uses it.
@@ -15,7 +15,7 @@ import types
 import pytest
 import tensorflow as tf
 
-from sync_mnist.core import session, sync
+from sync_mnist.core import sessions, sync
 
 tf1 = tf.compat.v1
 
@@ -129,11 +129,11 @@ def test_worker_session_creator_uses_the_prompt_session_manager(no_session, monk
     monkeypatch.setattr(tf1.train.SessionManager, "wait_for_session", wait_for_session)
     with tf.Graph().as_default():
         tf1.get_variable("v", [1])
-        made = session.monitored_session("grpc://nowhere:1", is_chief=False, hooks=[],
+        made = sessions.monitored_session("grpc://nowhere:1", is_chief=False, hooks=[],
                                          config=None, timeout=1.0)
     # WorkerSessionCreator._get_session_manager is still the hook its create_session calls,
     # and SessionManager._recovery_wait_secs is still its poll interval.
-    assert polls == [session.READY_POLL_SECS], "WorkerSessionCreator._get_session_manager"
+    assert polls == [sessions.READY_POLL_SECS], "WorkerSessionCreator._get_session_manager"
     assert made.session is not None
 
 
@@ -145,18 +145,18 @@ def test_chief_session_creator_uses_the_chiefs_session_manager(no_session, monke
         calls.append((type(self), master, kwargs))
         return _fake_session()
 
-    # session._ChiefSessionManager, private: the subclass whose use by TensorFlow is checked.
-    monkeypatch.setattr(session._ChiefSessionManager, "_prepare", prepare)
+    # sessions._ChiefSessionManager, private: the subclass whose use by TensorFlow is checked.
+    monkeypatch.setattr(sessions._ChiefSessionManager, "_prepare", prepare)
     # Should TensorFlow use a stock manager after all, it gets no further than this either.
     monkeypatch.setattr(tf1.train.SessionManager, "prepare_session", prepare)
     with tf.Graph().as_default():
         tf1.get_variable("v", [1])
-        session.monitored_session("grpc://nowhere:1", is_chief=True, hooks=[], config=None,
+        sessions.monitored_session("grpc://nowhere:1", is_chief=True, hooks=[], config=None,
                                   timeout=1.0, checkpoint_dir=str(tmp_path), save_steps=100)
     # ChiefSessionCreator._get_session_manager is still the hook its create_session calls, and
     # it still keeps the checkpoint directory as _checkpoint_dir.
     (kind, master, kwargs), = calls
-    assert kind is session._ChiefSessionManager, "ChiefSessionCreator._get_session_manager"
+    assert kind is sessions._ChiefSessionManager, "ChiefSessionCreator._get_session_manager"
     assert master == "grpc://nowhere:1"
     assert kwargs["checkpoint_dir"] == str(tmp_path)
 

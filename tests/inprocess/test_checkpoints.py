@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 from sync_mnist.task import preflight
-from sync_mnist.core import session
+from sync_mnist.core import checkpoints, sessions
 from sync_mnist.core.cluster import ClusterLayout
 from sync_mnist.core.config import ConfigError, TaskConfig
 
@@ -47,18 +47,18 @@ def test_check_checkpoint_names_the_variable_that_differs(tmp_path):
     with tf.Graph().as_default():
         same = [tf1.get_variable("global_step", [], tf.int64),
                 tf1.get_variable("counts", [2], tf.int64)]
-        session.check_checkpoint(tmp_path, same)
-        session.check_checkpoint(tmp_path / "empty", same)  # no checkpoint: nothing to check
+        checkpoints.check_checkpoint(tmp_path, same)
+        checkpoints.check_checkpoint(tmp_path / "empty", same)  # no checkpoint: nothing to check
     with tf.Graph().as_default():
         other = [tf1.get_variable("global_step", [], tf.int64),
                  tf1.get_variable("extra", [4], tf.float32),
                  tf1.get_variable("counts", [3], tf.int64)]
         with pytest.raises(ConfigError) as raised:
-            session.check_checkpoint(tmp_path, other)
+            checkpoints.check_checkpoint(tmp_path, other)
         assert str(raised.value) == (f"--logdir {tmp_path} holds a checkpoint of a different "
                                      "model: counts has shape [2] there, [3] here")
         with pytest.raises(ConfigError, match="it has no variable extra \\(shape \\[4\\] here\\)"):
-            session.check_checkpoint(tmp_path, other[:2])
+            checkpoints.check_checkpoint(tmp_path, other[:2])
 
 
 def _save_step_5(logdir):
@@ -79,7 +79,7 @@ def test_check_checkpoint_refuses_a_checkpoint_file_tensorflow_would_ignore(tmp_
     with tf.Graph().as_default():
         step = [tf1.get_variable("global_step", [], tf.int64)]
         with pytest.raises(ConfigError) as raised:
-            session.check_checkpoint(tmp_path, step)
+            checkpoints.check_checkpoint(tmp_path, step)
     assert str(raised.value) == (f"--logdir {tmp_path} has a checkpoint file that cannot be "
                                  f"read as one ({tmp_path / 'checkpoint'}): fix or remove it, "
                                  "or give a new --logdir")
@@ -94,7 +94,7 @@ def test_check_checkpoint_refuses_a_moved_logdir_whose_checkpoint_file_names_the
     with tf.Graph().as_default():
         step = [tf1.get_variable("global_step", [], tf.int64)]
         with pytest.raises(ConfigError) as raised:
-            session.check_checkpoint(tmp_path / "after", step)
+            checkpoints.check_checkpoint(tmp_path / "after", step)
     assert str(raised.value) == (
         f"--logdir {tmp_path / 'after'}: its checkpoint file ({tmp_path / 'after/checkpoint'}) "
         f"names {tmp_path / 'before/model.ckpt-5'}, which does not exist (was the directory "
@@ -145,11 +145,11 @@ def test_check_checkpoint_takes_a_sliced_variable_whole(tmp_path, saved_slices, 
     _save_model(tmp_path, saved_slices)
     with tf.Graph().as_default():
         mlp_graph.variables(slices=slices)
-        session.check_checkpoint(tmp_path, tf1.global_variables())
+        checkpoints.check_checkpoint(tmp_path, tf1.global_variables())
     with tf.Graph().as_default():  # another model is still named, whole
         mlp_graph.variables((128, 256), slices=slices)
         with pytest.raises(ConfigError) as raised:
-            session.check_checkpoint(tmp_path, tf1.global_variables())
+            checkpoints.check_checkpoint(tmp_path, tf1.global_variables())
     assert str(raised.value) == (f"--logdir {tmp_path} holds a checkpoint of a different model: "
                                  "layer0/weights has shape [784, 256] there, [784, 128] here")
 
@@ -164,7 +164,7 @@ def test_chief_saves_every_save_secs_when_given_else_every_save_steps(tmp_path, 
     with tf.Graph().as_default():
         tf1.train.get_or_create_global_step()
         transient = tf1.get_variable("transient", initializer=tf.constant(-1))
-        sess = session.monitored_session(server.target, is_chief=True, hooks=[], config=None,
+        sess = sessions.monitored_session(server.target, is_chief=True, hooks=[], config=None,
                                          timeout=10, checkpoint_dir=str(tmp_path),
                                          save_steps=save_steps, save_secs=save_secs,
                                          transient=[transient])
@@ -221,7 +221,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_intact_one(tmp_pat
     _save_steps(tmp_path, [5, 10, 15])
     _damage(tmp_path / "model.ckpt-15", how)
     with tf.Graph().as_default(), caplog.at_level(logging.WARNING, "sync_mnist"):
-        chosen = session.check_checkpoint(tmp_path, _variables())
+        chosen = checkpoints.check_checkpoint(tmp_path, _variables())
     assert chosen.path == str(tmp_path / "model.ckpt-10")
     # The ones the Saver goes on keeping: the listed ones, less the damaged one.
     assert chosen.kept == (str(tmp_path / "model.ckpt-5"), str(tmp_path / "model.ckpt-10"))
@@ -239,7 +239,7 @@ def test_no_intact_checkpoint_is_refused_naming_the_directory(tmp_path):
     _damage(tmp_path / "model.ckpt-10", "index cut short")
     _damage(tmp_path / "model.ckpt-5", "shard missing")
     with tf.Graph().as_default(), pytest.raises(ConfigError) as raised:
-        session.check_checkpoint(tmp_path, _variables())
+        checkpoints.check_checkpoint(tmp_path, _variables())
     assert str(raised.value).startswith(
         f"--logdir {tmp_path}: none of its 2 checkpoints is intact (model.ckpt-10: file is too "
         "short to be an sstable; model.ckpt-5: ")
@@ -256,8 +256,8 @@ def test_a_resume_restores_the_newest_intact_checkpoint_and_keeps_the_older_ones
     first = run_cluster(1, train_steps=20, save_steps=4, logdir=logdir)
     assert first.chief.synchronous is True, first.chief.verdict
     # More than one checkpoint is kept, so a damaged newest one has one to fall back to.
-    assert session.KEEP_CHECKPOINTS >= 2
-    assert _listed(logdir) == [4, 8, 12, 16, 20][-session.KEEP_CHECKPOINTS:]
+    assert checkpoints.KEEP_CHECKPOINTS >= 2
+    assert _listed(logdir) == [4, 8, 12, 16, 20][-checkpoints.KEEP_CHECKPOINTS:]
     assert not list(logdir.glob("model.ckpt-0.*"))  # the oldest was deleted
     _damage(logdir / "model.ckpt-20", "index missing")
 
@@ -265,7 +265,7 @@ def test_a_resume_restores_the_newest_intact_checkpoint_and_keeps_the_older_ones
     assert resumed.chief.start_step == 16
     assert resumed.chief.synchronous is True, resumed.chief.verdict
     # The Saver went on from the checkpoints the resume found, not from an empty list.
-    assert _listed(logdir) == [8, 12, 16, 20, 24][-session.KEEP_CHECKPOINTS:]
+    assert _listed(logdir) == [8, 12, 16, 20, 24][-checkpoints.KEEP_CHECKPOINTS:]
 
 
 def _listed(logdir) -> list[int]:
@@ -285,7 +285,7 @@ def test_a_logdir_with_no_room_for_the_first_checkpoint_is_refused(tmp_path):
         tf1.get_variable("weights", initializer=tf.zeros([100_000]))  # 400 kB: no room
         try:
             with pytest.raises(ConfigError) as raised:
-                with session.monitored_session(server.target, is_chief=True, hooks=[],
+                with sessions.monitored_session(server.target, is_chief=True, hooks=[],
                                                config=None, timeout=10,
                                                checkpoint_dir=str(logdir), save_steps=10):
                     pass
@@ -301,7 +301,7 @@ def test_a_logdir_with_no_room_for_the_first_checkpoint_is_refused(tmp_path):
 
 
 class _FreedAtTheFirstWait:
-    """Stands in for session.py's `time`: its first sleep frees the disk, as another job's
+    """Stands in for checkpoints.py's `time`: its first sleep frees the disk, as another job's
     files removed while the chief waits for room."""
 
     def __init__(self, disk):
@@ -331,9 +331,9 @@ def test_a_first_checkpoint_that_finds_room_again_is_saved_and_the_run_goes_on(
         disk = DiskFull(logdir)
         assert disk.fill() > 0
         clock = _FreedAtTheFirstWait(disk)
-        monkeypatch.setattr(session, "time", clock)
+        monkeypatch.setattr(checkpoints, "time", clock)
         try:
-            with session.monitored_session(server.target, is_chief=True, hooks=[],
+            with sessions.monitored_session(server.target, is_chief=True, hooks=[],
                                            config=None, timeout=10,
                                            checkpoint_dir=str(logdir), save_steps=10) as sess:
                 assert sess.run(tf1.train.get_global_step()) == 0

@@ -2,7 +2,7 @@
 whatever the number, and --wire-dtype bfloat16 halves the bytes of every pull and push.
 
 In-process clusters (procs.local_cluster), one chief worker each, its graph built by
-build_graph and its session by session.monitored_session, as a task builds them; the
+build_graph and its session by sessions.monitored_session, as a task builds them; the
 placement itself is checked without a cluster in test_model.py.
 """
 
@@ -20,7 +20,7 @@ from sync_mnist.core.shard import Shard
 from sync_mnist.models import data
 from sync_mnist.task import evaluation, export
 from sync_mnist.task.inputs import model_params
-from sync_mnist.core import placement, session
+from sync_mnist.core import placement, checkpoints, sessions
 from sync_mnist.models import mlp
 from sync_mnist.core.cluster import ClusterLayout
 from sync_mnist.core.config import TaskConfig, TrainConfig
@@ -45,17 +45,17 @@ class _Chief:
         self.shard = Shard(dataset.train_images, dataset.train_labels, index=0,
                                 num_workers=1, batch_size=100, seed=0)
         self.graph = tf.Graph()
-        self.status = session.SessionStatus()
+        self.status = sessions.SessionStatus()
         with self.graph.as_default():
             tf1.set_random_seed(num_ps)  # another start for each K: only a restore equals them
             self.g = mlp_graph.build_graph(self.config, target=100)
             self.kept = [v for v in tf1.global_variables()
                          if all(v is not t for t in self.g.transient)]
             if logdir:  # as prepare.make_graph checks it
-                session.check_checkpoint(logdir, self.kept)
-            self.sess = session.monitored_session(
+                checkpoints.check_checkpoint(logdir, self.kept)
+            self.sess = sessions.monitored_session(
                 servers[0].target, is_chief=True, hooks=self.g.training.hooks,
-                config=session.session_config(layout.device_filters("worker", 0)), timeout=30,
+                config=sessions.session_config(layout.device_filters("worker", 0)), timeout=30,
                 checkpoint_dir=str(logdir) if logdir else None, save_steps=10**6,
                 transient=self.g.transient, status=self.status)
         self.options = tf1.RunOptions(timeout_in_ms=TIMEOUT_MS)
@@ -95,7 +95,7 @@ class _Chief:
             mlp.MODEL, model_params(self.config, mlp.MODEL), mlp_graph.EXAMPLE,
             num_ps=self.config.cluster.num_ps, worker="/job:worker/task:0",
             target=self.servers[0].target,
-            tf_config=session.session_config(self.config.cluster.device_filters("worker", 0)),
+            tf_config=sessions.session_config(self.config.cluster.device_filters("worker", 0)),
             ps_hosts=())
         try:
             return evaluator(x, y, self.options)[1]
@@ -325,11 +325,11 @@ def test_a_chief_refuses_to_initialise_a_model_one_ps_of_which_kept_its_share():
         with tf1.Session(servers[0].target) as sess:  # what ps 0 kept
             sess.run([v.initializer for v in on_ps0], options=tf1.RunOptions(
                 timeout_in_ms=TIMEOUT_MS))
-        with pytest.raises(session.ModelLost) as lost:
-            session.monitored_session(
+        with pytest.raises(sessions.ModelLost) as lost:
+            sessions.monitored_session(
                 servers[0].target, is_chief=True, hooks=g.training.hooks,
-                config=session.session_config(layout.device_filters("worker", 0)), timeout=30,
-                transient=g.transient, status=session.SessionStatus())
+                config=sessions.session_config(layout.device_filters("worker", 0)), timeout=30,
+                transient=g.transient, status=sessions.SessionStatus())
     assert str(lost.value).startswith("the ps was restarted and has lost the model, and there "
                                       "is no checkpoint to restore it from (give the chief "
                                       "--logdir); ")

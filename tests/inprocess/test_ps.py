@@ -8,7 +8,7 @@ import threading
 import pytest
 import tensorflow as tf
 
-from sync_mnist.core import protocol, session
+from sync_mnist.core import protocol, sessions
 from sync_mnist.task import ps
 from sync_mnist.core.cluster import free_ports
 from sync_mnist.core.config import ClusterLayout, TaskConfig, TaskTimeout, TrainConfig
@@ -88,7 +88,7 @@ def _report_every_worker_done(server) -> None:
         entry = tf1.placeholder(tf.int32, [])
         enqueue = protocol.done_queue(0, WORKERS).enqueue(entry)
     with tf1.Session(server.target, graph=graph,
-                     config=session.session_config(["/job:ps"])) as sess:
+                     config=sessions.session_config(["/job:ps"])) as sess:
         for worker in range(WORKERS):
             sess.run(enqueue, {entry: worker})
 

@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 from procs import local_cluster
-from sync_mnist.core import membership, session, sync
+from sync_mnist.core import membership, sessions, sync
 from sync_mnist.task import worker
 from sync_mnist.task.join import rejoin
 from sync_mnist.task.lockstep import no_silent_end
@@ -48,9 +48,9 @@ def _worker_graph(cluster, index):
 
 def _session(server, g, index):
     with g.graph.as_default():
-        return session.monitored_session(
+        return sessions.monitored_session(
             server.target, is_chief=index == 0, hooks=g.training.hooks,
-            config=session.session_config(["/job:ps", f"/job:worker/task:{index}"]),
+            config=sessions.session_config(["/job:ps", f"/job:worker/task:{index}"]),
             timeout=30, transient=g.members.transient)
 
 

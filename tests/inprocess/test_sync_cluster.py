@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from procs import local_cluster
-from sync_mnist.core import session, sync
+from sync_mnist.core import sessions, sync
 from sync_mnist.core import verdict as verdict_lib
 
 tf1 = tf.compat.v1
@@ -47,9 +47,9 @@ class _Worker:
     def run(self, target, steps, *, stop_on_token=False, before_push=None, hooks=()):
         self.target = target
         try:
-            with self.graph.as_default(), session.monitored_session(
+            with self.graph.as_default(), sessions.monitored_session(
                     target, is_chief=self.index == 0, hooks=[*self.training.hooks, *hooks],
-                    config=session.session_config(["/job:ps", f"/job:worker/task:{self.index}"]),
+                    config=sessions.session_config(["/job:ps", f"/job:worker/task:{self.index}"]),
                     timeout=60) as sess:
                 options = tf1.RunOptions(timeout_in_ms=TIMEOUT_MS)
 

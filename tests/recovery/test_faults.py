@@ -258,12 +258,12 @@ class PsReading:
                                  config=tf1.ConfigProto(device_filters=["/job:ps/task:0"]))
 
     def close(self) -> None:
-        from sync_mnist.core.session import close_bounded
+        from sync_mnist.core.bounded import close_bounded
 
         close_bounded(self._sess.close, self._sess)
 
     def read(self) -> tuple[int, list[int], list[int]]:
-        from sync_mnist.core.session import bounded_call
+        from sync_mnist.core.bounded import bounded_call
 
         # The first run creates the session, which no RunOptions bound (a ps gone waits forever).
         step, last_push, waiting = bounded_call(
