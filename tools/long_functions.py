@@ -1,9 +1,11 @@
-"""List the functions and methods longer than a limit (default 60 lines), longest first.
+"""List the functions longer than a limit (default 60 lines) and the classes longer than
+another (default 150), longest first; exit 1 if there is any.
 
-Usage: python tools/long_functions.py [--limit N] [PATH ...]
-(default: the installed package, sync_mnist/ and its subpackages). A function's length runs from its
-`def` (decorators excluded) to its last line, docstring and comments included; a nested
-function counts in its parent too, and is listed on its own when it is long itself.
+Usage: python tools/long_functions.py [--limit N] [--class-limit N] [PATH ...]
+(default: the installed package, sync_mnist/ and its subpackages). A unit's length runs from
+its `def` or `class` (decorators excluded) to its last line, docstring and comments included;
+a nested function counts in its parent too, and is listed on its own when it is long itself.
+`make test` runs it (tests/fast/test_house.py).
 """
 import argparse
 import ast
@@ -21,8 +23,9 @@ def _python_files(paths):
             yield path
 
 
-def long_functions(paths, limit):
-    """Returns (lines, "file:line qualified.name") for each function longer than limit."""
+def long_units(paths, limit=60, class_limit=150):
+    """Returns (lines, "file:line qualified.name") for each function longer than `limit` and
+    each class longer than `class_limit`."""
     found = []
     for path in _python_files(paths):
         tree = ast.parse(path.read_text(), str(path))
@@ -31,10 +34,11 @@ def long_functions(paths, limit):
             for child in ast.iter_child_nodes(node):
                 if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                     name = prefix + child.name
-                    if not isinstance(child, ast.ClassDef):
-                        lines = child.end_lineno - child.lineno + 1
-                        if lines > limit:
-                            found.append((lines, f"{path}:{child.lineno} {name}"))
+                    lines = child.end_lineno - child.lineno + 1
+                    bound = class_limit if isinstance(child, ast.ClassDef) else limit
+                    if lines > bound:
+                        kind = "class " if isinstance(child, ast.ClassDef) else ""
+                        found.append((lines, f"{path}:{child.lineno} {kind}{name}"))
                     visit(child, name + ".")
 
         visit(tree, "")
@@ -43,12 +47,17 @@ def long_functions(paths, limit):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--limit", type=int, default=60, help="longest allowed (default 60)")
+    parser.add_argument("--limit", type=int, default=60,
+                        help="longest function allowed (default 60)")
+    parser.add_argument("--class-limit", type=int, default=150,
+                        help="longest class allowed (default 150)")
     parser.add_argument("paths", nargs="*", default=DEFAULT_PATHS,
                         help="files or folders (default: sync_mnist/)")
     args = parser.parse_args(argv)
-    for lines, where in long_functions(args.paths, args.limit):
+    found = long_units(args.paths, args.limit, args.class_limit)
+    for lines, where in found:
         print(f"{lines:4d}  {where}")
+    return 1 if found else 0
 
 
 if __name__ == "__main__":

@@ -181,7 +181,7 @@ def _tf_config_json(text: str):
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise ClusterError(f"TF_CONFIG is not valid JSON ({e.msg} at character {e.pos})") from None
-    except ValueError as e:  # a number of more than 4300 digits (Python's limit for int())
+    except ValueError as e:  # more than 4300 figures: Python's limit for int()
         raise ClusterError(f"TF_CONFIG cannot be read: {e}") from None
     except RecursionError:
         raise ClusterError("TF_CONFIG is nested too deeply to be read") from None
@@ -363,7 +363,7 @@ def _expansion_bound(text: str) -> int:
 
 
 def _whole_number(text: str) -> int | None:
-    """'12' -> 12; None for anything else (a sign, a space, non-ASCII digits such as '²')."""
+    """'12' -> 12; None for anything else (a sign, a space, a non-ASCII numeral such as '²')."""
     return int(text) if text.isascii() and text.isdigit() and len(text) < 19 else None
 
 
