@@ -97,7 +97,7 @@ def test_the_image_runs_as_uid_1000_under_tini_with_the_mnist_and_the_tfjob_comm
     assert config["Cmd"] == ["sync-mnist", "--epochs", "5", "--timeout", "300",
                              "--logdir", "/checkpoints"]
     out = podman("run", "--rm", "--network", "none", podman_cluster.IMAGE, "sh", "-c",
-                 "id -u; stat -c %u /checkpoints; python -c 'from sync_mnist import data; "
+                 "id -u; stat -c %u /checkpoints; python -c 'from sync_mnist.models import data; "
                  "data.check_shipped(); print(len(list(data.SHIPPED_DIR.glob(\"*.gz\"))))'")
     assert out.stdout.split() == ["1000", "1000", "4"], out  # uid, /checkpoints' owner, files
 
