@@ -150,9 +150,10 @@ class Podman:
                                f"{out.stderr.strip()[-3000:]}")
         return out
 
-    def build_image(self) -> None:
-        """The base image from the tarball, then the image from the Dockerfile on it; the
-        figures in FIGURES."""
+    def build_image(self, checkout: Path = ROOT) -> None:
+        """The base image from the tarball, then the image from the Dockerfile of `checkout`
+        (this one by default) on it; the figures in FIGURES."""
+        dockerfile = checkout / DOCKERFILE.relative_to(ROOT)
         tarball = base_tarball()
         self("import", str(tarball), BASE_IMAGE, timeout=300)
         build_mounts = []
@@ -163,16 +164,16 @@ class Podman:
             (trust / "pip.conf").write_text("[global]\ncert = /etc/xdg/pip/ca.crt\n")
             build_mounts = ["--volume", f"{trust}:/etc/xdg/pip:ro"]
         started = time.monotonic()
-        self("build", "--file", str(DOCKERFILE),
-             "--ignorefile", str(DOCKERFILE.with_name("Dockerfile.dockerignore")),
+        self("build", "--file", str(dockerfile),
+             "--ignorefile", str(dockerfile.with_name("Dockerfile.dockerignore")),
              "--build-arg", f"BASE={BASE_IMAGE}", *build_mounts,
              # The host's network for the build's RUN steps: pip reaches the registry as this
              # host does, and no bridge, NAT or firewall rule is made for them.
              "--network", "host", "--tag", IMAGE, ".",
-             timeout=BUILD_SECS, cwd=ROOT)
+             timeout=BUILD_SECS, cwd=checkout)
         FIGURES["image build"] = f"{time.monotonic() - started:.0f} s (on the imported base)"
         size = int(self("image", "inspect", "--format", "{{.Size}}", IMAGE).stdout)
-        FIGURES["image size"] = _mb(size)
+        FIGURES["image size"] = f"{_mb(size)} ({size} bytes)"
 
     def network(self, name: str) -> str:
         """A bridge network, internal (no route out, no NAT rules on the host): the
@@ -309,3 +310,29 @@ class Container:
     def stop(self, grace: int) -> None:
         """SIGTERM, then SIGKILL after `grace` s: the kubelet's way of ending a pod."""
         self.podman("stop", "--time", str(grace), self.id, timeout=grace + COMMAND_SECS)
+
+
+def main(argv: list[str]) -> int:
+    """`python tests/container/podman_cluster.py [CHECKOUT]`, from the repository root with
+    tests/ on PYTHONPATH, as root: builds the image of CHECKOUT's Dockerfile (this checkout's by
+    default) as the tier does, on the same base, and prints its size (docs/kubernetes.md,
+    "Image size"); nothing of it is left but the base's tarball in build/container."""
+    checkout = Path(argv[0]).resolve() if argv else ROOT
+    why = unavailable()
+    if why:
+        print(f"no podman here: {why}")
+        return 1
+    podman = Podman()
+    try:
+        podman.build_image(checkout)
+    finally:
+        podman.close()
+    for name, value in FIGURES.items():
+        print(f"{name}: {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))
