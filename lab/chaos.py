@@ -196,8 +196,10 @@ def short_plans(rng: random.Random, *, timeout: float, train_steps: int, log_eve
                    log_every=log_every, max_restarts=max_restarts,
                    phases=("startup", "training"))
              for run, fault in enumerate((f for f in FAULTS if f in faults), start=1)]
-    return drawn + replay_plans(len(drawn) + 1, timeout=timeout, train_steps=train_steps,
-                                log_every=log_every)
+    replays = [plan for plan in replay_plans(1, timeout=timeout, train_steps=train_steps,
+                                             log_every=log_every) if plan.fault in faults]
+    return drawn + [dataclasses.replace(plan, run=run)
+                    for run, plan in enumerate(replays, start=len(drawn) + 1)]
 
 
 def replay_plans(first_run: int, *, timeout: float, train_steps: int,
@@ -852,8 +854,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         plans = (short_plans if args.short else plan_runs)(
             random.Random(seed), **({} if args.short else {"count": args.runs or 10_000}),
             **options, faults=kinds)
-        if args.short:  # a skipped kind's replay goes too
-            plans = [plan for plan in plans if plan.fault in kinds]
     budget = None if args.quick or args.short or args.runs else args.minutes * 60
     print(f"chaos: seed {seed}; {len(plans) if budget is None else 'for'} "
           f"{'runs' if budget is None else f'{args.minutes:g} minutes'}; --timeout "

@@ -340,10 +340,13 @@ def test_short_draws_each_kind_once_then_replays_the_end_of_run_faults():
         ("ps 0", "stop-long", "end", 1), ("worker 1", "stop-long", "end", 1),
         ("ps 0", "kill", "end", 1)]
     assert all(p.note.startswith("replay: ") for p in replays)
-    # Only the kinds not skipped.
+    # Only the kinds not skipped, a skipped kind's replay too; numbered on.
     signals = chaos.short_plans(random.Random(0), **options, faults=chaos.SIGNAL_FAULTS)
     assert [p.fault for p in signals[:4]] == list(chaos.SIGNAL_FAULTS)
     assert len(signals) == 4 + len(replays)
+    kills = chaos.short_plans(random.Random(0), **options, faults=("kill",))
+    assert [(p.run, p.fault, p.note[:7]) for p in kills] == [(1, "kill", ""),
+                                                             (2, "kill", "replay:")]
 
 
 def test_each_replay_is_the_run_its_seed_drew():
