@@ -33,7 +33,7 @@ XDIST := -n $(JOBS) --dist loadgroup --max-worker-restart=0
 
 .PHONY: install run-cluster test test-fast test-inprocess test-cluster test-recovery test-slurm \
 	test-network test-container \
-	soak chaos bench clean
+	soak chaos chaos-short bench clean
 
 install: $(STAMP)
 
@@ -91,11 +91,22 @@ soak: install
 	    tests/fast/test_fuzz.py
 
 # The chaos soak: the localhost cluster again and again, each run with one random fault
-# (SIGKILL, SIGSTOP then SIGCONT, or SIGTERM, of a random task at a random moment), every outcome
-# classified against the README. About 15 minutes; `make chaos ARGS=--quick` is 4 runs (the
-# soak tier runs those). Writes chaos-results/chaos.json.
+# (a signal, a network fault or a full disk, of a random task at a random moment), every
+# outcome classified against the README (docs/chaos.md). About 15 minutes; `make chaos
+# ARGS=--quick` is 4 runs (the soak tier runs those). A fault kind this machine cannot make
+# (the network and disk kinds need root, nftables and iptables) stops it, exit 2, unless
+# skipped: `make chaos ARGS="--skip KIND[,KIND]"`. Writes chaos-results/chaos.json.
 chaos: install
 	$(BIN)/python -m lab.chaos $(ARGS)
+
+# The short chaos, run by .ci/run after the other tiers: every fault kind once (a fixed seed),
+# then the end-of-run replays (a ps frozen, a worker frozen, the ps killed as the cluster
+# finishes), each beside fault-free runs for load; any defect fails it, and so does a fault
+# kind it cannot make. About 8 minutes on this project's 2-core machine, the CPU lock held (5
+# December 2026: 21 runs in 469 s; 413 s with another seed). Writes
+# chaos-results/chaos-short.json.
+chaos-short: install
+	$(BIN)/python -m lab.chaos --short $(ARGS)
 
 # About 12 minutes on a quiet 2-core machine; `make bench ARGS=--quick` about 2. Writes
 # bench-results/. The plot needs the optional `bench` extra (matplotlib); if it cannot be

@@ -1,8 +1,9 @@
 """The chaos soak: the localhost cluster many times, each run with one fault at a random moment.
 
-    python -m lab.chaos [--minutes 15] [--runs N] [--seed S] [--quick]
-                                           [--timeout 20] [--json chaos-results/chaos.json]
+    python -m lab.chaos [--minutes 15] [--runs N] [--seed S] [--quick | --short]
+                        [--skip KIND[,KIND]] [--timeout 20] [--json chaos-results/chaos.json]
     make chaos [ARGS=...]
+    make chaos-short [ARGS=...]      (python -m lab.chaos --short; .ci/run runs it)
 
 Each run starts `sync-mnist-cluster` (1 or 2 ps, 3 workers, R = N or R = N - 1, with or without
 --max-restarts; synthetic data, a few steps, a --logdir saved every 10 updates) and gives one
@@ -20,7 +21,9 @@ start-up, the training or the end of the run:
   delay            each of those packets held 200 ms, for longer than --timeout
   disk-full        the run's --logdir (a 64 MB tmpfs) filled to its last block for less than
                    --timeout, then freed (the victim is the chief, which writes there)
-The network and disk faults need root; elsewhere they are left out, and the soak says so.
+The network faults need root, nftables and iptables; the full disk, root. A kind this machine
+cannot make is an error (exit 2, naming it and why) unless --skip names it: nothing is left
+out silently. The summary lists the kinds skipped.
 A run that ends preempted (143) is run again with the same --logdir, with no fault: it must
 resume and end verified, its contributions the whole plan. The victim is found by the pid the
 launcher logs when it starts a task (`started worker 1 (pid N)`), and checked to be a child of
@@ -50,10 +53,18 @@ and its output:
                 (the fault never landed, and the run failed all the same)
 A fault that lands after its victim has ended is "missed"; the run is classified all the same.
 
+--short (make chaos-short, in CI) draws each fault kind once, in turn, its configuration,
+victim and moment (in the start-up or the training) from a fixed seed (SHORT_SEED); then replays the end-of-run faults that full
+runs drew rarely and that failed only under load (replay_plans: a ps frozen, a worker frozen,
+the ps killed as the cluster finishes, each with a restart allowed), each beside fault-free
+runs of a second cluster, one after another until it ends (run_beside). Every run, the load's
+too, is classified as above.
+
 It prints one line per run, then the outcomes by (victim, fault) and by phase, and writes every
 run, with its plan and what was seen, to --json, and each run's output beside it
-(chaos-run-N.log). Exit codes: 0 no defect; 1 some defect; 2 bad
-arguments; 130 interrupted.
+(chaos-run-N.log). Exit codes: 0 no defect; 1 some defect; 2 bad arguments (a --skip name
+that is not a kind; a kind this machine cannot make and --skip does not name); 130
+interrupted.
 """
 
 from __future__ import annotations
@@ -62,10 +73,12 @@ import argparse
 import collections
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -84,6 +97,11 @@ SIGNAL_FAULTS = ("kill", "stop-short", "stop-long", "term")
 NETWORK_FAULTS = ("partition-short", "partition-long", "loss", "delay")
 DISK_FAULTS = ("disk-full",)
 FAULTS = SIGNAL_FAULTS + NETWORK_FAULTS + DISK_FAULTS
+NO_FAULT = "none"  # a load run's victim, fault and phase: it runs beside a replay, untouched
+# make chaos-short's draws: a fixed seed, the same runs every time; this one for their spread
+# (each kind of victim at least twice, a network fault on each, both phases, 5 of 9 runs with
+# a restart allowed, 1 and 2 ps).
+SHORT_SEED = 2
 PHASES = ("startup", "training", "end")
 # What a stop or another lasting fault lasts, as a fraction of --timeout: well inside it, or
 # well past it.
@@ -119,7 +137,7 @@ class Plan:
     ps: int
     replicas: int  # --replicas-to-aggregate; WORKERS: R = N
     max_restarts: int
-    victim: str  # "ps 1", "worker 0" (the chief), "worker 2"
+    victim: str  # "ps 1", "worker 0" (the chief), "worker 2"; NO_FAULT for a load run
     fault: str  # one of FAULTS (disk-full: the victim is the chief, which writes --logdir)
     phase: str  # one of PHASES: when the fault is meant to land
     pause: float  # seconds between SIGSTOP and SIGCONT (0 for a kill)
@@ -128,36 +146,94 @@ class Plan:
     timeout: float
     train_steps: int
     log_every: int
+    note: str = ""  # what a run is for, where it is not drawn: a replay, a load
 
     @property
     def victim_kind(self) -> str:
         return "chief" if self.victim == "worker 0" else self.victim.split()[0]
 
 
+def _draw(rng: random.Random, run: int, faults: Sequence[str], *, timeout: float,
+          train_steps: int, log_every: int, max_restarts: int,
+          phases: Sequence[str] = PHASES) -> Plan:
+    """One run's configuration, victim, fault (of `faults`) and moment (in one of `phases`),
+    drawn at random."""
+    ps = rng.choice((1, 2))
+    victim_kind = rng.choice(("ps", "chief", "worker"))
+    victim = {"ps": f"ps {rng.randrange(ps)}", "chief": "worker 0",
+              "worker": f"worker {rng.randrange(1, WORKERS)}"}[victim_kind]
+    fault = rng.choice(faults)
+    if fault in DISK_FAULTS:
+        victim = "worker 0"
+    span = SPANS[fault]
+    phase = rng.choice(phases)
+    return Plan(
+        run=run, ps=ps, replicas=rng.choice((WORKERS, WORKERS - 1)),
+        max_restarts=rng.choice((0, max_restarts)), victim=victim, fault=fault, phase=phase,
+        pause=round(rng.uniform(*span) * timeout, 1),
+        at_step=rng.randrange(log_every, train_steps - log_every, log_every),
+        delay=round(rng.uniform(0, {"startup": STARTUP_SPAN_SECS, "training": 0.3,
+                                    "end": END_SPAN_SECS}[phase]), 2),
+        timeout=timeout, train_steps=train_steps, log_every=log_every)
+
+
 def plan_runs(rng: random.Random, count: int, *, timeout: float, train_steps: int,
               log_every: int, max_restarts: int, faults: Sequence[str] = FAULTS) -> list[Plan]:
     """`count` runs, each configuration, victim, fault (of `faults`) and moment drawn at
-    random."""
-    plans = []
-    for run in range(1, count + 1):
-        ps = rng.choice((1, 2))
-        victim_kind = rng.choice(("ps", "chief", "worker"))
-        victim = {"ps": f"ps {rng.randrange(ps)}", "chief": "worker 0",
-                  "worker": f"worker {rng.randrange(1, WORKERS)}"}[victim_kind]
-        fault = rng.choice(faults)
-        if fault in DISK_FAULTS:
-            victim = "worker 0"
-        span = SPANS[fault]
-        phase = rng.choice(PHASES)
-        plans.append(Plan(
-            run=run, ps=ps, replicas=rng.choice((WORKERS, WORKERS - 1)),
-            max_restarts=rng.choice((0, max_restarts)), victim=victim, fault=fault, phase=phase,
-            pause=round(rng.uniform(*span) * timeout, 1),
-            at_step=rng.randrange(log_every, train_steps - log_every, log_every),
-            delay=round(rng.uniform(0, {"startup": STARTUP_SPAN_SECS, "training": 0.3,
-                                        "end": END_SPAN_SECS}[phase]), 2),
-            timeout=timeout, train_steps=train_steps, log_every=log_every))
-    return plans
+    random. The same seed draws the same runs: `--seed S` replays a run."""
+    return [_draw(rng, run, faults, timeout=timeout, train_steps=train_steps,
+                  log_every=log_every, max_restarts=max_restarts)
+            for run in range(1, count + 1)]
+
+
+def short_plans(rng: random.Random, *, timeout: float, train_steps: int, log_every: int,
+                max_restarts: int, faults: Sequence[str] = FAULTS) -> list[Plan]:
+    """`make chaos-short`: one run of each fault kind of `faults`, in FAULTS' order, its
+    configuration, victim and moment drawn at random, in the start-up or the training, where
+    a fault lands (one drawn for the end often comes after its victim has ended); then the
+    end-of-run replays (replay_plans), each to be run beside fault-free runs for load."""
+    drawn = [_draw(rng, run, (fault,), timeout=timeout, train_steps=train_steps,
+                   log_every=log_every, max_restarts=max_restarts,
+                   phases=("startup", "training"))
+             for run, fault in enumerate((f for f in FAULTS if f in faults), start=1)]
+    replays = [plan for plan in replay_plans(1, timeout=timeout, train_steps=train_steps,
+                                             log_every=log_every) if plan.fault in faults]
+    return drawn + [dataclasses.replace(plan, run=run)
+                    for run, plan in enumerate(replays, start=len(drawn) + 1)]
+
+
+def replay_plans(first_run: int, *, timeout: float, train_steps: int,
+                 log_every: int) -> list[Plan]:
+    """The end-of-run faults that full runs drew only rarely, and that failed only under
+    load, each as its full run drew it (`--seed S` draws it again as run N), with one
+    restart allowed, so each must end verified: ps 0 of 2 frozen past --timeout as the
+    cluster finishes (run 37 of seed 1796431311: the workers' timeout at the finish named no
+    ps; then a ps's read of the restarted one failed with CancelledError); worker 1 frozen at
+    the finish, leaving both ps waiting for its done report (run 19 of the same seed); and the
+    one ps killed as the cluster finishes, to come back empty (run 14 of seed 1796418640; the
+    same fault under load found the finish barrier's NotFoundError). A stop's pause scales
+    with --timeout."""
+    common = dict(replicas=WORKERS, max_restarts=1, phase="end", timeout=timeout,
+                  train_steps=train_steps, log_every=log_every)
+    return [
+        Plan(run=first_run, ps=2, victim="ps 0", fault="stop-long",
+             pause=round(27.4 / 20 * timeout, 1), at_step=80, delay=0.56,
+             note="replay: run 37 of seed 1796431311, a ps frozen at the finish", **common),
+        Plan(run=first_run + 1, ps=2, victim="worker 1", fault="stop-long",
+             pause=round(27.3 / 20 * timeout, 1), at_step=20, delay=0.25,
+             note="replay: run 19 of seed 1796431311, a worker frozen at the finish",
+             **common),
+        Plan(run=first_run + 2, ps=1, victim="ps 0", fault="kill", pause=0.0, at_step=80,
+             delay=0.16, note="replay: run 14 of seed 1796418640, the ps killed at the finish",
+             **common),
+    ]
+
+
+def load_plan(run: int, *, timeout: float, train_steps: int, log_every: int) -> Plan:
+    """A fault-free run, beside a replay for load: it must end verified like any other."""
+    return Plan(run=run, ps=1, replicas=WORKERS, max_restarts=0, victim=NO_FAULT,
+                fault=NO_FAULT, phase=NO_FAULT, pause=0.0, at_step=0, delay=0.0,
+                timeout=timeout, train_steps=train_steps, log_every=log_every, note="load")
 
 
 def quick_plans(*, timeout: float, train_steps: int, log_every: int,
@@ -204,14 +280,38 @@ def hang_bound(plan: Plan) -> float:
 class _Launcher:
     """One launcher process and its output, read line by line as it comes."""
 
+    # Every launcher still running, of this thread or a load's beside it: an interrupt stops
+    # them all (stop_all), and any started after it at once.
+    _live: set[_Launcher] = set()
+    _registry = threading.Lock()
+    _halted = False
+
     def __init__(self, argv: list[str]):
         self.lines: list[str] = []
         self._changed = threading.Condition()
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, text=True,
-                                     start_new_session=True)
+        with _Launcher._registry:
+            self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, text=True,
+                                         start_new_session=True)
+            _Launcher._live.add(self)
+            if _Launcher._halted:
+                _kill_group(self.proc.pid)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
+
+    def ended(self) -> None:
+        with _Launcher._registry:
+            _Launcher._live.discard(self)
+
+    @classmethod
+    def stop_all(cls) -> None:
+        """Kills every launcher still running, by process group, and any started later: the
+        soak was interrupted. Each run's own `finally` then sweeps what is left of it."""
+        with cls._registry:
+            cls._halted = True
+            for launcher in cls._live:
+                if launcher.proc.poll() is None:
+                    _kill_group(launcher.proc.pid)
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -320,6 +420,40 @@ def run_one(plan: Plan, workdir: Path, fault: bool = True,
         return _run_one(plan, marker, summary_path, logdir, fault, net_class)
 
 
+def run_beside(plan: Plan, workdir: Path, next_load,
+               net_class: loopback_faults.NetClass | None = None
+               ) -> tuple[dict, list[tuple[Plan, dict]]]:
+    """Runs `plan` as run_one does, and beside it, for load, fault-free runs one after
+    another (each plan from next_load()) until it has ended; the last of them runs to its end.
+    Returns (what was seen of `plan`, [(load plan, what was seen of it)])."""
+    done = threading.Event()
+    loads: list[tuple[Plan, dict]] = []
+    failed: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            while not done.is_set():
+                load_plan = next_load()
+                loads.append((load_plan, run_one(load_plan, workdir, fault=False)))
+        except BaseException as e:  # raised again in the caller's thread
+            failed.append(e)
+
+    beside = threading.Thread(target=load, name="chaos-load", daemon=True)
+    beside.start()
+    try:
+        seen = run_one(plan, workdir, net_class=net_class)
+        done.set()
+        beside.join()
+    except BaseException:  # Ctrl-C or SIGTERM (main): the load's run goes too
+        done.set()
+        _Launcher.stop_all()
+        beside.join()
+        raise
+    if failed:
+        raise failed[0]
+    return seen, loads
+
+
 def _run_one(plan: Plan, marker: Path, summary_path: Path, logdir: Path, fault: bool,
              net_class: loopback_faults.NetClass | None) -> dict:
     started = time.monotonic()
@@ -350,6 +484,7 @@ def _run_one(plan: Plan, marker: Path, summary_path: Path, logdir: Path, fault: 
         if launcher.proc.poll() is None:
             _kill_group(launcher.proc.pid)
             launcher.proc.wait()
+        launcher.ended()
         launcher.sleep(5)  # the rest of its output
         leftovers = _leftovers(marker, launcher.lines)
     seen["wall_s"] = round(time.monotonic() - started, 1)
@@ -571,19 +706,24 @@ def run_line(plan: Plan, seen: dict, category: str, defects: list[str]) -> str:
     landed = (f"{seen['phase_seen']}@{seen['fault_at_s']:g}s" if seen["fault_landed"]
               else "missed")
     restarts = (seen["summary"] or {}).get("restarts") or {}
+    what = ("no fault" if plan.fault == NO_FAULT
+            else f"{plan.victim} ({plan.victim_kind}) {fault} {plan.phase}->{landed}")
     return (f"run {plan.run:>3}  ps={plan.ps} R={plan.replicas}/{WORKERS} "
-            f"restarts<={plan.max_restarts}  {plan.victim} ({plan.victim_kind}) {fault} "
-            f"{plan.phase}->{landed}  exit {seen['code']} in {seen['wall_s']:g}s  {category}"
+            f"restarts<={plan.max_restarts}  {what}  exit {seen['code']} in "
+            f"{seen['wall_s']:g}s  {category}"
             + (f" [{', '.join(defects)}]" if defects else "")
-            + (f" restarted {restarts}" if restarts else ""))
+            + (f" restarted {restarts}" if restarts else "")
+            + (f"  ({plan.note})" if plan.note else ""))
 
 
-def tables(records: list[dict]) -> str:
-    """The outcomes by (victim, fault) and by the phase the fault landed in."""
+def tables(records: list[dict], skipped: Sequence[str] = ()) -> str:
+    """The outcomes by (victim, fault) and by the phase the fault landed in; the kinds
+    skipped."""
     columns = ("verified", "restarted", "preempted", "failed-named", "defect")
     out = []
     for title, key in (("victim  fault", lambda r: f"{r['victim_kind']:<7} {r['fault']:<15}"),
-                       ("phase", lambda r: r["phase_seen"] or "missed")):
+                       ("phase", lambda r: "no fault" if r["fault"] == NO_FAULT
+                        else r["phase_seen"] or "missed")):
         counts = collections.defaultdict(collections.Counter)
         for r in records:
             counts[key(r)][r["category"] if r["category"] in columns else "defect"] += 1
@@ -594,10 +734,16 @@ def tables(records: list[dict]) -> str:
         out.append("")
     kinds = collections.Counter(d for r in records for d in r["defects"])
     out.append("defects: " + (", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) or "none"))
+    missed = [f"run {r['run']} {r['fault']}" for r in records
+              if r["fault"] != NO_FAULT and not r["fault_landed"]]
+    if missed:
+        out.append("missed (the victim had ended): " + ", ".join(missed))
+    if skipped:
+        out.append("skipped (--skip): " + ", ".join(skipped))
     return "\n".join(out)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lab.chaos",
                                 description="Run the localhost cluster many times, each with "
                                             "one random fault, and classify every outcome.")
@@ -605,66 +751,120 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="start runs until this much time has gone (default: 15)")
     p.add_argument("--runs", type=int, default=None,
                    help="exactly this many runs instead (default: as --minutes allow)")
-    p.add_argument("--quick", action="store_true",
-                   help="four fixed runs, one of each signal (the soak tier's form)")
-    p.add_argument("--seed", type=int, default=None, help="random seed (default: from time)")
+    form = p.add_mutually_exclusive_group()
+    form.add_argument("--quick", action="store_true",
+                      help="four fixed runs, one of each signal (the soak tier's form)")
+    form.add_argument("--short", action="store_true",
+                      help="one run of each fault kind, then the end-of-run replays, each "
+                           f"beside fault-free runs for load (make chaos-short; --seed "
+                           f"{SHORT_SEED} unless given)")
+    p.add_argument("--skip", default="", metavar="KIND[,KIND]",
+                   help="fault kinds not to draw, e.g. those this machine cannot make "
+                        f"(default: none; the kinds: {', '.join(FAULTS)})")
+    p.add_argument("--seed", type=int, default=None,
+                   help=f"random seed (default: from time; {SHORT_SEED} with --short)")
     p.add_argument("--timeout", type=float, default=20.0,
                    help="each cluster's --timeout (default: 20)")
     p.add_argument("--train-steps", type=int, default=100, help="updates per run (default: 100)")
     p.add_argument("--max-restarts", type=int, default=1,
                    help="the launcher's --max-restarts in the runs that have one: 1, one "
                         "restart for the one fault (default: 1)")
-    p.add_argument("--json", type=Path, default=Path("chaos-results/chaos.json"),
-                   help="where every run is written (default: chaos-results/chaos.json)")
+    p.add_argument("--json", type=Path, default=None,
+                   help="where every run is written (default: chaos-results/chaos.json; "
+                        "chaos-results/chaos-short.json with --short)")
+    return p
+
+
+def parse_skip(text: str) -> list[str]:
+    """The fault kinds named by --skip, in FAULTS' order; ValueError naming any that is not a
+    kind, and the kinds."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in FAULTS]
+    if unknown:
+        raise ValueError(f"--skip: {', '.join(map(repr, unknown))} "
+                         f"{'is not a fault kind' if len(unknown) == 1 else 'are not fault kinds'}"
+                         f" (the kinds: {', '.join(FAULTS)})")
+    return [kind for kind in FAULTS if kind in names]
+
+
+def cannot_draw(kinds: Sequence[str]) -> dict[str, str]:
+    """Each kind of `kinds` this machine cannot make, and why. Signals it always can; the
+    network faults need root and nftables, iptables (loopback_faults.unavailable), the disk
+    fault root for its tmpfs. The net_cls cgroup is tried apart (main)."""
+    network = loopback_faults.unavailable()
+    disk = ("it needs root (a tmpfs of its own)" if os.geteuid() != 0
+            else "`mount` is not installed" if shutil.which("mount") is None else None)
+    why = {}
+    for kind in kinds:
+        reason = network if kind in NETWORK_FAULTS else disk if kind in DISK_FAULTS else None
+        if reason:
+            why[kind] = reason
+    return why
+
+
+def undrawable_message(why: dict[str, str]) -> str:
+    """The error for fault kinds that cannot be drawn: each with why, and the --skip that
+    leaves them out."""
+    by_reason: dict[str, list[str]] = collections.defaultdict(list)
+    for kind, reason in why.items():
+        by_reason[reason].append(kind)
+    return ("cannot draw these fault kinds here: "
+            + "; ".join(f"{', '.join(kinds)}: {reason}" for reason, kinds in by_reason.items())
+            + f". Skip them by name to run without them: --skip {','.join(why)}")
+
+
+def _drawable(p: argparse.ArgumentParser, kinds: list[str]) -> loopback_faults.NetClass | None:
+    """Exits 2 (p.error) naming the kinds of `kinds` this machine cannot make; else the
+    net_cls class the network faults need, if any is among them."""
+    why = cannot_draw(kinds)
+    net_class = None
+    if not why and any(kind in NETWORK_FAULTS for kind in kinds):
+        try:
+            net_class = loopback_faults.NetClass()
+        except loopback_faults.FaultError as e:
+            why = {kind: f"no net_cls cgroup: {e}" for kind in kinds if kind in NETWORK_FAULTS}
+    if why:
+        p.error(undrawable_message(why))
+    return net_class
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = _parser()
     args = p.parse_args(argv)
     log_every = 10
     if args.train_steps < 3 * log_every or args.timeout <= 0 or (args.runs or 1) < 1:
         p.error(f"--train-steps must be at least {3 * log_every}, --timeout and --runs positive")
-    seed = args.seed if args.seed is not None else int(time.time())
+    try:
+        skipped = parse_skip(args.skip)
+    except ValueError as e:
+        p.error(str(e))
+    kinds = [kind for kind in FAULTS if kind not in skipped]
+    if not kinds:
+        p.error("--skip leaves no fault kind to draw")
+    seed = args.seed if args.seed is not None else SHORT_SEED if args.short else int(time.time())
+    json_path = args.json or Path("chaos-results/chaos-short.json" if args.short
+                                  else "chaos-results/chaos.json")
     options = dict(timeout=args.timeout, train_steps=args.train_steps, log_every=log_every,
                    max_restarts=args.max_restarts)
-    left_out = loopback_faults.unavailable()
-    net_class = None
-    if left_out is None and not args.quick:
-        try:
-            net_class = loopback_faults.NetClass()
-        except loopback_faults.FaultError as e:
-            left_out = f"no net_cls cgroup: {e}"
-    if left_out and not args.quick:
-        print(f"chaos: network and disk faults left out: {left_out}", flush=True)
-    plans = quick_plans(**options) if args.quick else plan_runs(
-        random.Random(seed), args.runs or 10_000, **options,
-        faults=SIGNAL_FAULTS if left_out else FAULTS)
-    budget = None if args.quick or args.runs else args.minutes * 60
+    if args.quick:  # signals only
+        net_class = None
+        plans = [plan for plan in quick_plans(**options) if plan.fault in kinds]
+    else:
+        net_class = _drawable(p, kinds)
+        plans = (short_plans if args.short else plan_runs)(
+            random.Random(seed), **({} if args.short else {"count": args.runs or 10_000}),
+            **options, faults=kinds)
+    budget = None if args.quick or args.short or args.runs else args.minutes * 60
     print(f"chaos: seed {seed}; {len(plans) if budget is None else 'for'} "
           f"{'runs' if budget is None else f'{args.minutes:g} minutes'}; --timeout "
-          f"{args.timeout:g}, --train-steps {args.train_steps}, {WORKERS} workers", flush=True)
-    records = []
+          f"{args.timeout:g}, --train-steps {args.train_steps}, {WORKERS} workers"
+          + (f"; skipped: {', '.join(skipped)}" if skipped else ""), flush=True)
     started = time.monotonic()
+    records: list[dict] = []
     # SIGTERM unwinds like Ctrl-C, through run_one's finally, which stops the current run.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        with tempfile.TemporaryDirectory(prefix="sync-mnist-chaos-") as tmp:
-            for plan in plans:
-                mean = (time.monotonic() - started) / len(records) if records else 0.0
-                if budget is not None and time.monotonic() - started + mean > budget:
-                    break
-                seen = run_one(plan, Path(tmp), net_class=net_class)
-                if seen["code"] == config_lib.EXIT_PREEMPTED:  # it must resume, and finish
-                    again = run_one(plan, Path(tmp), fault=False)
-                    seen["rerun"] = {k: again[k] for k in ("code", "summary", "wall_s")}
-                    seen["lines"] += ["--- the rerun, with the same --logdir ---",
-                                      *again["lines"]]
-                category, defects = classify(plan, seen)
-                print(run_line(plan, seen, category, defects), flush=True)
-                output = args.json.with_name(f"{args.json.stem}-run-{plan.run}.log")
-                output.parent.mkdir(parents=True, exist_ok=True)
-                output.write_text("\n".join(seen["lines"]) + "\n")
-                records.append({**dataclasses.asdict(plan), "victim_kind": plan.victim_kind,
-                                "category": category, "defects": defects, "log": str(output),
-                                **{k: v for k, v in seen.items() if k != "lines"},
-                                "alerts": [line for line in seen["lines"]
-                                           if _ALERT.search(line)][:40]})
+        _run_plans(plans, records, json_path, budget, net_class)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return config_lib.EXIT_INTERRUPTED
@@ -672,12 +872,53 @@ def main(argv: Sequence[str] | None = None) -> int:
         if net_class is not None:
             net_class.close()
         if records:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps({"seed": seed, "settings": options,
-                                             "runs": records}, indent=2) + "\n")
-    print(tables(records), flush=True)
-    print(f"{len(records)} runs in {time.monotonic() - started:.0f} s; written to {args.json}")
+            json_path.parent.mkdir(parents=True, exist_ok=True)
+            json_path.write_text(json.dumps({"seed": seed, "settings": options,
+                                             "skipped": skipped, "runs": records},
+                                            indent=2) + "\n")
+    print(tables(records, skipped), flush=True)
+    print(f"{len(records)} runs in {time.monotonic() - started:.0f} s; written to {json_path}")
     return config_lib.EXIT_FAILED if any(r["defects"] for r in records) else config_lib.EXIT_OK
+
+
+def _run_plans(plans: list[Plan], records: list[dict], json_path: Path, budget: float | None,
+               net_class: loopback_faults.NetClass | None) -> None:
+    """Runs each plan in turn (a replay beside fault-free runs for load) until the budget of
+    seconds, if any, would be passed; appends each run's record to `records` as it ends."""
+    started = time.monotonic()
+    next_run = itertools.count(max((plan.run for plan in plans), default=0) + 1)
+    with tempfile.TemporaryDirectory(prefix="sync-mnist-chaos-") as tmp:
+        workdir = Path(tmp)
+        for plan in plans:
+            mean = (time.monotonic() - started) / len(records) if records else 0.0
+            if budget is not None and time.monotonic() - started + mean > budget:
+                break
+            if plan.note.startswith("replay"):
+                seen, loads = run_beside(plan, workdir, lambda: load_plan(
+                    next(next_run), timeout=plan.timeout, train_steps=plan.train_steps,
+                    log_every=plan.log_every), net_class=net_class)
+            else:
+                seen, loads = run_one(plan, workdir, net_class=net_class), []
+            for run_plan, run_seen in [(plan, seen), *loads]:
+                records.append(_judge(run_plan, run_seen, workdir, json_path))
+
+
+def _judge(plan: Plan, seen: dict, workdir: Path, json_path: Path) -> dict:
+    """Classifies one run (a preempted one first run again with the same --logdir, which must
+    resume), prints its line, writes its output beside `json_path`; returns its record."""
+    if seen["code"] == config_lib.EXIT_PREEMPTED:  # it must resume, and finish
+        again = run_one(plan, workdir, fault=False)
+        seen["rerun"] = {k: again[k] for k in ("code", "summary", "wall_s")}
+        seen["lines"] += ["--- the rerun, with the same --logdir ---", *again["lines"]]
+    category, defects = classify(plan, seen)
+    print(run_line(plan, seen, category, defects), flush=True)
+    output = json_path.with_name(f"{json_path.stem}-run-{plan.run}.log")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text("\n".join(seen["lines"]) + "\n")
+    return {**dataclasses.asdict(plan), "victim_kind": plan.victim_kind,
+            "category": category, "defects": defects, "log": str(output),
+            **{k: v for k, v in seen.items() if k != "lines"},
+            "alerts": [line for line in seen["lines"] if _ALERT.search(line)][:40]}
 
 
 if __name__ == "__main__":

@@ -512,15 +512,8 @@ def run_one(setup: str, n: int, config: BenchConfig, *, num_ps: int = 1,
     launch.run_cluster's does; else every process is on localhost. The floor's and mwms's
     processes use one ps at most.
     """
-    from sync_mnist.core import cluster as cluster_lib
-
     sample = Sample(setup, n)
-    if network is None:
-        ports = cluster_lib.free_ports(n + num_ps)
-        ps = [f"localhost:{p}" for p in ports[:num_ps]]
-        workers = [f"localhost:{p}" for p in ports[num_ps:]]
-    else:
-        ps, workers = (list(hosts) for hosts in network.hosts(num_ps, n))
+    ps, workers = _hosts(n, num_ps, network)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
     procs: list[_Proc] = []
     ticks: list[tuple[float, int, int, int]] = []  # (time, cpu ticks, step, global_step)
@@ -545,31 +538,8 @@ def run_one(setup: str, n: int, config: BenchConfig, *, num_ps: int = 1,
                 procs.append(_Proc(name, argv, env,
                                    on_timer_line if name == "worker 0" else None,
                                    network.entry(role, int(index)) if network else None))
-        must_end = [p for p in procs if p.name.startswith("worker")]
-        deadline = started + RUN_TIMEOUT_SECS
-        while not all(p.reap() for p in must_end):
-            failed = next((p for p in procs if p.reap() and p.exit_code != 0), None)
-            if failed:
-                sample.error = f"{failed.name} exited {failed.exit_code}: {failed.tail()}"
-                break
-            if time.monotonic() > deadline:
-                sample.error = f"not done after {RUN_TIMEOUT_SECS:g} s"
-                break
-            time.sleep(0.05)
-        for p in procs:  # the real ps exits by itself once every worker has reported done
-            if p.name.startswith("ps"):
-                end = time.monotonic() + 15
-                while setup != "floor" and not p.reap() and time.monotonic() < end:
-                    time.sleep(0.05)
-        if sample.error is None:
-            bad = next((p for p in must_end if p.exit_code != 0), None)
-            if bad:
-                sample.error = f"{bad.name} exited {bad.exit_code}: {bad.tail()}"
-        peak = {p.name: (p.maxrss_kb if p.exit_code is not None else p.peak_rss_kb()) / 1024
-                for p in procs}
-        sample.peak_rss_mb = sum(peak.values())
-        sample.ps_rss_mb = max((v for k, v in peak.items() if k.startswith("ps")), default=None)
-        sample.worker_rss_mb = max(v for k, v in peak.items() if k.startswith("worker"))
+        sample.error = _wait_for_workers(setup, procs, started + RUN_TIMEOUT_SECS)
+        _fill_rss(sample, procs)
     finally:
         for p in procs:
             p.kill()
@@ -580,6 +550,54 @@ def run_one(setup: str, n: int, config: BenchConfig, *, num_ps: int = 1,
         chief = next(p for p in procs if p.name == "worker 0")
         sample.log_loss, sample.planted_log_loss = read_log_loss(chief.lines)
     return sample
+
+
+def _hosts(n: int, num_ps: int, network) -> tuple[list[str], list[str]]:
+    """(ps hosts, worker hosts) of one run: free ports on localhost, or `network`'s."""
+    from sync_mnist.core import cluster as cluster_lib
+
+    if network is None:
+        ports = cluster_lib.free_ports(n + num_ps)
+        return ([f"localhost:{p}" for p in ports[:num_ps]],
+                [f"localhost:{p}" for p in ports[num_ps:]])
+    ps, workers = (list(hosts) for hosts in network.hosts(num_ps, n))
+    return ps, workers
+
+
+def _wait_for_workers(setup: str, procs: list[_Proc], deadline: float) -> str | None:
+    """Waits until every worker has ended (and a real ps has ended by itself, up to 15 s
+    more); returns the run's error (a task that failed, or the deadline passed) or None."""
+    error = None
+    must_end = [p for p in procs if p.name.startswith("worker")]
+    while not all(p.reap() for p in must_end):
+        failed = next((p for p in procs if p.reap() and p.exit_code != 0), None)
+        if failed:
+            error = f"{failed.name} exited {failed.exit_code}: {failed.tail()}"
+            break
+        if time.monotonic() > deadline:
+            error = f"not done after {RUN_TIMEOUT_SECS:g} s"
+            break
+        time.sleep(0.05)
+    for p in procs:  # the real ps exits by itself once every worker has reported done
+        if p.name.startswith("ps"):
+            end = time.monotonic() + 15
+            while setup != "floor" and not p.reap() and time.monotonic() < end:
+                time.sleep(0.05)
+    if error is None:
+        bad = next((p for p in must_end if p.exit_code != 0), None)
+        if bad:
+            error = f"{bad.name} exited {bad.exit_code}: {bad.tail()}"
+    return error
+
+
+def _fill_rss(sample: Sample, procs: list[_Proc]) -> None:
+    """The run's peak resident memory: the sum over its processes, the largest ps and
+    worker."""
+    peak = {p.name: (p.maxrss_kb if p.exit_code is not None else p.peak_rss_kb()) / 1024
+            for p in procs}
+    sample.peak_rss_mb = sum(peak.values())
+    sample.ps_rss_mb = max((v for k, v in peak.items() if k.startswith("ps")), default=None)
+    sample.worker_rss_mb = max(v for k, v in peak.items() if k.startswith("worker"))
 
 
 def read_log_loss(lines: Sequence[str]) -> tuple[float | None, float | None]:

@@ -1,10 +1,10 @@
 """Profile of one synchronous step: `sync-mnist-bench --profile DIR`.
 
 A bare ps server runs in a child process (bench_tasks floor-ps); this process is worker 0, the
-chief, with the real graph (build_graph). Instead of MonitoredSession and the optimizer's
+chief, with the real graph (graph.build_graph). Instead of MonitoredSession and the optimizer's
 queue-runner thread, it runs both halves of a step itself, each with FULL_TRACE:
 
-  * the worker's step: sess.run of the train op with the batch fed, as worker.run_step does
+  * the worker's step: sess.run of the train op with the batch fed, as lockstep._StepRunner does
     (compute the gradients, count, push, wait for the token);
   * the chief's update: the queue runner's op, in a thread beside it (take the averaged
     gradients and the who-sum, apply Adam, global_step += 1, count, enqueue the tokens).
@@ -58,76 +58,109 @@ def profile(out: Path, *, timed_steps: int = 200, proof: bool = True,
         server.wait()
 
 
-def _profile_against(out: Path, ps: str, worker_address: str, timed_steps: int,
-                     proof: bool, model_name: str) -> str:
-    import tensorflow as tf
-    from tensorflow.python.client import timeline
+class _Profiled:
+    """Worker 0's graph in a session on the bare ps, both halves of a step run by hand."""
 
-    from sync_mnist.core import cluster as cluster_lib
-    from sync_mnist.core.shard import Shard
-    from sync_mnist.models import data
-    from sync_mnist.core import sessions
-    from sync_mnist.task import worker
-    from sync_mnist.task.graph import build_graph
-    from sync_mnist.task.inputs import input_data, model_params
-    from sync_mnist.models import ctr, mlp
-    from sync_mnist.core.config import TaskConfig, TrainConfig
+    def __init__(self, ps: str, worker_address: str, proof: bool, model_name: str):
+        import tensorflow as tf
 
-    tf1 = tf.compat.v1
-    # Without the optimizer's session hook one of its ops goes unused, which TensorFlow logs
-    # as an error at exit; nothing is wrong.
-    tf.get_logger().setLevel(logging.CRITICAL)
-    layout = cluster_lib.ClusterLayout.parse(ps, worker_address)
-    config = TaskConfig(role="worker", index=0, cluster=layout,
-                        train=TrainConfig(model=model_name, train_steps=10**6,
-                                          data_options={"dataset": "synthetic"}, proof=proof))
-    server = tf.distribute.Server(layout.spec(), job_name="worker", task_index=0, start=True)
-    model = ctr.MODEL if model_name == "ctr" else mlp.MODEL
-    if model_name == "ctr":
-        features, labels = input_data("train_input_fn", model.train_input_fn,
-                                             model_params(config, model))
-    else:
-        dataset = data.make_synthetic(0)
-        features, labels = dataset.train_images, dataset.train_labels
-    shard = Shard(features, labels, index=0, num_workers=1, batch_size=100, seed=0)
-    graph = tf.Graph()
-    with graph.as_default():
-        g = build_graph(config, model, shard.batch(0))
-        optimizer = g.training.optimizer
-        update_op = optimizer._chief_queue_runner.enqueue_ops[0]  # pylint: disable=protected-access
-        init = [tf1.global_variables_initializer(), tf1.local_variables_initializer()]
-    sess = tf1.Session(server.target, graph=graph,
-                       config=sessions.session_config(layout.device_filters("worker", 0)))
-    sess.run(init)
-    sess.run([optimizer.chief_init_op, optimizer.local_step_init_op])
-    full = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE, output_partition_graphs=True)
-    fetches = [g.training.train_op, g.spec.loss, g.spec.train_metrics]
+        from sync_mnist.core import cluster as cluster_lib
+        from sync_mnist.core import sessions
+        from sync_mnist.task.graph import build_graph
+        from sync_mnist.core.config import TaskConfig, TrainConfig
 
-    def step(k: int, traced: bool):
-        x, y = shard.batch(k)
+        tf1 = tf.compat.v1
+        # Without the optimizer's session hook one of its ops goes unused, which TensorFlow
+        # logs as an error at exit; nothing is wrong.
+        tf.get_logger().setLevel(logging.CRITICAL)
+        layout = cluster_lib.ClusterLayout.parse(ps, worker_address)
+        config = TaskConfig(role="worker", index=0, cluster=layout,
+                            train=TrainConfig(model=model_name, train_steps=10**6,
+                                              data_options={"dataset": "synthetic"},
+                                              proof=proof))
+        # Kept on self: the server lives as long as the session that runs on it.
+        self.server = tf.distribute.Server(layout.spec(), job_name="worker", task_index=0,
+                                           start=True)
+        self.shard, model = _profiled_shard(config, model_name)
+        graph = tf.Graph()
+        with graph.as_default():
+            self.g = build_graph(config, model, self.shard.batch(0))
+            optimizer = self.g.training.optimizer
+            self.update_op = optimizer._chief_queue_runner.enqueue_ops[0]  # pylint: disable=protected-access
+            init = [tf1.global_variables_initializer(), tf1.local_variables_initializer()]
+        self.sess = tf1.Session(self.server.target, graph=graph,
+                                config=sessions.session_config(layout.device_filters("worker", 0)))
+        self.sess.run(init)
+        self.sess.run([optimizer.chief_init_op, optimizer.local_step_init_op])
+        self.full = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE,
+                                   output_partition_graphs=True)
+        self.fetches = [self.g.training.train_op, self.g.spec.loss, self.g.spec.train_metrics]
+
+    def step(self, k: int, traced: bool):
+        """Step k: the chief's update in a thread beside the worker's step; returns
+        ({"worker": RunMetadata, "update": RunMetadata}, the worker step's seconds)."""
+        import tensorflow as tf
+
+        tf1 = tf.compat.v1
+        x, y = self.shard.batch(k)
         meta = {"worker": tf1.RunMetadata(), "update": tf1.RunMetadata()}
-        update = threading.Thread(target=sess.run, args=(update_op,), kwargs=dict(
-            options=full if traced else None,
+        update = threading.Thread(target=self.sess.run, args=(self.update_op,), kwargs=dict(
+            options=self.full if traced else None,
             run_metadata=meta["update"] if traced else None))
         update.start()
         began = time.perf_counter()
-        sess.run(fetches, g.feed(x, y), options=full if traced else None,
-                 run_metadata=meta["worker"] if traced else None)
+        self.sess.run(self.fetches, self.g.feed(x, y), options=self.full if traced else None,
+                      run_metadata=meta["worker"] if traced else None)
         took = time.perf_counter() - began
         update.join(60)
         return meta, took
 
+
+def _profiled_shard(config, model_name: str):
+    """(the shard worker 0 steps through, the model): the ctr model's clicks, or the MLP's
+    synthetic data."""
+    from sync_mnist.core.shard import Shard
+    from sync_mnist.models import ctr, data, mlp
+    from sync_mnist.task.inputs import input_data, model_params
+
+    model = ctr.MODEL if model_name == "ctr" else mlp.MODEL
+    if model_name == "ctr":
+        features, labels = input_data("train_input_fn", model.train_input_fn,
+                                      model_params(config, model))
+    else:
+        dataset = data.make_synthetic(0)
+        features, labels = dataset.train_images, dataset.train_labels
+    return Shard(features, labels, index=0, num_workers=1, batch_size=100, seed=0), model
+
+
+def _profile_against(out: Path, ps: str, worker_address: str, timed_steps: int,
+                     proof: bool, model_name: str) -> str:
+    profiled = _Profiled(ps, worker_address, proof, model_name)
     for k in range(WARMUP_STEPS):
-        step(k, traced=False)
-    plain = [step(WARMUP_STEPS + k, traced=False)[1] for k in range(timed_steps)]
+        profiled.step(k, traced=False)
+    plain = [profiled.step(WARMUP_STEPS + k, traced=False)[1] for k in range(timed_steps)]
     lines = [f"{model_name} model, untraced steps (1 ps + 1 worker, proof "
              f"{'on' if proof else 'off'}, update loop "
              f"in a thread of this process): median {1000 * statistics.median(plain):.2f} ms "
              f"over {timed_steps} steps (min {1000 * min(plain):.2f}, max "
              f"{1000 * max(plain):.2f})"]
+    lines += _traced_steps(profiled, out, WARMUP_STEPS + timed_steps)
+    profiled.sess.close()
+    text = "\n".join(lines) + "\n"
+    (out / "summary.txt").write_text(text)
+    return text
+
+
+def _traced_steps(profiled: _Profiled, out: Path, first: int) -> list[str]:
+    """Runs TRACED_STEPS steps from step `first` with FULL_TRACE, writes each half's Chrome
+    trace to `out`; returns the summary's lines: the last step's time and where it went, and
+    the bytes a worker step moves between tasks."""
+    from tensorflow.python.client import timeline
+
+    lines = []
     worker_steps = []
     for k in range(TRACED_STEPS):
-        meta, took = step(WARMUP_STEPS + timed_steps + k, traced=True)
+        meta, took = profiled.step(first + k, traced=True)
         worker_steps.append(meta["worker"])
         for name, m in meta.items():
             trace = timeline.Timeline(m.step_stats).generate_chrome_trace_format()
@@ -140,10 +173,7 @@ def _profile_against(out: Path, ps: str, worker_address: str, timed_steps: int,
     moved = wire_bytes(worker_steps)
     lines.append("bytes between tasks in a worker step: " + ", ".join(
         f"{src} -> {dst} {n:,}" for (src, dst), n in sorted(moved.items())))
-    sess.close()
-    text = "\n".join(lines) + "\n"
-    (out / "summary.txt").write_text(text)
-    return text
+    return lines
 
 
 def wire_bytes(traced: Sequence) -> dict[tuple[str, str], int]:

@@ -153,7 +153,7 @@ def run_single(args) -> None:
     from sync_mnist import api
     from sync_mnist.core import optimizers
     from sync_mnist.core.cluster import server_config
-    from sync_mnist.models import mlp
+    from sync_mnist.models import mlp, mnist
 
     tf1 = tf.compat.v1
     shard = _shard(args, 1)
@@ -161,7 +161,7 @@ def run_single(args) -> None:
     with graph.as_default():
         tf1.set_random_seed(args.seed)
         global_step = tf1.train.get_or_create_global_step()
-        images = tf1.placeholder(tf.uint8, [None, 784], name="images")
+        images = tf1.placeholder(tf.uint8, [None, mnist.IMAGE_PIXELS], name="images")
         labels = tf1.placeholder(tf.int64, [None], name="labels")
         spec = mlp.model_fn(images, labels, api.ModeKeys.TRAIN, mlp.MODEL.params)
         train_op = optimizers.make_optimizer("adam", args.learning_rate).minimize(
@@ -205,26 +205,52 @@ def run_mwms(args, worker_hosts) -> None:
     """
     import tensorflow as tf
 
-    from sync_mnist.core.shard import Shard
     from sync_mnist.models import data
 
     strategy = _mwms_strategy(args, worker_hosts)
     shard = _shard(args, len(worker_hosts))
+    train_step = _mlp_train_step(strategy, _mlp_variables(strategy, args.seed),
+                                 args.learning_rate)
+    x, y = shard.batch(0)
+    train_step(tf.constant(data.to_float(x)), tf.constant(y))  # traces and joins the collective: not timed
+    log.info(READY)
+    for step in range(1, args.steps + 1):
+        x, y = shard.batch(step)
+        loss, accuracy = train_step(data.to_float(x), y)
+        loss, accuracy = loss.numpy(), accuracy.numpy()  # as sess.run hands back its fetches
+        if step % args.log_every == 0:
+            _step_line(step, step)
+
+
+def _mlp_variables(strategy, seed: int):
+    """(params, Adam's first and second moments, its step count t), in the strategy's scope,
+    initialised as the MLP's (glorot_uniform weights, zero biases) from `seed`."""
+    import tensorflow as tf
+
     first = tf.VariableAggregation.ONLY_FIRST_REPLICA
-    tf.random.set_seed(args.seed)
+    tf.random.set_seed(seed)
     with strategy.scope():
         params, slots_m, slots_v = [], [], []
         for shape in _model_shapes():
             if len(shape) == 2:
                 limit = (6.0 / (shape[0] + shape[1])) ** 0.5
-                value = tf.random.uniform(shape, -limit, limit, seed=args.seed)
+                value = tf.random.uniform(shape, -limit, limit, seed=seed)
             else:
                 value = tf.zeros(shape)
             params.append(tf.Variable(value, aggregation=first))
             slots_m.append(tf.Variable(tf.zeros(shape), aggregation=first))
             slots_v.append(tf.Variable(tf.zeros(shape), aggregation=first))
         t = tf.Variable(0.0, aggregation=first)
-    lr, beta1, beta2, eps = args.learning_rate, 0.9, 0.999, 1e-8
+    return params, slots_m, slots_v, t
+
+
+def _mlp_train_step(strategy, variables, lr: float):
+    """The MLP's step under `strategy` (a tf.function of the batch): forward, gradients
+    all-reduced (mean), Adam by hand; returns (loss, accuracy)."""
+    import tensorflow as tf
+
+    params, slots_m, slots_v, t = variables
+    beta1, beta2, eps = 0.9, 0.999, 1e-8
 
     def forward(x, y):
         h = x
@@ -254,15 +280,7 @@ def run_mwms(args, worker_hosts) -> None:
     def train_step(x, y):
         return strategy.run(replica_step, args=(x, y))
 
-    x, y = shard.batch(0)
-    train_step(tf.constant(data.to_float(x)), tf.constant(y))  # traces and joins the collective: not timed
-    log.info(READY)
-    for step in range(1, args.steps + 1):
-        x, y = shard.batch(step)
-        loss, accuracy = train_step(data.to_float(x), y)
-        loss, accuracy = loss.numpy(), accuracy.numpy()  # as sess.run hands back its fetches
-        if step % args.log_every == 0:
-            _step_line(step, step)
+    return train_step
 
 
 def run_mwms_ctr(args, worker_hosts) -> None:
@@ -291,7 +309,6 @@ def run_mwms_ctr(args, worker_hosts) -> None:
     import tensorflow as tf
 
     from sync_mnist.core.shard import Shard
-    from sync_mnist.models import data
     from sync_mnist.models import ctr
 
     strategy = _mwms_strategy(args, worker_hosts)
@@ -301,17 +318,36 @@ def run_mwms_ctr(args, worker_hosts) -> None:
                        num_workers=len(worker_hosts), batch_size=args.batch_size,
                        seed=args.seed)
     del features, labels  # only the shard is kept, as the PS workers do
+    variables = _ctr_variables(strategy, params, args.seed)
+    train_step, logits_of = _ctr_train_step(strategy, variables, params)
+    x, y = shard.batch(0)
+    train_step(tf.constant(x[ctr.IDS]), tf.constant(y))  # traces, joins the collective: untimed
+    log.info(READY)
+    for step in range(1, args.steps + 1):
+        x, y = shard.batch(step)
+        train_step(x[ctr.IDS], y).numpy()  # as sess.run hands back its fetch
+        if step % args.log_every == 0:
+            _step_line(step, step)
+    if args.index == 0:
+        _log_ctr_log_loss(tf.function(logits_of), params)
+
+
+def _ctr_variables(strategy, params: dict, seed: int):
+    """(table, its accumulator, dense layers, their accumulators): this worker's own copy of
+    each (the strategy's local component; one device per worker, so one), created in the
+    strategy's scope with the ctr model's shapes and initializers from `seed`."""
+    import tensorflow as tf
+
     rows, fields, dimension = params["rows"], params["fields"], params["dimension"]
-    lr = params["learning_rate"]
     first = tf.VariableAggregation.ONLY_FIRST_REPLICA
-    tf.random.set_seed(args.seed)
+    tf.random.set_seed(seed)
 
     def variable(value):
         return tf.Variable(value, aggregation=first)
 
     with strategy.scope():
         table = variable(lambda: tf.random.truncated_normal([rows, dimension], stddev=0.05,
-                                                            seed=args.seed))
+                                                            seed=seed))
         shapes, units = [], fields * dimension
         for width in [*params["hidden_units"], 1]:
             shapes += [[units, width], [width]]
@@ -320,18 +356,31 @@ def run_mwms_ctr(args, worker_hosts) -> None:
         for shape in shapes:
             if len(shape) == 2:
                 limit = (6.0 / (shape[0] + shape[1])) ** 0.5  # glorot_uniform, as ctr._dense
-                dense.append(variable(tf.random.uniform(shape, -limit, limit, seed=args.seed)))
+                dense.append(variable(tf.random.uniform(shape, -limit, limit, seed=seed)))
             else:
                 dense.append(variable(tf.zeros(shape)))
         initial = params["initial_accumulator"]
         table_accumulator = variable(lambda: tf.fill([rows, dimension], initial))
         dense_accumulators = [variable(tf.fill(shape, initial)) for shape in shapes]
 
-    def local(v):  # this worker's copy: one device per worker, so one local component
+    def local(v):
         return strategy.experimental_local_results(v)[0]
 
-    table, table_accumulator = local(table), local(table_accumulator)
-    dense, dense_accumulators = [local(v) for v in dense], [local(v) for v in dense_accumulators]
+    return (local(table), local(table_accumulator), [local(v) for v in dense],
+            [local(v) for v in dense_accumulators])
+
+
+def _ctr_train_step(strategy, variables, params: dict):
+    """(the ctr model's step under `strategy`, a tf.function of (ids, labels) returning the
+    loss; logits_of, ids -> logits on this worker's copies). Gradients all-reduced (mean),
+    duplicate rows summed, then Adagrad's kernels."""
+    import tensorflow as tf
+
+    from sync_mnist.models import ctr
+
+    table, table_accumulator, dense, dense_accumulators = variables
+    rows, fields, dimension = params["rows"], params["fields"], params["dimension"]
+    lr = params["learning_rate"]
 
     def logits_of(ids):
         distinct, position = tf.unique(tf.reshape(ctr.hashed_rows(ids, rows), [-1]))
@@ -365,16 +414,7 @@ def run_mwms_ctr(args, worker_hosts) -> None:
     def train_step(ids, y):
         return strategy.run(replica_step, args=(ids, y))
 
-    x, y = shard.batch(0)
-    train_step(tf.constant(x[ctr.IDS]), tf.constant(y))  # traces, joins the collective: untimed
-    log.info(READY)
-    for step in range(1, args.steps + 1):
-        x, y = shard.batch(step)
-        train_step(x[ctr.IDS], y).numpy()  # as sess.run hands back its fetch
-        if step % args.log_every == 0:
-            _step_line(step, step)
-    if args.index == 0:
-        _log_ctr_log_loss(tf.function(logits_of), params)
+    return train_step, logits_of
 
 
 def _log_ctr_log_loss(logits_of, params: dict, chunk: int = 10_000) -> None:

@@ -7,7 +7,10 @@ in tests/soak/test_back_to_back.py (`make soak`).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import random
+import threading
 
 import pytest
 
@@ -246,3 +249,169 @@ def test_a_network_fault_runs_the_cluster_in_a_namespace_of_its_own(tmp_path):
     args = chaos.launcher_args(_plan(fault="partition-long"), tmp_path / "m", tmp_path / "s",
                                tmp_path / "l")
     assert args[args.index("--isolate") + 1] == "on"
+
+
+# Which fault kinds are drawn: a kind this machine cannot make is an error, unless skipped.
+
+NOT_SIGNALS = ",".join(chaos.NETWORK_FAULTS + chaos.DISK_FAULTS)
+
+
+def _ran(plan: chaos.Plan, code: int = 0) -> dict:
+    """What run_one would have seen of a run that ended `code` (0: verified)."""
+    summary = _verified() if code == 0 else dict(synchronous=False, verdict=None,
+                                                  global_step=None, contributions=None)
+    return _seen(code, summary, phase_seen="training", fault_at_s=1.0, wall_s=1.0, pids={},
+                 victim_pid=None, fault_landed=plan.fault != chaos.NO_FAULT)
+
+
+@pytest.fixture
+def not_root(monkeypatch):
+    """As a user who is not root: no network or disk fault can be made. No run is started
+    (run_one must be replaced to run any), and the soak's SIGTERM handler is not installed."""
+    monkeypatch.setattr(chaos.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(chaos.signal, "signal", lambda *args: None)
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("a run was started")
+
+    monkeypatch.setattr(chaos, "run_one", no_run)
+
+
+@pytest.mark.parametrize("form", [[], ["--short"]])
+def test_a_kind_that_cannot_be_drawn_is_an_error_exit_2_naming_it_and_why(
+        form, not_root, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        chaos.main([*form, "--runs", "1", "--json", str(tmp_path / "c.json")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert ("cannot draw these fault kinds here: partition-short, partition-long, loss, "
+            "delay: they need root (nftables, cgroups); disk-full: it needs root") in err
+    assert f"--skip {NOT_SIGNALS}" in err
+    # Skipping some of them is not enough.
+    with pytest.raises(SystemExit) as exit_:
+        chaos.main([*form, "--skip", "loss,delay", "--json", str(tmp_path / "c.json")])
+    assert exit_.value.code == 2
+    assert "--skip partition-short,partition-long,disk-full" in capsys.readouterr().err
+    assert not (tmp_path / "c.json").exists()
+
+
+@pytest.mark.parametrize("skip, named", [
+    ("partition", "'partition' is not a fault kind"),
+    ("kill,stop,disk", "'stop', 'disk' are not fault kinds"),
+])
+def test_a_name_that_is_not_a_kind_is_an_error_naming_it_and_the_kinds(skip, named, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        chaos.main(["--skip", skip])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert named in err and f"(the kinds: {', '.join(chaos.FAULTS)})" in err
+
+
+def test_skipping_every_kind_is_an_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        chaos.main(["--skip", ",".join(chaos.FAULTS)])
+    assert exit_.value.code == 2
+    assert "--skip leaves no fault kind to draw" in capsys.readouterr().err
+
+
+def test_skipped_kinds_are_not_drawn_and_the_summary_lists_them(not_root, monkeypatch,
+                                                                  tmp_path, capsys):
+    monkeypatch.setattr(chaos, "run_one", lambda plan, *args, **kwargs: _ran(plan))
+    out = tmp_path / "c.json"
+    assert chaos.main(["--runs", "40", "--seed", "1", "--skip", f"delay,{NOT_SIGNALS}",
+                       "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert {run["fault"] for run in record["runs"]} == set(chaos.SIGNAL_FAULTS)
+    assert record["skipped"] == list(chaos.NETWORK_FAULTS + chaos.DISK_FAULTS)
+    printed = capsys.readouterr().out
+    assert f"skipped (--skip): {', '.join(chaos.NETWORK_FAULTS + chaos.DISK_FAULTS)}" in printed
+    assert "40 runs in" in printed
+
+
+def test_short_draws_each_kind_once_then_replays_the_end_of_run_faults():
+    options = dict(timeout=20.0, train_steps=100, log_every=10, max_restarts=1)
+    plans = chaos.short_plans(random.Random(chaos.SHORT_SEED), **options)
+    assert plans == chaos.short_plans(random.Random(chaos.SHORT_SEED), **options)  # fixed
+    drawn, replays = plans[:len(chaos.FAULTS)], plans[len(chaos.FAULTS):]
+    assert [p.fault for p in drawn] == list(chaos.FAULTS)
+    assert [p.run for p in plans] == list(range(1, len(plans) + 1))
+    assert all(p.victim == "worker 0" for p in drawn if p.fault == "disk-full")
+    assert [(p.victim, p.fault, p.phase, p.max_restarts) for p in replays] == [
+        ("ps 0", "stop-long", "end", 1), ("worker 1", "stop-long", "end", 1),
+        ("ps 0", "kill", "end", 1)]
+    assert all(p.note.startswith("replay: ") for p in replays)
+    # Only the kinds not skipped, a skipped kind's replay too; numbered on.
+    signals = chaos.short_plans(random.Random(0), **options, faults=chaos.SIGNAL_FAULTS)
+    assert [p.fault for p in signals[:4]] == list(chaos.SIGNAL_FAULTS)
+    assert len(signals) == 4 + len(replays)
+    kills = chaos.short_plans(random.Random(0), **options, faults=("kill",))
+    assert [(p.run, p.fault, p.note[:7]) for p in kills] == [(1, "kill", ""),
+                                                             (2, "kill", "replay:")]
+
+
+def test_each_replay_is_the_run_its_seed_drew():
+    """`--seed S` draws a replayed run again as run N (the replay's note names both)."""
+    options = dict(timeout=20.0, train_steps=100, log_every=10)
+    for replay in chaos.replay_plans(1, **options):
+        words = replay.note.split()
+        run, seed = int(words[2]), int(words[5].rstrip(","))
+        drawn = chaos.plan_runs(random.Random(seed), run, **options, max_restarts=1)[-1]
+        assert dataclasses.replace(drawn, run=replay.run, note=replay.note) == replay
+    # A stop's pause scales with --timeout, as a drawn one does.
+    assert chaos.replay_plans(1, **{**options, "timeout": 10.0})[0].pause == 13.7
+
+
+def test_a_replay_runs_beside_fault_free_runs_until_it_ends(monkeypatch, tmp_path):
+    """run_beside: fault-free runs one after another beside the run, the first started with
+    it, the last ended after it (the replayed run here waits until one has started, and the
+    load's lasts until the replayed run ends)."""
+    load_started, replay_ended = threading.Event(), threading.Event()
+    faults = []
+
+    def run_one(plan, workdir, fault=True, net_class=None):
+        faults.append((plan.run, fault))
+        if plan.fault == chaos.NO_FAULT:
+            load_started.set()
+            assert replay_ended.wait(10), "the replayed run did not end"
+        else:
+            assert load_started.wait(10), "no load run beside the replayed run"
+            replay_ended.set()
+        return _ran(plan)
+
+    replay = chaos.replay_plans(5, timeout=20.0, train_steps=100, log_every=10)[0]
+    runs = iter(range(100, 200))
+    options = dict(timeout=replay.timeout, train_steps=100, log_every=10)
+    monkeypatch.setattr(chaos, "run_one", run_one)
+    seen, loads = chaos.run_beside(replay, tmp_path, lambda: chaos.load_plan(next(runs), **options))
+    assert seen["code"] == 0 and loads and loads[0][0].run == 100
+    assert all(p.fault == chaos.NO_FAULT and p.note == "load" for p, _ in loads)
+    assert (5, True) in faults and all(not fault for run, fault in faults if run >= 100)
+
+
+def test_short_classifies_every_run_the_loads_too_and_a_failed_load_is_a_defect(
+        not_root, monkeypatch, tmp_path, capsys):
+    def run_one(plan, workdir, fault=True, net_class=None):
+        return _ran(plan, code=200 if plan.run == 8 else 0)
+
+    def run_beside(plan, workdir, next_load, net_class=None):  # one load run (tested above)
+        load = next_load()
+        return run_one(plan, workdir), [(load, run_one(load, workdir, fault=False))]
+
+    monkeypatch.setattr(chaos, "run_one", run_one)
+    monkeypatch.setattr(chaos, "run_beside", run_beside)
+    out = tmp_path / "short.json"
+    assert chaos.main(["--short", "--skip", NOT_SIGNALS, "--json", str(out)]) == 1
+    record = json.loads(out.read_text())
+    assert record["seed"] == chaos.SHORT_SEED
+    runs = {run["run"]: run for run in record["runs"]}
+    assert [runs[n]["fault"] for n in range(1, 5)] == list(chaos.SIGNAL_FAULTS)
+    assert [runs[n]["note"][:7] for n in range(5, 8)] == ["replay:"] * 3
+    loads = [run for run in record["runs"] if run["note"] == "load"]
+    assert [run["run"] for run in loads] == [8, 9, 10]
+    assert runs[8]["defects"] == ["no-fault-failed"]
+    assert [run["category"] for run in record["runs"] if run["run"] != 8] == \
+        ["verified"] * (len(record["runs"]) - 1)
+    printed = capsys.readouterr().out
+    assert "no fault  exit 0" in printed and "(load)" in printed
+    assert "no fault" in chaos.tables(record["runs"])
+    assert (tmp_path / "short-run-8.log").exists()

@@ -1,0 +1,82 @@
+"""The house rules of the installed package (issue 43): no long units, a core that knows no
+model, and no test infrastructure or study among what gets installed."""
+
+from __future__ import annotations
+
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+import setuptools
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import long_functions  # noqa: E402  (tools/ is no package)
+
+# What the core is, for the model search: everything installed but the built-in models and
+# their data (models/), the tools (tools/, used after a run; bench/, which benchmarks the
+# built-in models) and the question's program replayed (specimen/), about MNIST by design.
+NOT_CORE = ("models", "tools", "bench", "specimen")
+ABOUT_MNIST = re.compile(r"mnist|digits|28x28|784", re.IGNORECASE)
+OWN_NAME = re.compile(r"sync[_-]mnist", re.IGNORECASE)
+# lab/'s modules: test infrastructure and studies, in the repository only.
+LAB = ("testbed", "delay", "loopback_faults", "chaos", "scaling", "straggler", "sparse_bytes")
+
+
+def mentions_of_mnist(files) -> list[str]:
+    """Lines that name MNIST, digits, 28x28 or 784 (the package's own name aside), except
+    comments that name the question's example."""
+    found = []
+    for path in files:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            text = OWN_NAME.sub("", line)
+            if not ABOUT_MNIST.search(text):
+                continue
+            if text.lstrip().startswith("#") and "question" in text:
+                continue
+            found.append(f"{path}:{number}: {line.strip()}")
+    return found
+
+
+def core_files() -> list[Path]:
+    package = ROOT / "sync_mnist"
+    return [p for p in sorted(package.rglob("*.py"))
+            if p.relative_to(package).parts[0] not in NOT_CORE]
+
+
+def test_no_function_over_60_lines_and_no_class_over_150(tmp_path):
+    assert long_functions.long_units([ROOT / "sync_mnist"]) == []
+    # ...and the check sees one: a 61-line function and a 151-line class.
+    lines = ["    x = 0\n"] * 150
+    (tmp_path / "long.py").write_text("def f():\n" + "".join(lines[:60]) + "\n\nclass C:\n"
+                                      + "".join(lines) + "\n\ndef g():\n" + "".join(lines[:59]))
+    found = [where.split()[-1] for _, where in long_functions.long_units([tmp_path])]
+    assert sorted(found) == ["C", "f"]
+
+
+def test_the_core_knows_no_model(tmp_path):
+    files = core_files()
+    assert any(p.name == "sync.py" for p in files) and not any("models" in p.parts for p in files)
+    assert mentions_of_mnist(files) == []
+    # ...and the search finds what it looks for, but a comment on the question's example.
+    probe = tmp_path / "probe.py"
+    probe.write_text("# the question's MLP 784-256-256-10\nimport sync_mnist\n"
+                     "IMAGE = 28  # 28x28 digits\nDATA = 'MNIST'\n")
+    assert [m.split(": ", 1)[1] for m in mentions_of_mnist([probe])] == [
+        "IMAGE = 28  # 28x28 digits", "DATA = 'MNIST'"]
+
+
+def test_the_installed_package_holds_no_test_infrastructure_or_study():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = setuptools.find_packages(str(ROOT), **config["packages"]["find"])
+    assert "sync_mnist" in packages and "sync_mnist.core" in packages
+    assert all(p == "sync_mnist" or p.startswith("sync_mnist.") for p in packages), packages
+    installed = {p.stem for p in (ROOT / "sync_mnist").rglob("*.py")}
+    assert installed.isdisjoint(LAB), sorted(installed & set(LAB))
+    assert all((ROOT / "lab" / f"{name}.py").is_file() for name in LAB)
+    # Nothing installed imports lab/: it is not there once installed.
+    importers = [str(p.relative_to(ROOT)) for p in (ROOT / "sync_mnist").rglob("*.py")
+                 if re.search(r"^\s*(from lab\b|import lab\b)", p.read_text(), re.M)]
+    assert importers == []
