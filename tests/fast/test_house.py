@@ -80,3 +80,32 @@ def test_the_installed_package_holds_no_test_infrastructure_or_study():
     importers = [str(p.relative_to(ROOT)) for p in (ROOT / "sync_mnist").rglob("*.py")
                  if re.search(r"^\s*(from lab\b|import lab\b)", p.read_text(), re.M)]
     assert importers == []
+
+
+def layout_paths(text: str) -> set[str]:
+    """The .py paths the layout's tree names: each entry's indentation (two spaces a level)
+    says its folder."""
+    block = text.split("## Layout, in full", 1)[1].split("```", 2)[1]
+    folders, paths = [], set()
+    for line in block.splitlines():
+        name = line.split()[0] if line.strip() else ""
+        depth = (len(line) - len(line.lstrip())) // 2
+        if not name or depth > 4:  # blank, or a description's second line
+            continue
+        del folders[depth:]
+        if name.endswith("/"):
+            folders.append(name.rstrip("/"))
+        elif name.endswith(".py") and name != "__init__.py":
+            paths.add("/".join([*folders, name]))
+    return paths
+
+
+def test_the_layout_names_every_module_and_no_other():
+    listed = layout_paths((ROOT / "docs" / "details.md").read_text())
+    actual = {str(p.relative_to(ROOT)) for folder in ("sync_mnist", "lab")
+              for p in (ROOT / folder).rglob("*.py") if p.name != "__init__.py"}
+    assert sorted(actual - listed) == [] and sorted(listed - actual) == []
+    # ...and the parse sees a module in the wrong folder.
+    moved = layout_paths("## Layout, in full\n```\nsync_mnist/\n  core/\n    a.py   x\n"
+                         "  b.py   y\n```\n")
+    assert moved == {"sync_mnist/core/a.py", "sync_mnist/b.py"}
