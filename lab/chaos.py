@@ -62,9 +62,9 @@ too, is classified as above.
 
 It prints one line per run, then the outcomes by (victim, fault) and by phase, and writes every
 run, with its plan and what was seen, to --json, and each run's output beside it
-(chaos-run-N.log). Exit codes: 0 no defect; 1 some defect; 2 bad arguments (a --skip name
-that is not a kind; a kind this machine cannot make and --skip does not name); 130
-interrupted.
+(chaos-run-N.log). Exit codes: 0 no defect, or only known ones (KNOWN_DEFECTS); 1 some other
+defect; 2 bad arguments (a --skip name that is not a kind; a kind this machine cannot make and
+--skip does not name); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -659,6 +659,30 @@ def classify(plan: Plan, seen: dict) -> tuple[str, list[str]]:
     return ("defect" if defects else category), sorted(set(defects))
 
 
+# Defects found and filed, not fixed yet: a run whose defects are all this one's, with its
+# signature, is recorded and printed as known ("known": the name), and fails neither `make
+# chaos` nor `make chaos-short`; any other defect, or this one's without its signature, does.
+#   zombie-update: the chief cut off by a partition and killed leaves its update step waiting
+#   on the ps (no packet tells them it died); when the ps learn it at different times, that
+#   step takes one ps's gradients for the next update and the restarted chief's update waits
+#   for gradients nobody pushes again, so a rejoining worker times out (found by
+#   `make chaos-short` at its seed, about 1 run in 3; a design question for the core).
+KNOWN_DEFECTS = {"zombie-update": re.compile(
+    r"rejoining at global_step \d+, waited \S+ s for the update my predecessor's last "
+    r"gradient joined")}
+
+
+def known_defect(plan: Plan, seen: dict, defects: Sequence[str]) -> str | None:
+    """The KNOWN_DEFECTS name of a run whose defects are that one's and only that one's."""
+    if not defects or not set(defects) <= {"restart-failed", "survivable-failed"}:
+        return None
+    if plan.victim != "worker 0" or plan.fault not in ("partition-short", "partition-long"):
+        return None
+    matches = [name for name, mark in KNOWN_DEFECTS.items()
+               if any(mark.search(line) for line in seen["lines"])]
+    return matches[0] if matches else None
+
+
 def _model_lost(plan: Plan, code: int, summary: dict) -> bool:
     """A documented failure after a worker verified the counters (README, "When something
     goes wrong"): before the chief ended, the fault took what it still needed. The chief,
@@ -734,6 +758,10 @@ def tables(records: list[dict], skipped: Sequence[str] = ()) -> str:
         out.append("")
     kinds = collections.Counter(d for r in records for d in r["defects"])
     out.append("defects: " + (", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) or "none"))
+    known = collections.Counter(r["known"] for r in records if r.get("known"))
+    if known:
+        out.append("of which known (KNOWN_DEFECTS, filed, not fixed): "
+                   + ", ".join(f"{k} {n}" for k, n in sorted(known.items())))
     missed = [f"run {r['run']} {r['fault']}" for r in records
               if r["fault"] != NO_FAULT and not r["fault_landed"]]
     if missed:
@@ -878,7 +906,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                             indent=2) + "\n")
     print(tables(records, skipped), flush=True)
     print(f"{len(records)} runs in {time.monotonic() - started:.0f} s; written to {json_path}")
-    return config_lib.EXIT_FAILED if any(r["defects"] for r in records) else config_lib.EXIT_OK
+    failed = any(r["defects"] and not r.get("known") for r in records)
+    return config_lib.EXIT_FAILED if failed else config_lib.EXIT_OK
 
 
 def _run_plans(plans: list[Plan], records: list[dict], json_path: Path, budget: float | None,
@@ -911,12 +940,14 @@ def _judge(plan: Plan, seen: dict, workdir: Path, json_path: Path) -> dict:
         seen["rerun"] = {k: again[k] for k in ("code", "summary", "wall_s")}
         seen["lines"] += ["--- the rerun, with the same --logdir ---", *again["lines"]]
     category, defects = classify(plan, seen)
-    print(run_line(plan, seen, category, defects), flush=True)
+    known = known_defect(plan, seen, defects)
+    print(run_line(plan, seen, category, defects)
+          + (f" (known: {known}, filed, not fixed)" if known else ""), flush=True)
     output = json_path.with_name(f"{json_path.stem}-run-{plan.run}.log")
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text("\n".join(seen["lines"]) + "\n")
     return {**dataclasses.asdict(plan), "victim_kind": plan.victim_kind,
-            "category": category, "defects": defects, "log": str(output),
+            "category": category, "defects": defects, "known": known, "log": str(output),
             **{k: v for k, v in seen.items() if k != "lines"},
             "alerts": [line for line in seen["lines"] if _ALERT.search(line)][:40]}
 

@@ -415,3 +415,29 @@ def test_short_classifies_every_run_the_loads_too_and_a_failed_load_is_a_defect(
     assert "no fault  exit 0" in printed and "(load)" in printed
     assert "no fault" in chaos.tables(record["runs"])
     assert (tmp_path / "short-run-8.log").exists()
+
+
+def test_a_known_defect_is_named_only_with_its_signature_and_alone():
+    # The zombie update (KNOWN_DEFECTS): the chief partitioned and restarted, a rejoining worker
+    # timed out waiting for the update its predecessor's last gradient joined.
+    lines = ["[cluster] warning: worker 1 exited with code 200 naming worker 0 as missing; ...",
+             "[worker 1] error: worker 1: rejoining at global_step 82, waited 20 s for the update "
+             "my predecessor's last gradient joined"]
+    failed = dict(synchronous=False, verdict=None, global_step=None, contributions=None)
+    plan = _plan(victim="worker 0", fault="partition-long", max_restarts=1, pause=30.2, ps=2)
+    seen = _seen(200, failed, lines)
+    category, defects = chaos.classify(plan, seen)
+    assert (category, defects) == ("defect", ["restart-failed"])
+    assert chaos.known_defect(plan, seen, defects) == "zombie-update"
+    # Not with another victim or fault, without the line, or beside another defect.
+    assert chaos.known_defect(_plan(victim="ps 0", fault="partition-long", max_restarts=1),
+                              seen, defects) is None
+    assert chaos.known_defect(dataclasses.replace(plan, fault="kill"), seen, defects) is None
+    assert chaos.known_defect(plan, _seen(200, failed, lines[:1]), defects) is None
+    assert chaos.known_defect(plan, seen, [*defects, "traceback"]) is None
+    # It is printed apart, and does not fail the soak on its own; any other defect does.
+    records = [{"victim_kind": "chief", "fault": "partition-long", "phase_seen": "training",
+                "category": "defect", "defects": defects, "known": "zombie-update",
+                "run": 1, "fault_landed": True}]
+    assert "of which known (KNOWN_DEFECTS, filed, not fixed): zombie-update 1" in \
+        chaos.tables(records)
