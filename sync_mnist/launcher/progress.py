@@ -4,7 +4,7 @@ On a terminal, `sync-mnist-cluster` shows a single line for the whole cluster, d
 global_step / target, updates/s, elapsed time and ETA, examples/s and each worker's
 contributions. Its figures come from the lines every worker already prints every --log-every
 local steps (`step=… global_step=G/T … examples_per_sec=R contributions=[…]`; see
-worker.Progress), so nothing new crosses the process boundary. Every task's lines go to a log
+progress_log.Progress), so nothing new crosses the process boundary. Every task's lines go to a log
 file whose path is printed first; warnings and errors (and with --verbose, every line) are
 printed above the progress line as well. The table and the verdict always end the output.
 
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import IO, NamedTuple
 
-# A worker's progress line, as worker.Progress logs it (the launcher adds the tag if absent).
+# A worker's progress line, as progress_log.Progress logs it (the launcher adds the tag if absent).
 _PROGRESS = re.compile(
     r"\[worker (?P<worker>\d+)\] step=\d+ global_step=(?P<step>\d+)/(?P<target>\d+) .*?"
     r"examples_per_sec=(?P<rate>\d+) contributions=\[(?P<contributions>[\d, ]*)\]")

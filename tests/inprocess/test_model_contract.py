@@ -125,7 +125,7 @@ def _wrong_width(features, labels, mode, params):
                           "counters)"),
     # Logged as name=value on the progress line, and written beside the loss.
     (_metric_named_loss, "ModelSpec: train_metrics['loss']: a name must be a word of letters, "
-                         "digits, _ and /, and not one of the progress line's own (step, "
+                         "numbers, _ and /, and not one of the progress line's own (step, "
                          "global_step, loss, examples_per_sec, contributions)"),
     (_metric_named_with_a_space, "ModelSpec: train_metrics['my loss']: a name must be a word of "
                                  "letters, numbers, _ and /, and not one of the progress line's "
@@ -230,7 +230,6 @@ def test_a_model_file_that_raises_while_it_loads_shows_its_own_traceback(tmp_pat
     path = tmp_path / "broken.py"
     path.write_text(textwrap.dedent("""\
         import sync_mnist.api as sm
-from mlp_graph import prepared_graph
 
         def helper():
             return 1 / 0

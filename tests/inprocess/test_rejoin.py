@@ -18,9 +18,8 @@ import tensorflow as tf
 
 from procs import local_cluster
 from sync_mnist.core import membership, sessions, sync
-from sync_mnist.task import worker
 from sync_mnist.task.join import rejoin
-from sync_mnist.task.lockstep import no_silent_end
+from sync_mnist.task.lockstep import StepCutShort, no_silent_end
 from sync_mnist.core import verdict as verdict_lib
 
 tf1 = tf.compat.v1
@@ -178,7 +177,7 @@ def test_a_step_that_meets_a_closed_queue_is_an_error_not_the_end_of_training():
     with tf.Graph().as_default():
         queue = tf1.FIFOQueue(1, tf.int64, shapes=[()])
         close, take = queue.close(), queue.dequeue()
-        with pytest.raises(worker.StepCutShort, match=r"^worker 1: a step ended in "
+        with pytest.raises(StepCutShort, match=r"^worker 1: a step ended in "
                                                       r"OutOfRangeError \(a queue on the ps"):
             with tf1.train.MonitoredSession() as sess, no_silent_end("worker 1"):
                 sess.run(close)
