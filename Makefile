@@ -103,8 +103,8 @@ chaos: install
 # then the end-of-run replays (a ps frozen, a worker frozen, the ps killed as the cluster
 # finishes), each beside fault-free runs for load; any defect fails it (but a known, filed
 # one: docs/chaos.md), and so does a fault kind it cannot make. About 8 minutes on this
-# project's 2-core machine, the CPU lock held (5 December 2026: 21 runs in 469 s; 413 s with
-# another seed). Writes chaos-results/chaos-short.json.
+# project's 2-core machine, the CPU lock held (5 December 2026: 21 runs in 462 s). Writes
+# chaos-results/chaos-short.json.
 chaos-short: install
 	$(BIN)/python -m lab.chaos --short $(ARGS)
 
