@@ -34,7 +34,7 @@ EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT), or the launcher stopping its tasks af
 # saved it; a rerun resumes there. 128 + SIGTERM, retried as every eviction is.
 EXIT_PREEMPTED = 143
 EXIT_TIMEOUT = 200  # a bounded wait expired: a peer is missing, dead or stuck; an unreachable ps
-EXIT_PEER_LOST = 201  # a peer gone mid-run (UnavailableError, AbortedError, CancelledError)
+EXIT_PEER_LOST = 201  # a peer gone mid-run (UnavailableError, AbortedError, CancelledError, PeerLost)
 # What each code means, in the words the launcher's last line uses ("exit code 3 (...)").
 EXIT_MEANINGS = {
     EXIT_OK: "done; in sync mode, verified synchronous",
@@ -62,6 +62,11 @@ MAX_TIMEOUT_SECS = 1e9
 
 class ConfigError(ValueError):
     """A value the user gave cannot work; the message names it."""
+
+
+class PeerLost(RuntimeError):
+    """A peer was lost mid-run, seen other than by TensorFlow's own UnavailableError or
+    AbortedError (a ps restarted empty answers NotFound): the task ends with EXIT_PEER_LOST."""
 
 
 class TaskTimeout(RuntimeError):

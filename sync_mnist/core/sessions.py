@@ -39,7 +39,7 @@ STOP_GRACE_SECS = 0.25
 _LOST_PS = (tf.errors.UnavailableError, tf.errors.AbortedError)  # what MonitoredSession retries
 # What a ps restarted empty answers a read or write of a variable it held: its resource is
 # gone (NotFound), or is not initialised again yet (FailedPrecondition).
-_EMPTIED = (tf.errors.NotFoundError, tf.errors.FailedPreconditionError)
+EMPTIED = (tf.errors.NotFoundError, tf.errors.FailedPreconditionError)
 # A side session's bounded run whose RunOptions timeout did not hold is given up this long
 # after it (SideSession._run); TensorFlow's own DeadlineExceededError comes first when it does.
 RUN_GRACE_SECS = 2.0
@@ -382,7 +382,7 @@ class SideSession:
             self._sess = tf1.Session(*self._args)
             try:
                 return self._run(fetches, feed_dict, options)
-            except _EMPTIED as e:
+            except EMPTIED as e:
                 # The ps came back empty (restarted) and the chief has not restored the model
                 # into it yet: still the lost ps (exit 201, which the launcher counts in that
                 # ps's fault), not a failure of this task's own (exit 1; .ci/run saw a worker

@@ -353,7 +353,7 @@ def _peer_lost(error: Exception) -> bool:
     import tensorflow as tf  # already loaded: only a running task gets here
 
     return isinstance(error, (tf.errors.UnavailableError, tf.errors.AbortedError,
-                              tf.errors.CancelledError))
+                              tf.errors.CancelledError, config_lib.PeerLost))
 
 
 def _raise_interrupt(signum, frame):

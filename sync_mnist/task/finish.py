@@ -3,6 +3,7 @@ report to every ps, after which the ps may exit."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 
@@ -10,8 +11,8 @@ import tensorflow as tf
 
 from sync_mnist.core import early_stop, membership, bounded
 from sync_mnist.core import verdict as verdict_lib
-from sync_mnist.core.config import TaskTimeout
-from sync_mnist.core.sessions import SideSession
+from sync_mnist.core.config import PeerLost, TaskTimeout, first_line
+from sync_mnist.core.sessions import EMPTIED, SideSession
 from sync_mnist.task import waits
 from sync_mnist.task.prepare import Worker
 
@@ -41,7 +42,8 @@ def finish(w: Worker, side: SideSession) -> Finished:
     config, train, g = w.config, w.config.train, w.g
     # Sync: wait until every worker has pushed its last gradient (or is lost), so that
     # every task reads the same, final counters and so reaches the same verdict.
-    with awaiting(w, side)("at the finish (the barrier and the final counters)"):
+    with awaiting(w, side)("at the finish (the barrier and the final counters)"), \
+            _emptied_is_lost(config.name):
         lost = membership.finish_barrier(
             lambda fetches, feed=None: side.run(fetches, feed, options=w.bounded),
             g.members, index=config.index, cluster=config.cluster, timeout=train.timeout,
@@ -64,6 +66,20 @@ def finish(w: Worker, side: SideSession) -> Finished:
                     "same --logdir to resume there" if train.logdir else
                     "no --logdir: nothing is saved, a rerun starts over")
     return Finished(counters, lost, stop_step, preempted, verdict)
+
+
+@contextlib.contextmanager
+def _emptied_is_lost(me: str):
+    """The finish reads only the run's own variables on the ps, which this worker trained
+    against: one that is gone (NotFound) or uninitialised (FailedPrecondition) means the ps was
+    restarted empty since, the lost ps's fault (201), not this task's own (1). .ci/run saw a
+    worker end so, the ps killed at its last step and restarted before the worker's first read
+    at the finish."""
+    try:
+        yield
+    except EMPTIED as e:
+        raise PeerLost(f"{me}: a ps lost the run's variables before the finish read them "
+                       f"(restarted empty): {type(e).__name__}: {first_line(e)}") from e
 
 
 def say_done(w: Worker, verdict: verdict_lib.Verdict) -> bool:

@@ -7,11 +7,13 @@ silent ps it waited for minutes. A stand-in session that never returns shows the
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 import tensorflow as tf
 
 from sync_mnist.core import sessions as sessions_lib
+from sync_mnist.core.config import PeerLost
 
 tf1 = tf.compat.v1
 
@@ -93,3 +95,55 @@ def test_a_ps_that_came_back_empty_is_still_a_lost_ps(monkeypatch):
         side.run("x")
     side._sess = _Scripted([lost])
     assert side.run("x") == "ok"  # restored by then: the retry reads it
+
+
+class _Emptied:
+    """A side session against a ps restarted empty: the run's variables are gone."""
+
+    def __init__(self, error):
+        self.error, self.calls = error, 0
+
+    def run(self, fetches, feed_dict=None, options=None):
+        self.calls += 1
+        raise self.error
+
+
+def _finishing_worker():
+    from sync_mnist.core.cluster import ClusterLayout
+
+    cluster = ClusterLayout(("localhost:1",), ("localhost:2", "localhost:3"))
+    config = SimpleNamespace(name="worker 1", index=1, cluster=cluster,
+                             train=SimpleNamespace(timeout=5.0, mode="sync", proof=True))
+    return SimpleNamespace(config=config, g=SimpleNamespace(members=SimpleNamespace(
+        mark="mark", mark_worker="mark_worker", mark_value="mark_value")),
+        graph=tf.Graph(), bounded=None, target=200)
+
+
+@pytest.mark.parametrize("error", [
+    tf.errors.NotFoundError(None, None, "Resource localhost/members/finished/N10tensorflow3VarE "
+                                        "does not exist."),
+    tf.errors.FailedPreconditionError(None, None, "Could not find variable members/finished. "
+                                                  "This could mean that the variable has been "
+                                                  "deleted.")])
+def test_a_ps_restarted_empty_before_the_finish_is_a_lost_peer_not_a_failure(error):
+    """.ci/run: the ps killed at the last step and restarted before a worker's first read at
+    the finish; the worker ended with NotFoundError as its own failure (exit 1), and the
+    launcher stopped the cluster rather than restart it for the ps's fault (201)."""
+    from sync_mnist.task import cli, finish
+
+    side = _Emptied(error)
+    with pytest.raises(PeerLost) as raised:
+        finish.finish(_finishing_worker(), side)
+    assert side.calls == 1
+    assert str(raised.value).startswith("worker 1: a ps lost the run's variables")
+    assert type(error).__name__ in str(raised.value) and error.message in str(raised.value)
+    assert cli._peer_lost(raised.value)
+
+
+def test_another_error_at_the_finish_stays_the_tasks_own():
+    from sync_mnist.task import cli, finish
+
+    error = tf.errors.InvalidArgumentError(None, None, "a bug")
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        finish.finish(_finishing_worker(), _Emptied(error))
+    assert not cli._peer_lost(error)
