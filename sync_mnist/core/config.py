@@ -102,9 +102,20 @@ class TaskTimeout(RuntimeError):
 
 def first_line(error: Exception) -> str:
     """The error's first line (its type's name if it has no text); of a TensorFlow error, its
-    message's, without the op's traceback that str() adds."""
+    message's, without the op's traceback that str() adds. A session's error in graph mode
+    begins "Graph execution error:" and the Python stack that built the op; its own message
+    follows the "Node: '...'" line, and that is the line given."""
     text = getattr(error, "message", None) or str(error)
-    return (text.strip().splitlines() or [type(error).__name__])[0]
+    lines = text.strip().splitlines() or [type(error).__name__]
+    if lines[0].startswith(_GRAPH_EXECUTION):
+        after = [k + 1 for k, line in enumerate(lines) if line.startswith("Node: '")]
+        own = [line for line in lines[after[-1]:] if line.strip()] if after else []
+        if own and not own[0].lstrip().startswith("[[{{node"):
+            return own[0].strip()
+    return lines[0]
+
+
+_GRAPH_EXECUTION = "Graph execution error:"
 
 
 @dataclasses.dataclass(frozen=True)

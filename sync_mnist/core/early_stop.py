@@ -31,6 +31,12 @@ tokens reach every worker with the stop. The latch records why it latched (`reas
 task, the ps included, ends with the same code. A stop is latched only before the planned
 end: a request that comes later changes nothing, and the run ends complete.
 
+A worker whose streamed input ends (core/stream.py: files of unequal length) asks the same way,
+through `input_ended_at`, before it pushes its last batch's gradient: the update that gradient
+joins is the last, and the run ends complete (INPUT_ENDED; exit 0), verified as one planned to
+that update. Were two reasons asked at once, the target comes first, then the input's end (a
+run whose input ended has nothing left to resume), then the preemption.
+
 Each step reads stop_step on ps 0 right after its token is taken there, in the same run: one
 scalar more from ps 0, and no round trip more.
 """
@@ -48,7 +54,7 @@ tf1 = tf.compat.v1
 log = logging.getLogger("sync_mnist.task.worker")  # the chief's lines, tagged as its others
 
 NONE = 0  # reached_at and stop_step before the target is reached (global steps start at 1)
-TARGET, PREEMPTED = 1, 2  # why the cluster stopped early (StopVars.reason)
+TARGET, PREEMPTED, INPUT_ENDED = 1, 2, 3  # why the cluster stopped early (StopVars.reason)
 
 
 class StopVars(NamedTuple):
@@ -57,7 +63,8 @@ class StopVars(NamedTuple):
     reached_at: tf.Variable  # int64: global step whose evaluation reached the target; 0: not yet
     stop_step: tf.Variable  # int64: the update the cluster stops on; 0: the planned end
     preempt_at: tf.Variable  # int64: > 0 once a task was preempted (the global step it saw + 1)
-    reason: tf.Variable  # int64: TARGET or PREEMPTED once stop_step is latched; else NONE
+    reason: tf.Variable  # int64: TARGET, PREEMPTED or INPUT_ENDED once latched; else NONE
+    input_ended_at: tf.Variable  # int64: > 0 once a worker's input is at its last batch
 
     @property
     def transient(self) -> list[tf.Variable]:
@@ -71,6 +78,7 @@ class StopOps(NamedTuple):
     step: tf.Tensor  # placeholder int64: the global step the chief's evaluation reached it at
     request: tf.Operation  # the chief's: reached_at = step (and stop_step = step in async mode)
     preempt: tf.Operation  # any task's, when it is preempted (preempt_op)
+    input_ends: tf.Operation  # a worker's, before it pushes its input's last batch
 
 
 def build_stop_vars() -> StopVars:
@@ -82,7 +90,7 @@ def build_stop_vars() -> StopVars:
                                     trainable=False)
 
         return StopVars(scalar("reached_at"), scalar("stop_step"), scalar("preempt_at"),
-                        scalar("reason"))
+                        scalar("reason"), scalar("input_ended_at"))
 
 
 def latch(stop: StopVars, step: tf.Tensor, end: int) -> tf.Operation:
@@ -94,12 +102,15 @@ def latch(stop: StopVars, step: tf.Tensor, end: int) -> tf.Operation:
     """
     current = stop.stop_step.read_value()
     reached = stop.reached_at.read_value() > NONE
-    asked = tf.logical_or(reached, stop.preempt_at.read_value() > NONE)
+    ended = stop.input_ended_at.read_value() > NONE
+    asked = tf.reduce_any([reached, ended, stop.preempt_at.read_value() > NONE])
     # Only this op writes stop_step in sync mode, and the chief's queue runner makes one update
     # at a time, so a read-then-write cannot lose a latch.
     first = tf.logical_and(tf.logical_and(asked, tf.equal(current, NONE)),
                            step < tf.cast(end, step.dtype))
-    why = tf.where(reached, tf.constant(TARGET, tf.int64), tf.constant(PREEMPTED, tf.int64))
+    why = tf.where(reached, tf.constant(TARGET, tf.int64),
+                   tf.where(ended, tf.constant(INPUT_ENDED, tf.int64),
+                            tf.constant(PREEMPTED, tf.int64)))
     return tf.group(tf1.assign(stop.stop_step, tf.where(first, tf.cast(step, tf.int64), current)),
                     tf1.assign(stop.reason, tf.where(first, why, stop.reason.read_value())),
                     name="latch_stop_step")
@@ -121,17 +132,26 @@ def build_stop_ops(stop: StopVars, token: tf.Tensor, global_step: tf.Variable,
         if mode == "async":  # every push is an update of its own: no update to latch it
             request += _stop_now(stop, step, TARGET)
     return StopOps(read, step, tf.group(*request, name="request_stop"),
-                   preempt_op(stop, global_step, mode))
+                   preempt_op(stop, global_step, mode),
+                   _next_update_op(stop, stop.input_ended_at, INPUT_ENDED, global_step, mode,
+                                   "request_input_ended_stop"))
 
 
 def preempt_op(stop: StopVars, global_step: tf.Variable, mode: str) -> tf.Operation:
     """A preempted task's request: the cluster stops on the next update (async: now)."""
-    with tf1.device(stop.preempt_at.device):
+    return _next_update_op(stop, stop.preempt_at, PREEMPTED, global_step, mode,
+                           "request_preempted_stop")
+
+
+def _next_update_op(stop: StopVars, asked: tf.Variable, why: int, global_step: tf.Variable,
+                    mode: str, name: str) -> tf.Operation:
+    """A request that the cluster stop on the next update (async: now), written to `asked`."""
+    with tf1.device(asked.device):
         seen = tf.cast(global_step.read_value(), tf.int64) + 1
-        request = [tf1.assign(stop.preempt_at, seen)]
+        request = [tf1.assign(asked, seen)]
         if mode == "async":
-            request += _stop_now(stop, seen, PREEMPTED)
-    return tf.group(*request, name="request_preempted_stop")
+            request += _stop_now(stop, seen, why)
+    return tf.group(*request, name=name)
 
 
 def _stop_now(stop: StopVars, step: tf.Tensor, why: int) -> list[tf.Operation]:

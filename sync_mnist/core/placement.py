@@ -261,8 +261,12 @@ def _placeholders_like(value):
 
 def placeholders(features, labels, name: str = "features"):
     """Placeholders for batches of numpy `features` (an array or a dict of them) and `labels`:
-    their dtypes, any number of rows."""
+    their dtypes, any number of rows. A SparseTensorValue (a streamed input's variable-length
+    feature) gets a sparse placeholder of its rank."""
     def like(value, name):
+        if isinstance(value, tf1.SparseTensorValue):
+            return tf1.sparse_placeholder(tf.as_dtype(value.values.dtype),
+                                          [None] * len(value.dense_shape), name=name)
         value = np.asarray(value)
         return tf1.placeholder(tf.as_dtype(value.dtype), [None, *value.shape[1:]], name=name)
 

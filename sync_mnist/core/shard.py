@@ -109,6 +109,10 @@ class Shard:
             self._cached_epoch = (epoch, rng.permutation(self.size))
         return self._cached_epoch[1]
 
+    def ends_after(self, step: int) -> bool:
+        """Never: the shard repeats, and the run's length is known (core/stream.py's end)."""
+        return False
+
     def batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         """Returns the batch for global step `step`: its features (as stored) and labels.
 

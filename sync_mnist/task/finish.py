@@ -60,6 +60,9 @@ def finish(w: Worker, side: SideSession) -> Finished:
         lost=lost) if train.proof else verdict_lib.Verdict(
         None, None, "not verified: --bench-no-proof left the counters out")
     preempted = reason == early_stop.PREEMPTED
+    if reason == early_stop.INPUT_ENDED:
+        log.info("the cluster stopped on update %d, where the first worker's input ended",
+                 stop_step)
     if preempted:
         log.warning("preempted: the cluster stopped on update %d of %d; %s", stop_step,
                     w.target, f"the chief saves it to {train.logdir}; rerun with the "

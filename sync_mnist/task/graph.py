@@ -11,7 +11,8 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from sync_mnist import api
-from sync_mnist.core import audit, early_stop, membership, optimizers, placement, protocol, sync
+from sync_mnist.core import (audit, early_stop, membership, optimizers, placement, protocol,
+                             stream, sync)
 from sync_mnist.core.config import TaskConfig
 from sync_mnist.task import inputs
 
@@ -63,7 +64,8 @@ def build_graph(config: TaskConfig, model: api.Model, example: tuple, num_tokens
     setter = tf1.train.replica_device_setter(worker_device=f"/job:worker/task:{i}",
                                              cluster=config.cluster.spec())
     # global_step counts updates in sync mode, and every worker's local steps in async mode.
-    decay_steps = None if train.lr_decay == "none" or not target else (
+    decay_steps = None if train.lr_decay == "none" or not target or \
+        target == stream.UNTIL_INPUT_ENDS else (
         target * n if train.mode == "async" else target)
     with tf1.device(setter):
         built = placement.build(model.model_fn, features, labels, api.ModeKeys.TRAIN, params,

@@ -1,17 +1,22 @@
 """A worker's input: the params a model's functions are given, their data checked, and this
-worker's shard of it (core/shard.py)."""
+worker's shard of it: numpy arrays cut in memory (core/shard.py), or a tf.data.Dataset streamed
+(core/stream.py)."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 
 import numpy as np
+import tensorflow as tf
 
 from sync_mnist import api, models
+from sync_mnist.core import stream as stream_lib
 from sync_mnist.core.config import TaskConfig
 from sync_mnist.core.shard import Shard
 from sync_mnist.models import registry
 
+tf1 = tf.compat.v1
 log = logging.getLogger(__name__)
 
 
@@ -23,15 +28,35 @@ def model_params(config: TaskConfig, model: api.Model) -> dict:
             "seed": train.seed}
 
 
-def input_data(what: str, input_fn, params: dict) -> tuple:
-    """input_fn(params), checked: (features, labels), numpy arrays of one length (features an
-    array or a dict of them). Raises api.ContractError naming what is wrong."""
+def takes_input_context(input_fn) -> bool:
+    """Whether input_fn(params, input_context) cuts its own share of the data."""
     try:
-        value = input_fn(dict(params))
+        return "input_context" in inspect.signature(input_fn).parameters
+    except (TypeError, ValueError):  # a callable without a signature Python can read
+        return False
+
+
+def call_input_fn(what: str, input_fn, params: dict, context=None):
+    """input_fn(params), or input_fn(params, input_context=context) where it takes one; what it
+    raises is the model's error (api.ContractError, with the user's traceback)."""
+    try:
+        if context is not None and takes_input_context(input_fn):
+            return input_fn(dict(params), input_context=context)
+        return input_fn(dict(params))
     except Exception as e:
         raise api.ContractError(f"{what} raised {type(e).__name__}: "
                                 f"{' '.join(str(e).split()) or '-'}",
                                 registry.user_traceback(e)) from None
+
+
+def input_data(what: str, input_fn, params: dict) -> tuple:
+    """input_fn(params), checked: (features, labels), numpy arrays of one length (features an
+    array or a dict of them). Raises api.ContractError naming what is wrong."""
+    return check_arrays(what, call_input_fn(what, input_fn, params))
+
+
+def check_arrays(what: str, value) -> tuple:
+    """`value`, checked: (features, labels), numpy arrays of one length."""
     if not (isinstance(value, tuple) and len(value) == 2):
         raise api.ContractError(f"{what} returned {type(value).__name__}, not a pair "
                                 "(features, labels) of numpy arrays")
@@ -51,20 +76,41 @@ def input_data(what: str, input_fn, params: dict) -> tuple:
     return features, labels
 
 
-def load_shard(config: TaskConfig, model: api.Model) -> tuple[Shard, int, str]:
-    """This worker's shard of the model's training data, the steps to train (--train-steps,
-    or --epochs passes over the shard), and a line that describes the data.
+def load_shard(config: TaskConfig, model: api.Model):
+    """This worker's shard of the model's training data (a Shard, or a Stream where the input
+    function returns a tf.data.Dataset), the steps to train (--train-steps, or --epochs passes
+    over the shard: with a stream, until the first worker's input ends), and a line that
+    describes the data.
 
-    Only the shard is kept: the whole training set is dropped once it is cut.
+    Only the shard is kept: data in memory is dropped once it is cut.
     """
-    train = config.train
-    features, labels = input_data("train_input_fn", model.train_input_fn,
-                                  model_params(config, model))
-    # Sync: a disjoint shard per worker, equal in length, so every worker runs as many batches.
-    shard = Shard(features, labels, index=config.index,
-                       num_workers=config.cluster.num_workers, batch_size=train.batch_size,
-                       seed=train.seed)
+    train, n, i = config.train, config.cluster.num_workers, config.index
+    params = model_params(config, model)
+    graph = tf.Graph()  # the stream's, where the input function builds its dataset
+    with graph.as_default():
+        tf1.set_random_seed(train.seed)  # Sync: the input's shuffles draw the same on a rerun
+        context = tf.distribute.InputContext(num_input_pipelines=n, input_pipeline_id=i,
+                                             num_replicas_in_sync=n)
+        value = call_input_fn("train_input_fn", model.train_input_fn, params, context)
     source = models.data_name(train.model, train.data_options) or train.model
+    if stream_lib.is_dataset(value):
+        if train.lr_decay == "cosine" and not train.train_steps:
+            log.warning("--lr-decay cosine needs the run's length, which with --epochs over a "
+                        "streamed input is known only when the input ends: the optimizer the "
+                        "command line makes keeps --learning-rate (give --train-steps to decay)")
+        stream = stream_lib.Stream(graph, value, index=i, num_workers=n,
+                                   batch_size=train.batch_size, epochs=train.epochs,
+                                   sharded=takes_input_context(model.train_input_fn),
+                                   what="train_input_fn")
+        log.info("dataset %s: streamed, sharded %s; %s", source, stream.sharding,
+                 f"{train.epochs} pass(es) over my shard, until the first worker's input "
+                 "ends" if train.epochs else "repeated for --train-steps")
+        return (stream, train.train_steps or stream_lib.UNTIL_INPUT_ENDS,
+                f"{source}: streamed")
+    features, labels = check_arrays("train_input_fn", value)
+    # Sync: a disjoint shard per worker, equal in length, so every worker runs as many batches.
+    shard = Shard(features, labels, index=i, num_workers=n, batch_size=train.batch_size,
+                  seed=train.seed)
     description = f"{source}: {len(labels):,} training examples"
     log.info("dataset %s; this worker's shard: %s examples", description, f"{shard.size:,}")
     return shard, train.train_steps or train.epochs * shard.batches_per_epoch, description

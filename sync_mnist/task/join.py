@@ -12,7 +12,7 @@ import time
 import tensorflow as tf
 
 from sync_mnist.core import cluster as cluster_lib
-from sync_mnist.core import membership, sessions, sync
+from sync_mnist.core import membership, sessions, stream, sync
 from sync_mnist.core.config import START_SECS, TaskTimeout
 from sync_mnist.core.sessions import SideSession
 from sync_mnist.task import report
@@ -118,6 +118,8 @@ def _take_position(w: Worker, side: SideSession, status: sessions.SessionStatus,
             rejoined, start_step = True, token
     planned = w.target if train.mode == "async" else w.target - start_step
     log.info("ready after %.2f s; %s (global_step %d%s)", startup_s,
+             "training until the first worker's input ends" if
+             w.target == stream.UNTIL_INPUT_ENDS else
              f"training until global_step {w.target}" if r < n else
              f"{planned} local steps planned", start_step, f"; {how}" if how else "")
     return start_step, planned, rejoined

@@ -10,7 +10,7 @@ import time
 
 import tensorflow as tf
 
-from sync_mnist.core import early_stop, sync
+from sync_mnist.core import early_stop, stream, sync
 from sync_mnist.core.config import TaskTimeout, first_line
 from sync_mnist.task import preemption, progress_log
 
@@ -66,11 +66,13 @@ def train(w, joined, sess, evaluations: early_stop.ChiefEvaluations | None) -> T
     if stopped_early and not sync.ran_the_plan(local=local, token=last_token,
                                                planned=joined.planned, target=w.target,
                                                stop_on_token=train_config.mode == "sync"):
+        streamed = w.target == stream.UNTIL_INPUT_ENDS
+        causes = [*(["the chief's evaluation reached the target accuracy"]
+                    if train_config.target_accuracy is not None else []),
+                  *(["a worker's input ended"] if streamed else []), "a task was preempted"]
         log.info("stopped after %d local steps, at global_step %d: %s (planned: %s)",
-                 local, last_token, "a task was preempted"
-                 if train_config.target_accuracy is None
-                 else "the chief's evaluation reached the target accuracy, or a task was "
-                 "preempted",
+                 local, last_token, ", or ".join(causes),
+                 "until a worker's input ends" if streamed else
                  f"{joined.planned} local steps" if train_config.mode == "async"
                  else f"{w.target} updates")
     return Trained(local, last_token, stopped_early, time.time(),
@@ -92,12 +94,19 @@ class _StepRunner:
                          and w.aggregate == w.config.cluster.num_workers)
         self.steps_run = 0
         self.stop_step = self.last_token = early_stop.NONE
-        self.asked_to_stop = False
+        self.asked_to_stop = self.input_ended = False
         preemption.arm()
 
     def __call__(self, step: int) -> int:
         w, g, side = self.w, self.w.g, self.joined.side
         x, y = w.shard.batch(step)
+        if w.shard.ends_after(step) and not self.input_ended:
+            # Sync: before this push, so that the update it joins is the cluster's last
+            # (early_stop.py): no worker waits for a gradient of mine that will not come.
+            log.info("my input ends with batch %d: asking the cluster to stop on the update "
+                     "its gradient joins (%d)", step, step + 1)
+            side.run(g.stop.input_ends, options=w.bounded)
+            self.input_ended = True
         sessions = self.joined.status.sessions
         try:
             token, loss, train_metrics, stop_step = self.sess.run(

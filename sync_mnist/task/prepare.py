@@ -16,6 +16,7 @@ from sync_mnist import api
 from sync_mnist.core import checkpoints, sessions
 from sync_mnist.core.config import TaskConfig
 from sync_mnist.core.shard import Shard
+from sync_mnist.core.stream import Stream
 from sync_mnist.task import evaluation, inputs, progress_log
 from sync_mnist.task.graph import WorkerGraph, build_graph
 
@@ -31,9 +32,9 @@ class Worker:
     config: TaskConfig
     model: api.Model
     params: dict  # what the model's functions are given (inputs.model_params)
-    shard: Shard | None
+    shard: Shard | Stream | None
     example: tuple  # a batch of the shard: what the graph's placeholders were shaped by
-    target: int  # updates to train (sync), or local steps (async)
+    target: int  # updates to train (sync), or local steps (async); stream.UNTIL_INPUT_ENDS
     description: str  # the training data, in a line
     started: float  # time.monotonic() at the start of the run
     server: object  # this task's tf.distribute.Server

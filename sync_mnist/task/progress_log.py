@@ -12,7 +12,7 @@ import time
 
 import tensorflow as tf
 
-from sync_mnist.core import membership, sync
+from sync_mnist.core import membership, stream, sync
 from sync_mnist.core import verdict as verdict_lib
 from sync_mnist.core.config import TaskConfig
 
@@ -44,8 +44,9 @@ class Progress:
             log.info("step=%d loss=%.4f%s examples_per_sec=%.0f (counters unreadable: the ps "
                      "is away)", local, loss, shown, rate)
             return
-        log.info("step=%d global_step=%d/%d loss=%.4f%s examples_per_sec=%.0f "
-                 "contributions=%s", local, counters.global_step, self._target, loss, shown,
+        of = "" if self._target == stream.UNTIL_INPUT_ENDS else f"/{self._target}"
+        log.info("step=%d global_step=%d%s loss=%.4f%s examples_per_sec=%.0f "
+                 "contributions=%s", local, counters.global_step, of, loss, shown,
                  rate, counters.accepted)
         if self._writer:
             write_summaries(self._writer, counters, loss=loss, **train_metrics,

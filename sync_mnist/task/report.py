@@ -270,8 +270,10 @@ def preempted_line(s: dict) -> str:
     """After a preemption, a closing line: where the cluster stopped, and how to go on."""
     if s.get("preempted_at") is None:
         return ""
-    return (f"\npreempted: every worker stopped on update {s['preempted_at']} of "
-            f"{s['target_steps']} planned; rerun with the same --logdir to resume there")
+    planned = (f"{s['target_steps']} planned" if s.get('target_steps') is not None else
+               "those planned")
+    return (f"\npreempted: every worker stopped on update {s['preempted_at']} of {planned}; "
+            "rerun with the same --logdir to resume there")
 
 
 def target_line(s: dict) -> str:
@@ -290,7 +292,8 @@ def target_line(s: dict) -> str:
     if s.get("mode") == "async":
         how = f"the workers stopped, global_step {s['global_step']}"
     elif stop:
-        how = f"every worker stopped on update {stop} of {s['target_steps']} planned"
+        how = f"every worker stopped on update {stop}" + (
+            f" of {s['target_steps']} planned" if s.get("target_steps") is not None else "")
     else:
         how = "that was the planned end"
     return (f"\ntarget: test_accuracy {s['accuracy_at_target']:.4f} >= {target:g} at "

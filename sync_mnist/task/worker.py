@@ -13,6 +13,7 @@ import logging
 from sync_mnist import api, models
 from sync_mnist.models import registry
 from sync_mnist.core.config import TaskConfig
+from sync_mnist.core import stream
 from sync_mnist.task import lockstep, report
 from sync_mnist.task.chief import Chief, Evaluated
 from sync_mnist.task.finish import Finished, awaiting, finish, say_done
@@ -74,7 +75,7 @@ def _result(w: Worker, joined: Joined, trained: Trained, finished: Finished,
     config, train = w.config, w.config.train
     result = report.TaskResult(role="worker", index=config.index, mode=train.mode,
                                replicas_to_aggregate=w.aggregate, model=train.model)
-    result.target_steps = w.target
+    result.target_steps = None if w.target == stream.UNTIL_INPUT_ENDS else w.target
     # The built-in models' data option; a model of the user's brings its own data.
     result.dataset = models.data_name(train.model, train.data_options)
     result.dataset_description = w.description

@@ -409,3 +409,22 @@ def test_task_config_chief_is_worker_0_only():
     assert [key for key, task in tasks.items() if task.is_chief] == [("worker", 0)]
     assert tasks["worker", 1].name == "worker 1"
     assert tasks["ps", 0].name == "ps 0"
+
+
+def test_first_line_of_a_graph_mode_error_is_its_own_message():
+    """A session's error in graph mode begins "Graph execution error:" and the stack that built
+    the op: the line the task logs was that preamble, which names nothing (.ci/run's worker
+    "failed: NotFoundError: Graph execution error:")."""
+    import tensorflow as tf
+
+    from sync_mnist.core.config import first_line
+
+    message = ("Graph execution error:\n\nDetected at node 'CheckNumerics' defined at (most "
+               "recent call last):\n    File \"/tmp/t.py\", line 5, in <module>\nNode: "
+               "'CheckNumerics'\nbad value : Tensor had NaN values\n\t [[{{node CheckNumerics}}]]")
+    assert first_line(tf.errors.InvalidArgumentError(None, None, message)) == \
+        "bad value : Tensor had NaN values"
+    # Without the node's line, the first line stays; other errors are as they were.
+    assert first_line(tf.errors.InvalidArgumentError(None, None, "Graph execution error:")) == \
+        "Graph execution error:"
+    assert first_line(ValueError("one\ntwo")) == "one"

@@ -223,7 +223,8 @@ def test_the_update_runs_on_the_ps_alone_and_the_sync_state_on_ps_0():
         (update,) = g.training.optimizer.get_chief_queue_runner().enqueue_ops
     # Everything the counting, the progress lines and the finish read is on one ps, so none of
     # it costs a run on each ps; a round-robin dealt the counters over both.
-    assert len(shared) == 13 and set(shared.values()) == {"/job:ps/task:0"}, shared
+    # (14 since the stop's fifth scalar, input_ended_at: core/stream.py.)
+    assert len(shared) == 14 and set(shared.values()) == {"/job:ps/task:0"}, shared
     # The chief's update (with the cosine rate) needs nothing from the chief's own device.
     on_workers = {op.name for op in _ancestors(update) if "/job:worker" in op.device}
     assert on_workers == set(), sorted(on_workers)

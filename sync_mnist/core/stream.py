@@ -1,0 +1,176 @@
+"""A worker's shard of a streamed input: a `tf.data.Dataset` of examples, cut per worker,
+batched, and read in a local session of its own, a few batches ahead, never whole in memory.
+
+Sync: `batch(step)` is a pure function of the update number, as `Shard.batch` is for data in
+memory: the batch of update u + 1 is batch u of this worker's stream (its passes over its shard,
+each pass's last partial batch dropped). A worker restarted into the cluster at update u starts
+its stream there, skipping the batches before it, so the examples of the updates made before it
+died are not used again, and none after is skipped. A step whose gradient was not used (a
+restart threw it away) is redone with the same batch.
+
+Every worker's stream is the same function of (the files, the seed, its index): the package sets
+the input graph's seed (--seed) before calling the input function, so its shuffles draw the same
+orders on a rerun; reading is deterministic (tf.data's default).
+
+Uneven shards: a stream may end before the others (files of different sizes). The worker sees
+it one batch ahead (`ends_after`), and asks the cluster to stop on the update of its last batch,
+as a preemption asks (early_stop.py): every worker stops there and the run verifies, never a
+worker waiting for a gradient that will not come.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import tensorflow as tf
+
+from sync_mnist.core.config import first_line
+from sync_mnist.core.shard import DataError
+
+tf1 = tf.compat.v1
+log = logging.getLogger(__name__)
+
+# The run's length when --epochs is given over a stream: not known until the first worker's
+# input ends, which stops the cluster (early_stop.INPUT_ENDED). A bound no run reaches.
+UNTIL_INPUT_ENDS = 2 ** 62
+PREFETCH_BATCHES = 2  # read ahead in the input's own threads, beside the step
+# What tf.data's FILE auto-sharding raises where it cannot cut by file: fewer files than workers,
+# or a source that reads no files (data in memory, a generator).
+_NOT_BY_FILE = ("Could not apply FILE based sharding", "Found an unshardable source dataset")
+# What a bad file, record or value raises when it is read (item 7 of issue 44: exit 2, a line).
+_BAD_DATA = (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.NotFoundError)
+
+
+FILE, DATA = tf.data.experimental.AutoShardPolicy.FILE, tf.data.experimental.AutoShardPolicy.DATA
+
+
+def is_dataset(value) -> bool:
+    return isinstance(value, tf.data.Dataset)
+
+
+class Stream:
+    """Worker `index` of `num_workers`: its batches of `dataset`, built in `graph`.
+
+    `dataset` yields single examples `(features, labels)`. Unless `sharded` (the input function
+    took an `input_context` and cut its own share), it is cut here: by file where every worker's
+    files give it at least one batch, else by record (tf.data's FILE, or DATA, auto-sharding;
+    every worker decides alike, from the same files). `epochs`: passes over the shard, None to
+    repeat it without end (--train-steps). Raises DataError for a dataset that cannot be
+    trained on.
+    """
+
+    def __init__(self, graph: tf.Graph, dataset: tf.data.Dataset, *, index: int,
+                 num_workers: int, batch_size: int, epochs: int | None, sharded: bool,
+                 what: str):
+        self._graph, self._what, self._batch_size = graph, what, batch_size
+        self._index, self._position = index, 0
+        with graph.as_default():
+            self._start = tf1.placeholder(tf.int64, [], name="input_start")
+            _check_element(dataset, what)
+            cardinality = dataset.cardinality()
+        self._sess = tf1.Session(graph=graph)
+        if self._sess.run(cardinality) == tf.data.INFINITE_CARDINALITY:
+            raise DataError(f"{what}'s dataset repeats without end: drop its .repeat(); the "
+                            "package repeats it (--epochs, --train-steps)")
+        policy = None
+        self.sharding = "by the input function (input_context)"
+        if not sharded:
+            by_file = all(self._first_batch(self._cut(dataset, FILE, k, num_workers), k)
+                          for k in range(num_workers))
+            policy = FILE if by_file else DATA
+            self.sharding = "by file" if by_file else "by record"
+        # Sync: whole batches only, so that every update averages equal batches; the
+        # remainder of each pass is left unused, as Shard drops it.
+        with graph.as_default():
+            batches = self._cut(dataset, policy, index, num_workers).batch(
+                batch_size, drop_remainder=True).repeat(epochs)
+            iterator = tf1.data.make_initializable_iterator(
+                batches.skip(self._start).prefetch(PREFETCH_BATCHES))
+            self._init, self._next = iterator.initializer, iterator.get_next()
+        self._seek(0)
+        if self._ahead is None:
+            raise DataError(f"{what}'s dataset has no full batch of {batch_size} examples for "
+                            f"worker {index} of {num_workers} (sharded {self.sharding})")
+
+    def _cut(self, dataset, policy, index: int, num_workers: int) -> tf.data.Dataset:
+        if policy is None:
+            return dataset
+        from tensorflow.python.data.experimental.ops import distribute
+
+        with self._graph.as_default():
+            options = tf.data.Options()
+            options.experimental_distribute.auto_shard_policy = policy
+            return distribute._AutoShardDataset(  # what MultiWorkerMirroredStrategy uses
+                dataset.with_options(options), num_workers, index, num_workers)
+
+    def _first_batch(self, dataset, worker: int) -> bool:
+        """Whether `dataset`, cut by file for `worker`, gives a full batch (False: it cannot be
+        cut so)."""
+        with self._graph.as_default():
+            iterator = tf1.data.make_initializable_iterator(
+                dataset.batch(self._batch_size, drop_remainder=True).take(1))
+            first = iterator.get_next()
+        where = f"the first batch of worker {worker}'s files"
+        try:
+            self._run(iterator.initializer, where=where)
+            return self._run(first, where=where) is not None
+        except DataError as e:
+            if any(m in first_line(e.__cause__) for m in _NOT_BY_FILE):
+                return False
+            raise
+
+    def batch(self, step: int):
+        """The batch of `step` (features, labels), as numpy values (a SparseTensorValue where
+        the dataset has a SparseTensor)."""
+        if step < 0:
+            raise DataError(f"step must be non-negative, got {step}")
+        if step != self._position:
+            self._seek(step)
+        if self._ahead is None:
+            raise DataError(f"{self._what}'s input has no batch {step}: it ended before it")
+        current, self._position = self._ahead, step + 1
+        self._ahead = self._run(self._next)
+        return current
+
+    def ends_after(self, step: int) -> bool:
+        """Whether batch `step`, which batch() returned last, is the stream's last."""
+        return self._position == step + 1 and self._ahead is None
+
+    def _seek(self, step: int) -> None:
+        """Starts the stream at batch `step`: reads and drops the batches before it."""
+        if step:
+            log.info("starting my input at batch %d (reading past the batches before it)", step)
+        self._position, self._ahead = step, None
+        self._run(self._init, {self._start: step})
+        self._ahead = self._run(self._next)
+
+    def _run(self, fetch, feed=None, where: str | None = None):
+        """A run of the input's session; None at the input's end."""
+        try:
+            return self._sess.run(fetch, feed)
+        except tf.errors.OutOfRangeError:
+            return None
+        except _BAD_DATA as e:  # TensorFlow's readers name the file, and the record or line
+            where = where or f"batch {self._position} of worker {self._index}'s input"
+            raise DataError(f"{self._what}: reading {where}: {type(e).__name__}: "
+                            f"{first_line(e)}") from e
+
+    def close(self) -> None:
+        self._sess.close()
+
+
+def _check_element(dataset: tf.data.Dataset, what: str) -> None:
+    """A dataset of (features, labels): features a tensor, a SparseTensor, or a dict of them;
+    labels a tensor. Raises DataError naming what it yields instead."""
+    spec = dataset.element_spec
+    if not (isinstance(spec, tuple) and len(spec) == 2):
+        raise DataError(f"{what}'s dataset yields {spec}, not pairs (features, labels)")
+    features, labels = spec
+    columns = features if isinstance(features, dict) else {"": features}
+    for name, column in [*columns.items(), ("labels", labels)]:
+        where = "labels" if name == "labels" else f"features[{name!r}]" if name else "features"
+        dense = isinstance(column, tf.TensorSpec)
+        if not (dense or isinstance(column, tf.SparseTensorSpec) and name != "labels"):
+            raise DataError(f"{what}'s dataset yields {where} as {type(column).__name__}: "
+                            "give a dense tensor" + ("" if name == "labels" else
+                                                     " or a SparseTensor (tf.io.VarLenFeature)"))

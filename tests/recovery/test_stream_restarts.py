@@ -1,0 +1,72 @@
+"""Each example once per epoch through restarts, with a streamed input (core/stream.py): the
+model counts how often each example was used (tests/stream_model.py), read from the final
+checkpoint. A worker's input position follows from the update it rejoins: were a restarted
+worker to begin its files again, the examples before the kill would count twice.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import tensorflow as tf
+
+import stream_model
+from procs import processes_mentioning, read_json
+from sync_mnist.core.config import EXIT_OK, EXIT_PREEMPTED
+
+BOUND = 240  # seconds a small cluster run may take on a loaded 2-core machine
+SIZES = [600] * 4  # 2,400 examples: 300 batches of 4 per worker, files 0 and 2 to worker 0
+EXAMPLES, UPDATES = sum(SIZES), sum(SIZES) // 2 // 4
+
+
+def _launch(processes, tmp_path, spec: str, run: int, *extra: str):
+    summary = tmp_path / f"cluster-{run}.json"
+    launcher = processes.launcher(
+        "--model", spec, "--base-port", "0", "--isolate", "off", "--workers", "2",
+        "--epochs", "1", "--batch-size", "4", "--log-every", "10", "--timeout", "60",
+        "--logdir", str(tmp_path / "logdir"), "--summary-json", str(summary), *extra)
+    return launcher, summary
+
+
+def _every_example_used_once(tmp_path) -> None:
+    uses = stream_model.uses(tf.train.latest_checkpoint(str(tmp_path / "logdir")), 2)
+    assert uses[:EXAMPLES].tolist() == [1] * EXAMPLES, {
+        "twice": int((uses == 2).sum()), "never": int((uses[:EXAMPLES] == 0).sum())}
+
+
+def test_a_worker_killed_mid_epoch_and_restarted_uses_each_example_once(processes, tmp_path):
+    spec = stream_model.place(tmp_path / "data", SIZES)
+    launcher, summary = _launch(processes, tmp_path, spec, 1, "--max-restarts", "1")
+    pid = int(launcher.wait_for_line(r"started worker 1 \(pid (\d+)\)", BOUND)[1])
+    launcher.wait_for_line(r"\[worker 1\] step=30 ", BOUND)
+    os.kill(pid, signal.SIGKILL)
+
+    assert launcher.wait(BOUND) == EXIT_OK, launcher.output
+    launcher.wait_for_line(r"worker 1 exited with code -9; restarting it", 1)
+    start = int(launcher.wait_for_line(
+        r"\[worker 1\] starting my input at batch (\d+) \(reading past", 1)[1])
+    assert 30 <= start < UPDATES
+    record = read_json(summary)
+    assert record["synchronous"] is True and record["contributions"] == [UPDATES, UPDATES]
+    _every_example_used_once(tmp_path)
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_a_preemption_mid_epoch_and_the_rerun_use_each_example_once(processes, tmp_path):
+    spec = stream_model.place(tmp_path / "data", SIZES)
+    launcher, summary = _launch(processes, tmp_path, spec, 1, "--save-steps", "1000")
+    pid = int(launcher.wait_for_line(r"started worker 1 \(pid (\d+)\)", BOUND)[1])
+    launcher.wait_for_line(r"\[worker 1\] step=30 ", BOUND)
+    os.kill(pid, signal.SIGTERM)
+    assert launcher.wait(BOUND) == EXIT_PREEMPTED, launcher.output
+    stop = read_json(summary)["preempted_at"]
+    assert 30 < stop < UPDATES, launcher.output
+
+    launcher, summary = _launch(processes, tmp_path, spec, 2)
+    assert launcher.wait(BOUND) == EXIT_OK, launcher.output
+    launcher.wait_for_line(rf"\[worker 1\] starting my input at batch {stop} \(reading past", 1)
+    record = read_json(summary)
+    assert record["synchronous"] is True and record["contributions"] == [UPDATES, UPDATES]
+    _every_example_used_once(tmp_path)
+    assert processes_mentioning(str(tmp_path)) == []
