@@ -7,6 +7,7 @@ never reads argparse, `sys.argv` or the environment.
 from __future__ import annotations
 
 import dataclasses
+import re
 import math
 import threading
 from pathlib import Path
@@ -109,13 +110,17 @@ def first_line(error: Exception) -> str:
     lines = text.strip().splitlines() or [type(error).__name__]
     if lines[0].startswith(_GRAPH_EXECUTION):
         after = [k + 1 for k, line in enumerate(lines) if line.startswith("Node: '")]
-        own = [line for line in lines[after[-1]:] if line.strip()] if after else []
-        if own and not own[0].lstrip().startswith("[[{{node"):
-            return own[0].strip()
+        own = [line.strip() for line in lines[after[-1] if after else 1:]
+               if line.strip() and not line.strip().startswith("[[") and
+               not line.startswith(("Detected at node", " "))]
+        if own:  # a tf.data function's error says where it ran first: that is not the news
+            return _IN_DATASET_FUNCTION.sub("", own[0])
     return lines[0]
 
 
 _GRAPH_EXECUTION = "Graph execution error:"
+_IN_DATASET_FUNCTION = re.compile(r"^Error in user-defined function passed to .*? "
+                                  r"transformation with iterator: \S+: ")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,6 +21,7 @@ worker waiting for a gradient that will not come.
 from __future__ import annotations
 
 import logging
+import time
 
 import tensorflow as tf
 
@@ -44,6 +45,13 @@ _BAD_DATA = (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.
 FILE, DATA = tf.data.experimental.AutoShardPolicy.FILE, tf.data.experimental.AutoShardPolicy.DATA
 
 
+# Dataset ops whose first input is a list of file names (the readers' own, or the slices a
+# reader's flat_map or interleave takes them from).
+_LISTS_FILES = ("TensorSliceDataset", "TFRecordDatasetV2", "TFRecordDataset", "TextLineDataset",
+                "CSVDatasetV2", "FixedLengthRecordDatasetV2")
+LOCATE_SECS = 60.0  # of reading, to find which file holds bad data
+
+
 def is_dataset(value) -> bool:
     return isinstance(value, tf.data.Dataset)
 
@@ -63,13 +71,14 @@ class Stream:
                  num_workers: int, batch_size: int, epochs: int | None, sharded: bool,
                  what: str):
         self._graph, self._what, self._batch_size = graph, what, batch_size
-        self._index, self._position = index, 0
+        self._index, self._position, self._dataset = index, 0, dataset
         with graph.as_default():
             self._start = tf1.placeholder(tf.int64, [], name="input_start")
             _check_element(dataset, what)
             cardinality = dataset.cardinality()
         self._sess = tf1.Session(graph=graph)
-        if self._sess.run(cardinality) == tf.data.INFINITE_CARDINALITY:
+        if _read(self._sess, cardinality, None, f"{what}: making its dataset") == \
+                tf.data.INFINITE_CARDINALITY:
             raise DataError(f"{what}'s dataset repeats without end: drop its .repeat(); the "
                             "package repeats it (--epochs, --train-steps)")
         policy = None
@@ -89,8 +98,11 @@ class Stream:
             self._init, self._next = iterator.initializer, iterator.get_next()
         self._seek(0)
         if self._ahead is None:
+            files = files_read(graph, self._sess, dataset)
             raise DataError(f"{what}'s dataset has no full batch of {batch_size} examples for "
-                            f"worker {index} of {num_workers} (sharded {self.sharding})")
+                            f"worker {index} of {num_workers} (sharded {self.sharding}; " + (
+                                f"it reads {len(files)} files)" if files else
+                                "it reads no file that exists: does its pattern match any?)"))
 
     def _cut(self, dataset, policy, index: int, num_workers: int) -> tf.data.Dataset:
         if policy is None:
@@ -145,18 +157,111 @@ class Stream:
         self._ahead = self._run(self._next)
 
     def _run(self, fetch, feed=None, where: str | None = None):
-        """A run of the input's session; None at the input's end."""
+        """A run of the input's session; None at the input's end. Bad data is a DataError that
+        names the file where a scan can find it (`_locate`)."""
         try:
-            return self._sess.run(fetch, feed)
-        except tf.errors.OutOfRangeError:
-            return None
-        except _BAD_DATA as e:  # TensorFlow's readers name the file, and the record or line
-            where = where or f"batch {self._position} of worker {self._index}'s input"
-            raise DataError(f"{self._what}: reading {where}: {type(e).__name__}: "
-                            f"{first_line(e)}") from e
+            return _read(self._sess, fetch, feed, f"{self._what}: reading " + (
+                where or f"batch {self._position} of worker {self._index}'s input"))
+        except DataError as e:
+            if isinstance(e.__cause__, _BAD_DATA) and not any(
+                    m in str(e) for m in _NOT_BY_FILE):
+                raise DataError(f"{e}{self._locate(str(e))}") from e.__cause__
+            raise
+
+    def _locate(self, message: str) -> str:
+        """Where the bad data is: the file (the k-th that the dataset reads, read alone through
+        the user's own pipeline, cut by file) and how many examples it gave first. Only where
+        TensorFlow's line does not name it already, and for at most LOCATE_SECS of reading."""
+        files = files_read(self._graph, self._sess, self._dataset)
+        if not files or any(f in message for f in files):
+            return ""
+        deadline = time.monotonic() + LOCATE_SECS
+        for k, name in enumerate(files):
+            with self._graph.as_default():
+                iterator = tf1.data.make_initializable_iterator(
+                    self._cut(self._dataset, FILE, k, len(files)))
+                element = iterator.get_next()
+            read = 0
+            try:
+                self._sess.run(iterator.initializer)
+                while time.monotonic() < deadline:
+                    self._sess.run(element)
+                    read += 1
+            except tf.errors.OutOfRangeError:
+                continue
+            except _BAD_DATA:
+                return f" (in {name}, after {read} of its examples)"
+            except tf.errors.OpError:  # the pipeline cannot be read file by file
+                return ""
+            break
+        return (f" (in one of the {len(files)} files it reads; not found within "
+                f"{LOCATE_SECS:g} s of reading them one by one)")
 
     def close(self) -> None:
         self._sess.close()
+
+
+class WholeInput:
+    """An evaluation input, read whole at each evaluation, `batch_size` examples at a time (the
+    last batch partial), in a local session: never held whole in memory."""
+
+    def __init__(self, graph: tf.Graph, dataset: tf.data.Dataset, *, batch_size: int,
+                 what: str):
+        self._what = what
+        with graph.as_default():
+            _check_element(dataset, what)
+            cardinality = dataset.cardinality()
+            iterator = tf1.data.make_initializable_iterator(
+                dataset.batch(batch_size).prefetch(PREFETCH_BATCHES))
+            self._init, self._next = iterator.initializer, iterator.get_next()
+        self._sess = tf1.Session(graph=graph)
+        if _read(self._sess, cardinality, None, f"{what}: making its dataset") == \
+                tf.data.INFINITE_CARDINALITY:
+            raise DataError(f"{what}'s dataset repeats without end: an evaluation reads it "
+                            "whole; drop its .repeat()")
+
+    def __iter__(self):
+        where = f"{self._what}: reading the evaluation data"
+        _read(self._sess, self._init, None, where)
+        while (batch := _read(self._sess, self._next, None, where)) is not None:
+            yield batch
+
+    def close(self) -> None:
+        self._sess.close()
+
+
+def files_read(graph: tf.Graph, sess: tf1.Session, dataset: tf.data.Dataset) -> list[str]:
+    """The files `dataset` reads, in its order, where its graph lists them (a reader's list of
+    file names, or the files a pattern matched); [] where it does not."""
+    with graph.as_default():
+        names, seen, stack = [], set(), [dataset._variant_tensor.op]
+        while stack:
+            op = stack.pop()
+            if op.name in seen:
+                continue
+            seen.add(op.name)
+            stack.extend(t.op for t in op.inputs)
+            if op.type in _LISTS_FILES and op.inputs and op.inputs[0].dtype == tf.string:
+                names.append(op.inputs[0])
+    try:
+        values = sess.run(names)
+    except tf.errors.OpError:  # a pattern that matches nothing, say: the caller's error says so
+        return []
+    files = []
+    for value in values:
+        files += [f.decode() for f in value.reshape(-1) if tf.io.gfile.exists(f.decode())]
+    return list(dict.fromkeys(files))
+
+
+def _read(sess: tf1.Session, fetch, feed, where: str):
+    """A run of an input's session; None at the input's end; bad data a DataError saying
+    `where`, with TensorFlow's own line (its readers name the record or line they can)."""
+    try:
+        return sess.run(fetch, feed)
+    except tf.errors.OutOfRangeError:
+        return None
+    except _BAD_DATA as e:
+        raise DataError(f"{where}: {type(e).__name__}: {first_line(e)}") from e
 
 
 def _check_element(dataset: tf.data.Dataset, what: str) -> None:

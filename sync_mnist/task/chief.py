@@ -59,12 +59,15 @@ class Chief:
         w = self.w
         if self.evaluator is None:
             config = w.config
-            self.eval_data = inputs.input_data("eval_input_fn", w.model.eval_input_fn, w.params)
+            self.eval_data = inputs.load_eval(w.model, w.params, config.train.seed)
             self.evaluator = evaluation.Evaluator(
                 w.model, w.params, w.example, num_ps=config.cluster.num_ps,
                 worker=f"/job:worker/task:{config.index}", target=w.server.target,
                 tf_config=w.tf_config, ps_hosts=config.cluster.ps_hosts)
-        self.test_metrics, loss = self.evaluator(*self.eval_data, w.bounded)
+        if isinstance(self.eval_data, tuple):
+            self.test_metrics, loss = self.evaluator(*self.eval_data, w.bounded)
+        else:  # a stream, read whole
+            self.test_metrics, loss = self.evaluator.over(self.eval_data, w.bounded)
         return self.test_metrics.get(evaluation.ACCURACY), loss
 
     def save_final(self, sess, status: sessions.SessionStatus) -> None:
@@ -87,7 +90,7 @@ class Chief:
         with awaiting("to evaluate the model"):
             accuracy, loss = self.evaluate()
         log.info("test_accuracy=%s test_loss=%.4f on %d evaluation examples (%s)",
-                 "-" if accuracy is None else f"{accuracy:.4f}", loss, len(self.eval_data[1]),
+                 "-" if accuracy is None else f"{accuracy:.4f}", loss, self.evaluator.examples,
                  " ".join(f"{k}={v:.4f}" for k, v in self.test_metrics.items()))
         if w.writer:
             progress_log.write_summaries(w.writer, counters, test_accuracy=accuracy)
@@ -118,3 +121,5 @@ class Chief:
     def close(self) -> None:
         if self.evaluator is not None:
             self.evaluator.close()
+        if hasattr(self.eval_data, "close"):  # a stream's session
+            self.eval_data.close()

@@ -53,18 +53,29 @@ class Evaluator:
             self.updates = [u for _, u in spec.eval_metric_ops.values()]
             self.reset = tf1.local_variables_initializer()
         self.side = SideSession(target, self.graph, tf_config, ps_hosts)
+        self.examples = 0  # in the last evaluation
 
     def __call__(self, features, labels, options) -> tuple[dict[str, float], float]:
-        """({metric: value}, mean loss) over the examples, EVAL_BATCH at a time."""
+        """({metric: value}, mean loss) over numpy arrays, EVAL_BATCH examples at a time."""
+        def batches():
+            for start in range(0, len(labels), EVAL_BATCH):
+                rows = slice(start, start + EVAL_BATCH)
+                yield (({k: v[rows] for k, v in features.items()}
+                        if isinstance(features, dict) else features[rows]), labels[rows])
+
+        return self.over(batches(), options)
+
+    def over(self, batches, options) -> tuple[dict[str, float], float]:
+        """({metric: value}, mean loss) over `batches` of (features, labels); `examples` is then
+        how many examples they held."""
         self.side.run(self.reset, options=options)
-        total_loss, n = 0.0, len(labels)
-        for start in range(0, n, EVAL_BATCH):
-            rows = slice(start, start + EVAL_BATCH)
-            batch = ({k: v[rows] for k, v in features.items()} if isinstance(features, dict)
-                     else features[rows])
-            feed = {**placement.feed(self.features, batch), self.labels: labels[rows]}
+        total_loss, n = 0.0, 0
+        for batch, labels in batches:
+            feed = {**placement.feed(self.features, batch), self.labels: labels}
             loss, _ = self.side.run([self.loss, self.updates], feed, options=options)
-            total_loss += float(loss) * len(labels[rows])
+            total_loss += float(loss) * len(labels)
+            n += len(labels)
+        self.examples = n
         values = self.side.run(self.values, options=options)
         return {k: float(np.asarray(v)) for k, v in values.items()}, total_loss / max(n, 1)
 

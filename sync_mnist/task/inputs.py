@@ -76,6 +76,20 @@ def check_arrays(what: str, value) -> tuple:
     return features, labels
 
 
+def load_eval(model: api.Model, params: dict, seed: int):
+    """The model's evaluation data: numpy arrays (features, labels), or a stream.WholeInput
+    where eval_input_fn returns a tf.data.Dataset (read whole at each evaluation)."""
+    from sync_mnist.task.evaluation import EVAL_BATCH
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(seed)
+        value = call_input_fn("eval_input_fn", model.eval_input_fn, params)
+    if stream_lib.is_dataset(value):
+        return stream_lib.WholeInput(graph, value, batch_size=EVAL_BATCH, what="eval_input_fn")
+    return check_arrays("eval_input_fn", value)
+
+
 def load_shard(config: TaskConfig, model: api.Model):
     """This worker's shard of the model's training data (a Shard, or a Stream where the input
     function returns a tf.data.Dataset), the steps to train (--train-steps, or --epochs passes

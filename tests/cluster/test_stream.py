@@ -5,11 +5,16 @@ counts each example's uses in the model itself)."""
 
 from __future__ import annotations
 
+import re
+
 import tensorflow as tf
 
+import pytest
+
 import stream_model
-from procs import processes_mentioning, read_json
-from sync_mnist.core.config import EXIT_OK
+from procs import processes_mentioning, read_json, run_task_process
+from sync_mnist.core.cluster import free_ports
+from sync_mnist.core.config import EXIT_OK, EXIT_USAGE
 
 BOUND = 240  # seconds a small cluster run may take on a loaded 2-core machine
 
@@ -28,6 +33,9 @@ def test_uneven_shards_stop_where_the_first_worker_s_input_ends(processes, tmp_p
     launcher.wait_for_line(r"\[worker 1\] my input ends with batch 20: asking the cluster to "
                            r"stop on the update its gradient joins \(21\)", 1)
     launcher.wait_for_line(r"\[worker 0\] dataset .*: streamed, sharded by file", 1)
+    # The evaluation streams too: the model's eval_input_fn returns a dataset of 64 examples.
+    launcher.wait_for_line(r"\[worker 0\] test_accuracy=\S+ test_loss=\S+ on 64 evaluation "
+                           "examples", 1)
     record = read_json(summary)
     assert record["synchronous"] is True and record["contributions"] == [21, 21]
     assert {t["stop_step"] for t in record["tasks"] if t["role"] == "worker"} == {21}
@@ -38,3 +46,33 @@ def test_uneven_shards_stop_where_the_first_worker_s_input_ends(processes, tmp_p
     assert uses[0:60].tolist() == [1] * 60 and uses[100:124].tolist() == [1] * 24
     assert uses[124:160].tolist() == [0] * 36 and uses[204:].sum() == 0
     assert processes_mentioning(str(tmp_path)) == []
+
+
+def _worker_alone(spec: str, *extra: str) -> tuple[int, list[str]]:
+    """Worker 1 of a cluster that does not exist: its input is read before it meets anyone."""
+    ps, w0, w1 = free_ports(3)
+    code, _, err, _ = run_task_process(
+        ["--role", "worker", "--index", "1", "--ps-hosts", f"127.0.0.1:{ps}", "--worker-hosts",
+         f"127.0.0.1:{w0},127.0.0.1:{w1}", "--model", spec, "--epochs", "1", "--batch-size",
+         "4", "--timeout", "5", *extra], timeout=120)
+    return code, err.strip().splitlines()
+
+
+@pytest.mark.parametrize("damage, line", [
+    ("corrupt", r"DataLossError: corrupted record at \d+ \(in {file}, after 0 of its examples\)"),
+    ("cut", r"DataLossError: truncated record at \d+.* \(in {file}, after 2 of its examples\)")])
+def test_bad_records_are_bad_input_in_one_line_naming_the_file(tmp_path, damage, line):
+    spec = stream_model.place(tmp_path, [10, 10])
+    bad = tmp_path / "part-001.tfrecord"
+    data = bad.read_bytes()
+    if damage == "corrupt":
+        bad.write_bytes(data[:40] + bytes([data[40] ^ 0xFF]) + data[41:])
+    else:  # cut off in its third record, inside the first batch
+        bad.write_bytes(data[:len(data) // 4])
+    code, lines = _worker_alone(spec)
+    assert code == EXIT_USAGE, lines
+    errors = [x for x in lines if x.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback (most recent call last):" not in lines, lines
+    assert re.fullmatch(r"error: train_input_fn: reading (the first batch of worker 1's files|"
+                        r"batch \d+ of worker 1's input): " + line.format(file=re.escape(
+                            str(bad))), errors[0]), errors[0]

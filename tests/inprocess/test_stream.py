@@ -3,9 +3,13 @@ pure function of the update number, cut by file or by record, its end seen one b
 
 from __future__ import annotations
 
+import signal
+
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import stream_model
 from sync_mnist.core.shard import DataError
@@ -101,12 +105,129 @@ def test_variable_length_features_come_as_sparse_values(tmp_path):
     assert labels.tolist() == [0, 1]
 
 
-def test_a_corrupt_record_is_bad_data_before_training(tmp_path):
+def _corrupt(path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF  # the record's checksum no longer matches
+    path.write_bytes(bytes(data))
+
+
+def _csv_stream(tmp_path, lines: list[str]) -> Stream:
+    (tmp_path / "a.csv").write_text("1,0.5,1\n" * 8)
+    (tmp_path / "b.csv").write_text("".join(line + "\n" for line in lines))
+    files = [str(tmp_path / "a.csv"), str(tmp_path / "b.csv")]
+    return _stream([], num_workers=1, batch_size=2, make=lambda: tf.data.TextLineDataset(
+        files).map(lambda line: tf.io.decode_csv(line, [[0], [0.0], [0]])).map(
+        lambda i, x, y: ({"i": i, "x": x}, y)))
+
+
+def test_a_corrupt_record_is_bad_data_before_training_naming_its_file(tmp_path):
     files = stream_model.write(tmp_path, [8, 8])
-    data = bytearray(files[1].read_bytes())
-    data[40] ^= 0xFF  # inside the first record: its checksum no longer matches
-    files[1].write_bytes(bytes(data))
+    _corrupt(files[1], 40)  # inside the first record of the second file
     with pytest.raises(DataError) as raised:
         _stream(files, index=0, batch_size=2)  # worker 1's first batch is in that file
-    assert str(raised.value) == ("train_input_fn: reading the first batch of worker 1's files: "
-                                 "DataLossError: corrupted record at 12")
+    assert str(raised.value) == (
+        "train_input_fn: reading the first batch of worker 1's files: DataLossError: corrupted "
+        f"record at 12 (in {files[1]}, after 0 of its examples)")
+
+
+def test_bad_data_met_mid_stream_names_the_file_and_how_far_it_was_read(tmp_path):
+    files = stream_model.write(tmp_path, [8, 8])
+    files[1].write_bytes(files[1].read_bytes()[:-30])  # its last record cut short
+    stream = _stream(files, num_workers=1, batch_size=2)
+    with pytest.raises(DataError) as raised:
+        for step in range(8):
+            stream.batch(step)
+    assert "DataLossError: truncated record at" in str(raised.value)
+    assert str(raised.value).endswith(f"(in {files[1]}, after 7 of its examples)")
+
+
+@pytest.mark.parametrize("line, error", [
+    ("1,0.5", "Expect 3 fields but have 2 in record"),
+    ("1,zero,1", "Field 1 in record 0 is not a valid float: zero")])
+def test_a_text_line_that_does_not_parse_is_bad_data_naming_the_file(tmp_path, line, error):
+    stream = _csv_stream(tmp_path, ["2,0.5,0", "3,0.5,1", line, "4,0.5,0"])
+    with pytest.raises(DataError) as raised:
+        for step in range(8):
+            stream.batch(step)
+    assert f"InvalidArgumentError: {error}" in str(raised.value)
+    assert str(raised.value).endswith(f"(in {tmp_path / 'b.csv'}, after 2 of its examples)")
+
+
+def test_no_file_and_a_missing_file_are_bad_data(tmp_path):
+    with pytest.raises(DataError, match=r"train_input_fn: making its dataset: "
+                                        r"InvalidArgumentError: assertion failed: \[No files "
+                                        r"matched pattern: .*nothing-\*.tfrecord\]"):
+        _stream([], make=lambda: tf.data.Dataset.list_files(
+            str(tmp_path / "nothing-*.tfrecord")).interleave(tf.data.TFRecordDataset).map(
+            stream_model._parse))
+    with pytest.raises(DataError, match=r"no full batch .*it reads no file that exists: does "
+                                        r"its pattern match any\?"):
+        _stream([], make=lambda: tf.data.TFRecordDataset(
+            tf.io.gfile.glob(str(tmp_path / "nothing-*.tfrecord"))).map(stream_model._parse))
+    missing = tmp_path / "missing.tfrecord"
+    with pytest.raises(DataError, match=f"NotFoundError: {missing}; No such file or directory"):
+        _stream([missing], num_workers=1)
+
+
+def test_an_evaluation_input_is_read_whole_at_each_evaluation(tmp_path):
+    from sync_mnist.core.stream import WholeInput
+
+    files = stream_model.write(tmp_path, [7, 4])
+    graph = tf.Graph()
+    with graph.as_default():
+        dataset = tf.data.TFRecordDataset([str(f) for f in files]).map(stream_model._parse)
+    whole = WholeInput(graph, dataset, batch_size=5, what="eval_input_fn")
+    for _ in range(2):  # every evaluation reads it all again, the last batch partial
+        assert [b[0]["id"].tolist() for b in whole] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [10]]
+
+
+# Fuzzing (tests/fast/test_fuzz.py's property, for streamed files): a damaged file is either
+# read (a flipped byte in a float's value parses) or refused as one DataError line naming what
+# it read; never another error, never a hang. Each example makes a session: `make test` draws 30
+# (the fast profile's 150 took 30 s of CPU), `make soak` its profile's 10,000.
+_GOOD = None
+_EXAMPLES = 30 if settings.default.max_examples <= 150 else settings.default.max_examples
+
+
+def _good_records(tmp_path_factory) -> bytes:
+    global _GOOD
+    if _GOOD is None:
+        path = stream_model.write(tmp_path_factory.mktemp("good"), [12])[0]
+        _GOOD = path.read_bytes()
+    return _GOOD
+
+
+@settings(max_examples=_EXAMPLES)
+@given(damage=st.one_of(
+    st.tuples(st.just("flip"), st.integers(0, 10_000), st.integers(1, 255)),
+    st.tuples(st.just("cut"), st.integers(0, 10_000), st.just(0)),
+    st.tuples(st.just("text"), st.integers(0, 0), st.binary(max_size=40))))
+def test_fuzz_damaged_records_are_read_or_refused_in_one_line(tmp_path_factory, damage):
+    kind, at, value = damage
+    directory = tmp_path_factory.mktemp("fuzz")
+    good = _good_records(tmp_path_factory)
+    path = directory / "part-000.tfrecord"
+    if kind == "flip":
+        data = bytearray(good)
+        data[at % len(data)] ^= value
+        path.write_bytes(bytes(data))
+    elif kind == "cut":
+        path.write_bytes(good[:at % len(good)])
+    else:
+        path.write_bytes(value)
+    signal.signal(signal.SIGALRM, _hang)
+    signal.alarm(20)
+    try:
+        stream = _stream([path], num_workers=1, batch_size=2)
+        for step in range(6):
+            stream.batch(step)
+            if stream.ends_after(step):
+                break
+    except DataError as e:
+        assert "\n" not in str(e) and str(e).startswith("train_input_fn"), str(e)
+    finally:
+        signal.alarm(0)
+
+
+def _hang(signum, frame):
+    raise AssertionError("reading a damaged file ran longer than 20 s: a hang")
