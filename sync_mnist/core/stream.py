@@ -190,7 +190,7 @@ class Stream:
             except tf.errors.OutOfRangeError:
                 continue
             except _BAD_DATA:
-                return f" (in {name}, after {read} of its examples)"
+                return f" (in {name}, after {read} of its examples came through the pipeline)"
             except tf.errors.OpError:  # the pipeline cannot be read file by file
                 return ""
             break

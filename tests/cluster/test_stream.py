@@ -59,8 +59,10 @@ def _worker_alone(spec: str, *extra: str) -> tuple[int, list[str]]:
 
 
 @pytest.mark.parametrize("damage, line", [
-    ("corrupt", r"DataLossError: corrupted record at \d+ \(in {file}, after 0 of its examples\)"),
-    ("cut", r"DataLossError: truncated record at \d+.* \(in {file}, after 2 of its examples\)")])
+    ("corrupt", r"DataLossError: corrupted record at \d+ \(in {file}, after 0 of its examples "
+                r"came through the pipeline\)"),
+    ("cut", r"DataLossError: truncated record at \d+.* \(in {file}, after 2 of its examples came "
+            r"through the pipeline\)")])
 def test_bad_records_are_bad_input_in_one_line_naming_the_file(tmp_path, damage, line):
     spec = stream_model.place(tmp_path, [10, 10])
     bad = tmp_path / "part-001.tfrecord"

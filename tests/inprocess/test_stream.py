@@ -127,7 +127,7 @@ def test_a_corrupt_record_is_bad_data_before_training_naming_its_file(tmp_path):
         _stream(files, index=0, batch_size=2)  # worker 1's first batch is in that file
     assert str(raised.value) == (
         "train_input_fn: reading the first batch of worker 1's files: DataLossError: corrupted "
-        f"record at 12 (in {files[1]}, after 0 of its examples)")
+        f"record at 12 (in {files[1]}, after 0 of its examples came through the pipeline)")
 
 
 def test_bad_data_met_mid_stream_names_the_file_and_how_far_it_was_read(tmp_path):
@@ -138,7 +138,8 @@ def test_bad_data_met_mid_stream_names_the_file_and_how_far_it_was_read(tmp_path
         for step in range(8):
             stream.batch(step)
     assert "DataLossError: truncated record at" in str(raised.value)
-    assert str(raised.value).endswith(f"(in {files[1]}, after 7 of its examples)")
+    assert str(raised.value).endswith(
+        f"(in {files[1]}, after 7 of its examples came through the pipeline)")
 
 
 @pytest.mark.parametrize("line, error", [
@@ -150,7 +151,8 @@ def test_a_text_line_that_does_not_parse_is_bad_data_naming_the_file(tmp_path, l
         for step in range(8):
             stream.batch(step)
     assert f"InvalidArgumentError: {error}" in str(raised.value)
-    assert str(raised.value).endswith(f"(in {tmp_path / 'b.csv'}, after 2 of its examples)")
+    assert str(raised.value).endswith(
+        f"(in {tmp_path / 'b.csv'}, after 2 of its examples came through the pipeline)")
 
 
 def test_no_file_and_a_missing_file_are_bad_data(tmp_path):
