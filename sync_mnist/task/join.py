@@ -18,7 +18,7 @@ from sync_mnist.core.sessions import SideSession
 from sync_mnist.task import report
 from sync_mnist.task.graph import WorkerGraph
 from sync_mnist.task.prepare import Worker
-from sync_mnist.task.lockstep import no_silent_end
+from sync_mnist.task.lockstep import BatchFeed, no_silent_end
 
 tf1 = tf.compat.v1
 log = logging.getLogger(__name__)
@@ -36,6 +36,7 @@ class Joined:
     ready_at: float  # unix time the training session was ready
     startup_s: float  # process start to session ready
     chief_wait_s: float | None  # a non-chief's wait for the chief's initialisation
+    feed: BatchFeed  # each step's batch, fed inside the training session
 
 
 @contextlib.contextmanager
@@ -59,8 +60,8 @@ def join(w: Worker):
             _check_published(SideSession(w.server.target, w.graph, w.tf_config),
                              w.g.members, mine, config.name, chief_wait,
                              f"worker 0 at {config.cluster.address('worker', 0)}")
-    status = sessions.SessionStatus()
-    monitored = _monitored_session(w, status, chief_wait)
+    status, feed = sessions.SessionStatus(), BatchFeed(w)
+    monitored = _monitored_session(w, status, chief_wait, feed)
     side = SideSession(w.server.target, w.graph, w.tf_config, config.cluster.ps_hosts)
     with w.graph.as_default(), monitored as sess:
         startup_s = time.monotonic() - w.started
@@ -69,17 +70,18 @@ def join(w: Worker):
             chief_wait_s = time.monotonic() - waiting_since
         start_step, planned, rejoined = _take_position(w, side, status, mine, startup_s)
         joined = Joined(side, status, start_step, planned, rejoined, ready_at, startup_s,
-                        chief_wait_s)
+                        chief_wait_s, feed)
         with no_silent_end(config.name):
             yield sess, joined
 
 
-def _monitored_session(w: Worker, status: sessions.SessionStatus, chief_wait: float):
+def _monitored_session(w: Worker, status: sessions.SessionStatus, chief_wait: float,
+                       feed: BatchFeed):
     config, train = w.config, w.config.train
     with w.graph.as_default():
         try:
             return sessions.monitored_session(
-                w.server.target, is_chief=config.is_chief, hooks=w.g.training.hooks,
+                w.server.target, is_chief=config.is_chief, hooks=[*w.g.training.hooks, feed],
                 config=w.tf_config, timeout=chief_wait,
                 checkpoint_dir=str(w.logdir) if w.logdir else None,
                 save_steps=train.save_steps, save_secs=train.save_secs,

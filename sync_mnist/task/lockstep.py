@@ -36,6 +36,43 @@ def no_silent_end(me: str):
                            f"closed under it): {first_line(e)}") from e
 
 
+class BatchFeed(tf.compat.v1.train.SessionRunHook):
+    """Feeds each step its batch from inside the training session (`use` names the step).
+
+    Sync: MonitoredSession runs a step again, with the same feed, after it re-created its
+    session for a lost ps; a ps restored from a checkpoint has rolled global_step back, and the
+    step now joins the update after the restored one. Fed here, the batch is that update's
+    (read after the re-creation, lockstep only): the updates lost with the ps are made again
+    from their own batches, and no example counts in two updates (the in-memory shard as well
+    as a stream's).
+    """
+
+    def __init__(self, w):
+        self.w = w
+        self.lockstep = (w.config.train.mode == "sync"
+                         and w.aggregate == w.config.cluster.num_workers)
+        self.step: int | None = None  # the step whose batch is fed; None: before training
+        self._batch = None
+
+    def use(self, step: int):
+        """The batch of `step` (features, labels), fed to the runs that follow."""
+        self.step, self._batch = step, self.w.shard.batch(step)
+        return self._batch
+
+    def after_create_session(self, session, coord) -> None:
+        if self.step is not None and self.lockstep:  # re-created mid-run
+            restored = int(session.run(self.w.g.state.global_step, options=self.w.bounded))
+            if restored != self.step:
+                log.warning("the session was re-created at global_step %d: my step feeds its "
+                            "batch, not that of step %d", restored, self.step)
+                self.use(restored)
+
+    def before_run(self, run_context):
+        if self._batch is None:
+            return None
+        return tf.compat.v1.train.SessionRunArgs(None, feed_dict=self.w.g.feed(*self._batch))
+
+
 @dataclasses.dataclass
 class Trained:
     """What the lockstep loop did."""
@@ -99,7 +136,7 @@ class _StepRunner:
 
     def __call__(self, step: int) -> int:
         w, g, side = self.w, self.w.g, self.joined.side
-        x, y = w.shard.batch(step)
+        self.joined.feed.use(step)
         if w.shard.ends_after(step) and not self.input_ended:
             # Sync: before this push, so that the update it joins is the cluster's last
             # (early_stop.py): no worker waits for a gradient of mine that will not come.
@@ -109,8 +146,8 @@ class _StepRunner:
             self.input_ended = True
         sessions = self.joined.status.sessions
         try:
-            token, loss, train_metrics, stop_step = self.sess.run(
-                self.fetches, g.feed(x, y), options=w.bounded)
+            token, loss, train_metrics, stop_step = self.sess.run(self.fetches,
+                                                                  options=w.bounded)
         except tf.errors.DeadlineExceededError:
             raise self._stalled(f"waited {w.config.train.timeout:g} s for an update after "
                                 f"local step {step}") from None

@@ -70,3 +70,21 @@ def test_a_preemption_mid_epoch_and_the_rerun_use_each_example_once(processes, t
     assert record["synchronous"] is True and record["contributions"] == [UPDATES, UPDATES]
     _every_example_used_once(tmp_path)
     assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_the_ps_killed_mid_epoch_and_restored_uses_each_example_once(processes, tmp_path):
+    """The updates since the last checkpoint are lost with the ps and made again: each from the
+    batches of its own number, so over the run every example counts in one update."""
+    spec = stream_model.place(tmp_path / "data", SIZES)
+    launcher, summary = _launch(processes, tmp_path, spec, 1, "--max-restarts", "1",
+                                "--save-steps", "25")
+    pid = int(launcher.wait_for_line(r"started ps 0 \(pid (\d+)\)", BOUND)[1])
+    launcher.wait_for_line(r"\[worker 0\] step=60 ", BOUND)
+    os.kill(pid, signal.SIGKILL)
+
+    assert launcher.wait(BOUND) == EXIT_OK, launcher.output
+    launcher.wait_for_line(r"ps 0 exited with code -9; restarting it", 1)
+    record = read_json(summary)
+    assert record["synchronous"] is True and record["contributions"] == [UPDATES, UPDATES]
+    _every_example_used_once(tmp_path)
+    assert processes_mentioning(str(tmp_path)) == []
