@@ -97,6 +97,7 @@ class Stream:
                 batches.skip(self._start).prefetch(PREFETCH_BATCHES))
             self._init, self._next = iterator.initializer, iterator.get_next()
         self._seek(0)
+        self._built_with = _shapes(self._ahead)  # what the model's placeholders are made from
         if self._ahead is None:
             files = files_read(graph, self._sess, dataset)
             raise DataError(f"{what}'s dataset has no full batch of {batch_size} examples for "
@@ -140,6 +141,11 @@ class Stream:
             self._seek(step)
         if self._ahead is None:
             raise DataError(f"{self._what}'s input has no batch {step}: it ended before it")
+        if (shapes := _shapes(self._ahead)) != self._built_with:
+            where, got, first = _difference(shapes, self._built_with)
+            raise DataError(f"{self._what}: batch {step} of worker {self._index}'s input has "
+                            f"{where} of {got}; the model was built with {first} (the first "
+                            "batch's)")
         current, self._position = self._ahead, step + 1
         self._ahead = self._run(self._next)
         return current
@@ -262,6 +268,29 @@ def _read(sess: tf1.Session, fetch, feed, where: str):
         return None
     except _BAD_DATA as e:
         raise DataError(f"{where}: {type(e).__name__}: {first_line(e)}") from e
+
+
+def _shapes(batch) -> list[tuple[str, str]] | None:
+    """(name, "dtype [dims after the batch's]") of each of a batch's features and its labels:
+    what a placeholder was made from (a sparse feature: its rank)."""
+    if batch is None:
+        return None
+    features, labels = batch
+    columns = features if isinstance(features, dict) else {"": features}
+    out = []
+    for name, value in [*sorted(columns.items()), ("labels", labels)]:
+        where = "labels" if name == "labels" else f"features[{name!r}]" if name else "features"
+        if isinstance(value, tf1.SparseTensorValue):
+            out.append((where, f"{value.values.dtype} sparse, rank {len(value.dense_shape)}"))
+        else:
+            out.append((where, f"{value.dtype} {list(value.shape[1:])}"))
+    return out
+
+
+def _difference(shapes, built_with) -> tuple[str, str, str]:
+    """(where, this batch's, the first batch's) of the first feature that differs."""
+    return next((mine[0], mine[1], first[1]) for mine, first in zip(shapes, built_with)
+                if mine != first)
 
 
 def _check_element(dataset: tf.data.Dataset, what: str) -> None:

@@ -78,3 +78,14 @@ def test_bad_records_are_bad_input_in_one_line_naming_the_file(tmp_path, damage,
     assert re.fullmatch(r"error: train_input_fn: reading (the first batch of worker 1's files|"
                         r"batch \d+ of worker 1's input): " + line.format(file=re.escape(
                             str(bad))), errors[0]), errors[0]
+
+
+def test_an_input_that_reads_no_file_is_bad_input_in_one_line(tmp_path):
+    spec = stream_model.place(tmp_path, [10, 10])
+    for path in tmp_path.glob("*.tfrecord"):
+        path.unlink()  # the model's glob now matches nothing
+    code, lines = _worker_alone(spec)
+    assert code == EXIT_USAGE, lines
+    assert [x for x in lines if x.startswith("error: ")] == [
+        "error: train_input_fn's dataset has no full batch of 4 examples for worker 1 of 2 "
+        "(sharded by record; it reads no file that exists: does its pattern match any?)"], lines

@@ -155,6 +155,20 @@ def test_a_text_line_that_does_not_parse_is_bad_data_naming_the_file(tmp_path, l
         f"(in {tmp_path / 'b.csv'}, after 2 of its examples came through the pipeline)")
 
 
+def test_a_batch_of_another_shape_than_the_model_was_built_with_is_bad_data():
+    def make():  # examples 0-3 have one value, 4-7 two
+        return tf.data.Dataset.range(8).map(lambda i: ({"x": tf.fill([1 + i // 4], 1.0)}, i))
+
+    stream = _stream([], make=make, num_workers=1, batch_size=2)
+    stream.batch(0)
+    with pytest.raises(DataError) as raised:
+        stream.batch(1)  # the batch after it, read ahead, is the first of two values
+        stream.batch(2)
+    assert str(raised.value) == (
+        "train_input_fn: batch 2 of worker 0's input has features['x'] of float32 [2]; the "
+        "model was built with float32 [1] (the first batch's)")
+
+
 def test_no_file_and_a_missing_file_are_bad_data(tmp_path):
     with pytest.raises(DataError, match=r"train_input_fn: making its dataset: "
                                         r"InvalidArgumentError: assertion failed: \[No files "
