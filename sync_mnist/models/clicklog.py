@@ -93,7 +93,7 @@ def file_format(path: str) -> tuple[str, str]:
 def resolve(patterns: str, what: str) -> list[str]:
     """The files that `patterns` (comma-separated globs) match, each pattern's sorted, checked:
     each readable, a .gz one gzip, all of one format. Raises DataError naming `what` (the
-    option) and the pattern or file."""
+    clicks: "training" or "evaluation") and the pattern or file."""
     files: list[str] = []
     for pattern in (p for p in patterns.split(",") if p):
         if "://" in pattern:  # gs://, hdfs://: TensorFlow's file systems; its readers check
@@ -104,15 +104,16 @@ def resolve(patterns: str, what: str) -> list[str]:
             matched = sorted(p for p in glob.glob(os.path.expanduser(pattern))
                              if not os.path.isdir(p))
         if not matched:
-            raise DataError(f"{what} {pattern}: no file matches")
+            raise DataError(f"no {what} clicks: no file matches {pattern}")
         files += [p for p in matched if p not in files]
     if not files:
-        raise DataError(f"{what} {patterns!r}: no pattern")
+        raise DataError(f"no {what} clicks: no pattern in {patterns!r}")
     first = file_format(files[0])
     for path in files:
         if file_format(path) != first:
-            raise DataError(f"{what}: {path} is {_describe(file_format(path))}, but "
-                            f"{files[0]} is {_describe(first)}: one format a pattern")
+            raise DataError(f"the {what} clicks are of one format: {path} is "
+                            f"{_describe(file_format(path))}, but {files[0]} is "
+                            f"{_describe(first)}")
         if "://" not in path:
             _check_readable(path)
     return files
@@ -163,8 +164,8 @@ def patterns(options: dict) -> tuple[str, str] | None:
 def click_files(params: dict) -> ClickFiles:
     """The files of params["train_files"] and params["eval_files"], checked, and the planted
     model beside the evaluation files, checked against the model's fields."""
-    train = resolve(params["train_files"], "--train-files")
-    evaluation = resolve(params["eval_files"], "--eval-files")
+    train = resolve(params["train_files"], "training")
+    evaluation = resolve(params["eval_files"], "evaluation")
     manifest, planted = _planted(evaluation)
     if planted is not None and planted.get("fields") != params["fields"]:
         raise DataError(f"{manifest}: the clicks were written for a model of "
@@ -176,8 +177,8 @@ def click_files(params: dict) -> ClickFiles:
 def check(params: dict, model: str) -> None:
     """click_files' checks before any task starts (the launcher, without TensorFlow): the
     files, and that clicks.json was written for `model` (MODULE:NAME)."""
-    resolve(params["train_files"], "--train-files")
-    manifest, planted = _planted(resolve(params["eval_files"], "--eval-files"))
+    resolve(params["train_files"], "training")
+    manifest, planted = _planted(resolve(params["eval_files"], "evaluation"))
     if planted is not None:
         from sync_mnist import models
 
@@ -235,10 +236,10 @@ def eval_arrays(params: dict) -> tuple[dict, np.ndarray]:
             except tf.errors.OutOfRangeError:
                 break
             except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
-                raise DataError(f"--eval-files: {_message(e)}") from None
+                raise DataError(f"the evaluation clicks: {_message(e)}") from None
             n += len(parts[-1][1])
     if not parts:
-        raise DataError(f"--eval-files: no click in {', '.join(files.eval)}")
+        raise DataError(f"no evaluation clicks in {', '.join(files.eval)}")
     if n >= MAX_EVAL_EXAMPLES:
         log.warning("the evaluation reads the first %s clicks of its files", f"{n:,}")
     features = {k: np.concatenate([p[0][k] for p in parts]) for k in parts[0][0]}

@@ -51,4 +51,4 @@ def test_a_pattern_that_matches_nothing_exits_2_before_any_task(processes, tmp_p
         str(tmp_path / "day_23.gz"), "--base-port", "0", "--isolate", "off")
     assert launcher.wait(60) == EXIT_USAGE
     lines = [line for line in launcher.output.splitlines() if line.strip()]
-    assert lines == [f"error: --train-files {tmp_path}/day_*.gz: no file matches"], lines
+    assert lines == [f"error: no training clicks: no file matches {tmp_path}/day_*.gz"], lines

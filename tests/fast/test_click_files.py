@@ -63,16 +63,17 @@ def test_the_tfrecords_are_tf_train_examples_with_absent_features_for_empty_fiel
 def test_patterns_that_match_nothing_or_files_that_cannot_be_read_are_named(tmp_path):
     _write(tmp_path, "tsv", train=30, files=1)
     options = {"train_files": str(tmp_path / "nothing-*"), "eval_files": str(tmp_path / "e*")}
-    with pytest.raises(DataError, match=r"--train-files .*nothing-\*: no file matches"):
+    with pytest.raises(DataError, match=r"no training clicks: no file matches .*nothing-\*"):
         models.check_data(TrainConfig(model=SMALL, epochs=1, data_options=options))
     (tmp_path / "train-bad.tsv.gz").write_text("not gzip")
     with pytest.raises(DataError, match=r"train-bad.tsv.gz: named .gz but not gzip"):
-        clicklog.resolve(str(tmp_path / "train-bad*"), "--train-files")
+        clicklog.resolve(str(tmp_path / "train-bad*"), "training")
     (tmp_path / "train-gone.tsv").symlink_to(tmp_path / "nowhere")
     with pytest.raises(DataError, match=r"train-gone.tsv: cannot read: No such file"):
-        clicklog.resolve(str(tmp_path / "train-gone*"), "--train-files")
-    with pytest.raises(DataError, match=r"is gzipped Criteo TSV, but .* is Criteo TSV"):
-        clicklog.resolve(f"{tmp_path}/train-0*,{tmp_path}/train-bad*", "--train-files")
+        clicklog.resolve(str(tmp_path / "train-gone*"), "training")
+    with pytest.raises(DataError, match=r"the training clicks are of one format: .* is "
+                                        r"gzipped Criteo TSV, but .* is Criteo TSV"):
+        clicklog.resolve(f"{tmp_path}/train-0*,{tmp_path}/train-bad*", "training")
     with pytest.raises(DataError, match=r"--data-dir .*: no such directory"):
         models.data_params("ctr", {"data_dir": tmp_path / "absent"})
 

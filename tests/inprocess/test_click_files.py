@@ -123,7 +123,7 @@ def test_a_line_not_of_the_format_names_the_file_and_line(tmp_path, edit, messag
     assert f"{path}:267: {message}" in whole
     # The evaluation reads its files itself: one line, the file and the line first.
     params = {**_params(tmp_path), "eval_files": str(path)}
-    with pytest.raises(DataError, match="^" + re.escape(f"--eval-files: {path}:267: {message}")):
+    with pytest.raises(DataError, match="^" + re.escape(f"the evaluation clicks: {path}:267: {message}")):
         ctr.eval_input_fn(params)
 
 
