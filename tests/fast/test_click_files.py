@@ -2,7 +2,7 @@
 TFRecord files of tf.train.Example (gzipped too), beside clicks.json; a pattern that matches
 nothing, a file that cannot be read, files of two formats, or clicks written for another model,
 refused with one line before training; the click model's data options (models/__init__.py).
-tests/inprocess/test_click_files.py reads the files back."""
+tests/inprocess/test_click_files_reading.py reads the files back."""
 
 from __future__ import annotations
 
