@@ -8,6 +8,7 @@ Adam and batch 100 per worker:
   single        one process, same model, optimizer, batch and feed_dict input (bench_tasks.py)
   async         the real cluster, --mode async
   sync          the real cluster, the fixed setup (proof counters on, as users run it)
+  sync-files    the same, the ctr model reading its clicks from TFRecord files (--files)
   sync-bf16     the same with --wire-dtype bfloat16: every pull and push in half the bytes
   sync-2ps      the same with 2 ps tasks, the model split evenly between them
   sync-noproof  the same without the counters (hidden --bench-no-proof): the price of the proof
@@ -19,6 +20,10 @@ async, sync, sync-2ps and mwms (the same model, each worker holding the whole ta
 table's gradient all-gathered, bench_tasks.run_mwms_ctr). Each row also gets the log-loss of
 the trained model on the same 50,000 evaluation clicks, worker 0's figure after the run,
 beside the planted model's; and the peak RSS of the largest ps and of the largest worker.
+`--model ctr --files` adds sync-files: the same sync cluster reading the same 600,000 clicks
+from TFRecord files (models/clicklog.py; written once into OUT/clicks-tfrecord) through the
+package's streamed input, instead of from memory; its target is at least 0.95x the examples/s
+of sync at 2 and 3 workers.
 
 Every run is timed over a steady window: from worker 0's first progress line to its line at
 90% of the steps, so start-up, graph registration and the finish are left out. CPU time is
@@ -49,10 +54,13 @@ from typing import Sequence
 
 log = logging.getLogger("sync_mnist.bench.bench")
 
-SETUPS = ("floor", "single", "async", "sync", "sync-bf16", "sync-2ps", "sync-noproof", "mwms")
+SETUPS = ("floor", "single", "async", "sync", "sync-files", "sync-bf16", "sync-2ps",
+          "sync-noproof", "mwms")
 SETUP_PS = {"sync-2ps": 2}  # ps tasks of a setup, where not 1
 MODELS = ("mlp", "ctr")
 CTR_SETUPS = ("async", "sync", "sync-2ps", "mwms")  # the rows that run the sparse model
+FILE_SETUPS = ("sync-files",)  # the ctr model from files: with --files, or named in --setups
+FILES_DIR = "clicks-tfrecord"  # under --out: the click log sync-files reads, written once
 BATCH = 100
 RUN_TIMEOUT_SECS = 240.0  # one run, start to finish; then its processes are killed
 WINDOW_END = 0.9  # the window ends at worker 0's progress line at this fraction of the steps
@@ -75,15 +83,16 @@ class BenchConfig:
     quick: bool = False
     profile: bool = False
     model: str = "mlp"  # or "ctr": the sparse model, in CTR_SETUPS only
+    files: bool = False  # ctr: also sync-files, the clicks from TFRecord files
 
 
 def setups_of(model: str) -> tuple[str, ...]:
     """The setups that can run `model`, in the table's order."""
-    return CTR_SETUPS if model == "ctr" else SETUPS
+    return CTR_SETUPS + FILE_SETUPS if model == "ctr" else tuple(
+        s for s in SETUPS if s not in FILE_SETUPS)
 
 
-def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
-    """The command line, validated; --quick changes the defaults, not explicit values."""
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="sync-mnist-bench",
         description="Benchmark the synchronous PS cluster against a single process, async "
@@ -93,6 +102,10 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
                    help="mlp: the question's MLP with Adam; ctr: the sparse click-through-rate "
                         f"model (models/ctr.py), in the setups {','.join(CTR_SETUPS)} only, with "
                         "the log-loss of each run (default: mlp)")
+    p.add_argument("--files", action="store_true",
+                   help="with --model ctr: also sync-files, the sync cluster reading the same "
+                        f"clicks from TFRecord files (written once into OUT/{FILES_DIR}), "
+                        "beside sync from memory (default: off)")
     p.add_argument("--quick", action="store_true",
                    help="only the runs the targets compare (mlp: floor, single and sync with 1 "
                         "worker; async, sync, sync-noproof and mwms with 2; ctr: sync and mwms "
@@ -113,6 +126,12 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
                         "traces and a summary in OUT/profile (default: off)")
     p.add_argument("--out", type=Path, default=Path("bench-results"),
                    help="directory for bench.json and bench.png (default: bench-results)")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
+    """The command line, validated; --quick changes the defaults, not explicit values."""
+    p = _parser()
     args = p.parse_args(argv)
     quick = args.quick
     try:
@@ -120,7 +139,10 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     except ValueError:
         p.error(f"--workers {args.workers!r} is not a comma-separated list of whole numbers")
     valid = setups_of(args.model)
-    setups = tuple(args.setups.split(",")) if args.setups else valid
+    if args.files and args.model != "ctr":
+        p.error("--files is for --model ctr (the click model from TFRecord files)")
+    setups = tuple(args.setups.split(",")) if args.setups else tuple(
+        s for s in valid if args.files or s not in FILE_SETUPS)
     unknown = [s for s in setups if s not in SETUPS]
     if unknown:
         p.error(f"--setups: unknown {','.join(unknown)} (choose from {','.join(SETUPS)})")
@@ -138,7 +160,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         p.error(f"--steps must be at least 20 (the window needs progress lines), got {steps}")
     return BenchConfig(workers=workers, setups=setups, repeats=repeats, steps=steps,
                        log_every=max(1, steps // 10), out=args.out, quick=quick,
-                       profile=args.profile, model=args.model)
+                       profile=args.profile, model=args.model, files=args.files)
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -150,6 +172,9 @@ QUICK_PLAN = (("floor", 1), ("single", 1), ("sync", 1), ("async", 2), ("sync", 2
               ("sync-noproof", 2), ("mwms", 2))
 # --model ctr --quick: the runs issue 36's target compares (sync against MWMS, 2 and 3 workers).
 CTR_QUICK_PLAN = (("sync", 2), ("mwms", 2), ("sync", 3), ("mwms", 3))
+# --model ctr --files --quick: the same, and the ctr model from files beside sync from memory.
+CTR_FILES_QUICK_PLAN = (("sync", 2), ("sync-files", 2), ("mwms", 2), ("sync", 3),
+                        ("sync-files", 3), ("mwms", 3))
 
 
 def plan(config: BenchConfig) -> list[tuple[str, int]]:
@@ -159,12 +184,17 @@ def plan(config: BenchConfig) -> list[tuple[str, int]]:
     (restricted to --setups).
     """
     if config.quick and config.workers == ():
-        quick = CTR_QUICK_PLAN if config.model == "ctr" else QUICK_PLAN
+        quick = QUICK_PLAN if config.model != "ctr" else (
+            CTR_FILES_QUICK_PLAN if config.files else CTR_QUICK_PLAN)
         return [(s, n) for s, n in quick if s in config.setups]
     pairs = []
     for setup in (s for s in SETUPS if s in config.setups):
         counts = (1,) if setup == "single" else config.workers
         pairs += [(setup, n) for n in counts]
+    if any(s in FILE_SETUPS for s in config.setups):
+        # From files right after from memory at each worker count: the pairs the target
+        # compares run back to back, under the same load.
+        pairs.sort(key=lambda pair: pair[1])
     return pairs
 
 
@@ -317,6 +347,25 @@ def ctr_targets(rows: Sequence[Row]) -> list[str]:
                      + (f", planted {sync.planted_log_loss:.4f}"
                         if sync.planted_log_loss is not None else ""))
         lines.append(line)
+    return lines + files_targets(rows)
+
+
+def files_targets(rows: Sequence[Row]) -> list[str]:
+    """Issue 44's target, as lines: the ctr model from TFRecord files (sync-files) against the
+    same clicks from memory (sync), at each worker count from 2 that both ran, with the spread
+    of the repeats."""
+    by = {(r.setup, r.workers): r for r in rows}
+    lines = []
+    for n in sorted({r.workers for r in rows if r.workers >= 2}):
+        memory, files = by.get(("sync", n)), by.get(("sync-files", n))
+        if not (memory and files and memory.examples_per_s and files.examples_per_s):
+            continue
+        spread = [_range(r.examples_per_s_min, r.examples_per_s_max, ",.0f")
+                  for r in (files, memory)]
+        lines.append(
+            f"files / memory, ctr, {n} workers: {files.examples_per_s / memory.examples_per_s:.2f}x"
+            f" ({files.examples_per_s:,.0f} {spread[0]} vs {memory.examples_per_s:,.0f} "
+            f"{spread[1]} examples/s, {files.runs} and {memory.runs} runs; target >= 0.95x)")
     return lines
 
 
@@ -493,6 +542,7 @@ def _task_argvs(setup: str, n: int, ps: list[str], workers: list[str],
                                        "--log-every", every, "--model", config.model])
                 for i in range(n)]
     extra = {"async": ["--mode", "async"], "sync": [], "sync-2ps": [],
+             "sync-files": ["--data-dir", str(config.out / FILES_DIR)],
              "sync-bf16": ["--wire-dtype", "bfloat16"],
              "sync-noproof": ["--bench-no-proof"]}[setup]
     data = ["--model", "ctr"] if config.model == "ctr" else ["--dataset", "synthetic"]
@@ -632,9 +682,26 @@ def fill_window(sample: Sample, ticks: Sequence[tuple[float, int, int, int]], st
     sample.examples = updates * examples_per_update(sample.setup, sample.workers)
 
 
+def click_files(config: BenchConfig) -> Path:
+    """The click log sync-files reads: the ctr model's 600,000 + 50,000 clicks of seed 0 (what
+    the other rows draw in memory), as TFRecords in 12 files under --out, written once."""
+    from sync_mnist.models import clicklog, ctr
+
+    directory = config.out / FILES_DIR
+    if not (directory / clicklog.MANIFEST).exists():
+        log.info("writing the ctr model's clicks as TFRecords into %s, once (about a minute)",
+                 directory)
+        clicklog.write(directory, {**ctr.PARAMS, "seed": 0}, model="ctr", kind="tfrecord",
+                       compress=False, train_examples=ctr.PARAMS["train_examples"],
+                       eval_examples=ctr.PARAMS["eval_examples"], train_files=12, eval_files=1)
+    return directory
+
+
 def run_all(config: BenchConfig) -> list[Sample]:
     samples = []
     pairs = plan(config)
+    if any(s in FILE_SETUPS for s, _ in pairs):
+        click_files(config)
     for repeat in range(config.repeats):
         for setup, n in pairs:  # interleaved, so slow drift in the machine's load spreads out
             t = time.monotonic()

@@ -64,6 +64,11 @@ PARAMS = {
     "train_examples": 600_000,
     "eval_examples": 50_000,
     "seed": 0,
+    # Click files instead of the generated clicks (--data-dir or --train-files and
+    # --eval-files: sync_mnist/models/clicklog.py); None: generated in memory.
+    "train_files": None,
+    "eval_files": None,
+    "shuffle_buffer": 10_000,  # examples a worker shuffles its files' clicks in
 }
 
 
@@ -89,13 +94,13 @@ def model_fn(features, labels, mode, params):
     if mode == sm.ModeKeys.TRAIN:
         return sm.ModelSpec(mode, loss=loss, optimizer=tf1.train.AdagradOptimizer(
             params["learning_rate"], initial_accumulator_value=params["initial_accumulator"]))
-    planted = features[PLANTED]
-    return sm.ModelSpec(mode, loss=loss, eval_metric_ops={
-        "log_loss": tf1.metrics.mean(losses),
-        "planted_log_loss": tf1.metrics.mean(log_loss(labels, planted)),
-        "auc": tf1.metrics.auc(labels, probabilities, num_thresholds=1000),
-        "planted_auc": tf1.metrics.auc(labels, planted, num_thresholds=1000),
-    })
+    metrics = {"log_loss": tf1.metrics.mean(losses),
+               "auc": tf1.metrics.auc(labels, probabilities, num_thresholds=1000)}
+    if PLANTED in features:  # generated clicks; a real log has no planted truth
+        planted = features[PLANTED]
+        metrics["planted_log_loss"] = tf1.metrics.mean(log_loss(labels, planted))
+        metrics["planted_auc"] = tf1.metrics.auc(labels, planted, num_thresholds=1000)
+    return sm.ModelSpec(mode, loss=loss, eval_metric_ops=metrics)
 
 
 def hashed_rows(ids: tf.Tensor, rows: int) -> tf.Tensor:
@@ -146,25 +151,46 @@ def generate(params, examples: int, part: int) -> Clicks:
     Field f's id of rank k (0 the most frequent) is k: P(k) ~ (k + 1)**-zipf over the
     vocabulary; each field draws its own ids. Deterministic in params["seed"].
     """
+    return next(generate_chunks(params, examples, part, chunk=max(examples, 1)))
+
+
+def generate_chunks(params, examples: int, part: int, chunk: int):
+    """The clicks of generate(params, examples, part), in that order, `chunk` at a time (the
+    last may be shorter): the same numbers whatever the chunk, so that files larger than memory
+    hold exactly the clicks a run draws in memory (clicklog.py writes them)."""
     fields, vocabulary = params["fields"], params["vocabulary"]
     weights = planted_weights(fields, vocabulary, params["weight_scale"], params["seed"])
-    rng = np.random.default_rng([params["seed"], 2, part])
+    # Two generators on one stream: the ids take its first examples * fields draws and the
+    # labels the next examples (generate drew them so, in one piece); advance() jumps there.
+    ids_rng = np.random.default_rng([params["seed"], 2, part])
+    labels_rng = np.random.default_rng([params["seed"], 2, part])
+    labels_rng.bit_generator.advance(examples * fields)  # one 64-bit draw per float64
     cumulative = np.cumsum(np.arange(1, vocabulary + 1, dtype=np.float64) ** -params["zipf"])
     cumulative /= cumulative[-1]
-    ids = np.searchsorted(cumulative, rng.random((examples, fields)), side="right")
-    ids = np.minimum(ids, vocabulary - 1).astype(np.int64)
-    logit = params["bias"] + weights[np.arange(fields), ids].sum(axis=1)
-    planted = 1 / (1 + np.exp(-logit))
-    labels = (rng.random(examples) < planted).astype(np.float32)
-    return Clicks(ids, labels, planted.astype(np.float32))
+    for start in range(0, max(examples, 1), chunk):
+        n = min(chunk, examples - start)
+        ids = np.searchsorted(cumulative, ids_rng.random((n, fields)), side="right")
+        ids = np.minimum(ids, vocabulary - 1).astype(np.int64)
+        logit = params["bias"] + weights[np.arange(fields), ids].sum(axis=1)
+        planted = 1 / (1 + np.exp(-logit))
+        labels = (labels_rng.random(n) < planted).astype(np.float32)
+        yield Clicks(ids, labels, planted.astype(np.float32))
 
 
 def train_input_fn(params):
+    if params.get("train_files"):  # --data-dir or --train-files: a tf.data.Dataset of them
+        from sync_mnist.models import clicklog
+
+        return clicklog.train_dataset(params)
     clicks = generate(params, params["train_examples"], part=0)
     return clicks.features(), clicks.labels
 
 
 def eval_input_fn(params):
+    if params.get("eval_files"):
+        from sync_mnist.models import clicklog
+
+        return clicklog.eval_arrays(params)
     clicks = generate(params, params["eval_examples"], part=1)
     return clicks.features(), clicks.labels
 

@@ -1,0 +1,120 @@
+"""models/clicklog.py, without a session: the click log written as Criteo's TSV and as
+TFRecord files of tf.train.Example (gzipped too), beside clicks.json; a pattern that matches
+nothing, a file that cannot be read, files of two formats, or clicks written for another model,
+refused with one line before training; the click model's data options (models/__init__.py).
+tests/inprocess/test_click_files_reading.py reads the files back."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+
+from sync_mnist import models
+from sync_mnist.core.config import TrainConfig
+from sync_mnist.core.shard import DataError
+from sync_mnist.models import clicklog, ctr
+
+SMALL = "sync_mnist.models.ctr:SMALL"
+# A few clicks of the SMALL model, another seed than the default.
+PARAMS = {**ctr.SMALL.params, "seed": 5, "shuffle_buffer": 0}
+
+
+def _write(out: Path, kind: str, compress: bool = False, train: int = 300, files: int = 3):
+    return clicklog.write(out, PARAMS, model=SMALL, kind=kind, compress=compress,
+                          train_examples=train, eval_examples=120, train_files=files,
+                          eval_files=1)
+
+
+def _params(directory: Path) -> dict:
+    return {**PARAMS, **models.data_params(SMALL, {"data_dir": directory})}
+
+
+def test_a_criteo_line_has_a_label_13_integers_and_26_hexadecimal_categories(tmp_path):
+    _write(tmp_path, "tsv", train=30, files=1)
+    line = (tmp_path / "train-00000-of-00001.tsv").read_text().splitlines()[0].split("\t")
+    assert len(line) == 40 and line[0] in ("0", "1")
+    assert all(v == "" or v.lstrip("-").isdigit() for v in line[1:14])
+    assert all(v == "" or len(v) == 8 and int(v, 16) >= 0 for v in line[14:])
+    assert line[14 + PARAMS["fields"]:] == [""] * (26 - PARAMS["fields"])  # SMALL: C1-C8
+
+
+def test_the_tfrecords_are_tf_train_examples_with_absent_features_for_empty_fields(tmp_path):
+    _write(tmp_path, "tfrecord", train=30, files=1)
+    truth = ctr.generate(PARAMS, 30, part=0)
+    records = list(tf.compat.v1.io.tf_record_iterator(str(tmp_path /
+                                                         "train-00000-of-00001.tfrecord")))
+    assert len(records) == 30
+    for record, ids, label in zip(records, truth.ids, truth.labels):
+        feature = tf.train.Example.FromString(record).features.feature
+        assert feature["label"].int64_list.value == [int(label)]
+        for f, k in enumerate(ids):
+            name = f"C{f + 1}"
+            if k == clicklog.empty_ids(PARAMS["fields"], 200)[f]:
+                assert name not in feature
+            else:
+                assert feature[name].bytes_list.value == [f"{k:08x}".encode()]
+        assert all(len(feature[i].int64_list.value) == 1
+                   for i in clicklog.INTEGER_NAMES if i in feature)
+
+
+def test_patterns_that_match_nothing_or_files_that_cannot_be_read_are_named(tmp_path):
+    _write(tmp_path, "tsv", train=30, files=1)
+    options = {"train_files": str(tmp_path / "nothing-*"), "eval_files": str(tmp_path / "e*")}
+    with pytest.raises(DataError, match=r"no training clicks: no file matches .*nothing-\*"):
+        models.check_data(TrainConfig(model=SMALL, epochs=1, data_options=options))
+    (tmp_path / "train-bad.tsv.gz").write_text("not gzip")
+    with pytest.raises(DataError, match=r"train-bad.tsv.gz: named .gz but not gzip"):
+        clicklog.resolve(str(tmp_path / "train-bad*"), "training")
+    (tmp_path / "train-gone.tsv").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(DataError, match=r"train-gone.tsv: cannot read: No such file"):
+        clicklog.resolve(str(tmp_path / "train-gone*"), "training")
+    with pytest.raises(DataError, match=r"the training clicks are of one format: .* is "
+                                        r"gzipped Criteo TSV, but .* is Criteo TSV"):
+        clicklog.resolve(f"{tmp_path}/train-0*,{tmp_path}/train-bad*", "training")
+    with pytest.raises(DataError, match=r"--data-dir .*: no such directory"):
+        models.data_params("ctr", {"data_dir": tmp_path / "absent"})
+
+
+def test_clicks_written_for_another_model_are_refused_before_training(tmp_path):
+    _write(tmp_path, "tsv", train=30, files=1)
+    with pytest.raises(DataError, match=r"clicks.json: the clicks were written for --model "
+                                        r"sync_mnist.models.ctr:SMALL \(8 fields\), not "
+                                        r"sync_mnist.models.ctr:MODEL"):
+        models.check_data(TrainConfig(model="ctr", epochs=1,
+                                      data_options={"data_dir": tmp_path}))
+    with pytest.raises(DataError, match="written for a model of 8 fields"):
+        ctr.train_input_fn({**ctr.PARAMS,
+                            **models.data_params("ctr", {"data_dir": tmp_path})})
+
+
+def test_the_click_model_s_data_options():
+    assert models.data_params("ctr", {}) == {}  # generated in memory, as before
+    assert models.data_params("mlp", {"train_files": "a"}) == {"dataset": "mnist",
+                                                               "data_dir": None}
+    options = {"dataset": "mnist", "data_dir": None, "train_files": "t*", "eval_files": "e*"}
+    assert models.data_params(SMALL, options) == {"train_files": "t*", "eval_files": "e*"}
+    assert models.data_argv(options) == ["--dataset", "mnist", "--train-files", "t*",
+                                         "--eval-files", "e*"]
+    assert models.data_name("ctr", options) == "t*"
+    with pytest.raises(DataError, match="--train-files and --eval-files go together"):
+        models.data_params("ctr", {"train_files": "t*"})
+    with pytest.raises(DataError, match="the click model's .*not --model mlp's"):
+        models.check_data(TrainConfig(model="mlp", epochs=1, data_options={
+            "dataset": "synthetic", "eval_files": "e*"}))
+
+
+def test_the_command_writes_into_a_new_directory_only(tmp_path, capsys):
+    out = tmp_path / "clicks"
+    argv = [str(out), "--model", SMALL, "--train-examples", "50", "--eval-examples", "20",
+            "--train-files", "2", "--gzip"]
+    assert clicklog.main(argv) == 0
+    assert "sync-mnist-cluster --model sync_mnist.models.ctr:SMALL --data-dir" in \
+        capsys.readouterr().out
+    with gzip.open(out / "train-00001-of-00002.tsv.gz", "rt") as f:
+        assert len(f.read().splitlines()) == 25
+    assert clicklog.main(argv) == 2
+    assert "already holds click files" in capsys.readouterr().err
+    assert clicklog.main([str(tmp_path / "other"), "--train-files", "0"]) == 2

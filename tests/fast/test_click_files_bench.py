@@ -1,0 +1,60 @@
+"""`sync-mnist-bench --model ctr --files` without a cluster: sync-files, the ctr model reading
+its clicks from TFRecord files, planned beside sync from memory, its tasks pointed at the
+files, and the target line that compares the two (bench.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sync_mnist.bench import bench
+from sync_mnist.bench.bench import Sample
+
+
+def test_files_adds_sync_files_right_after_sync_at_each_worker_count():
+    quick = bench.parse_args(["--model", "ctr", "--files", "--quick"])
+    assert bench.plan(quick) == [("sync", 2), ("sync-files", 2), ("mwms", 2), ("sync", 3),
+                                 ("sync-files", 3), ("mwms", 3)]
+    measured = bench.parse_args(["--model", "ctr", "--setups", "sync,sync-files",
+                                 "--workers", "2,3", "--repeats", "3"])
+    assert bench.plan(measured) == [("sync", 2), ("sync-files", 2), ("sync", 3),
+                                    ("sync-files", 3)]
+    assert "sync-files" not in dict(bench.plan(bench.parse_args(["--model", "ctr"])))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--files"], "--files is for --model ctr"),
+    (["--setups", "sync-files"], "sync-files cannot run --model mlp"),
+])
+def test_files_are_the_click_model_s_only(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench.parse_args(argv)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_sync_files_tasks_read_the_click_log_under_out():
+    config = bench.parse_args(["--model", "ctr", "--files", "--out", "/tmp/b"])
+    tasks = bench._task_argvs("sync-files", 2, ["localhost:1"], ["localhost:2", "localhost:3"],
+                              config)
+    for _, argv in tasks:
+        assert argv[argv.index("--model") + 1] == "ctr"
+        assert Path(argv[argv.index("--data-dir") + 1]) == Path("/tmp/b") / bench.FILES_DIR
+    assert "--data-dir" not in bench._task_argvs("sync", 2, ["localhost:1"],
+                                                 ["localhost:2", "localhost:3"], config)[1][1]
+
+
+def _sample(setup, n, seconds):
+    return Sample(setup, n, updates=100, examples=100 * bench.examples_per_update(setup, n),
+                  wall_s=seconds, cpu_s=seconds)
+
+
+def test_the_target_compares_files_with_memory_with_the_spread():
+    samples = [_sample("sync", 2, 1.0), _sample("sync", 2, 1.1), _sample("sync", 2, 0.9),
+               _sample("sync-files", 2, 1.0), _sample("sync-files", 2, 1.25),
+               _sample("sync-files", 2, 1.05), _sample("sync", 3, 1.0)]
+    (line,) = bench.files_targets(bench.summarise(samples))
+    # 20,000 examples a run: files' median 19,048 (16,000-20,000), memory's 20,000
+    assert line == ("files / memory, ctr, 2 workers: 0.95x (19,048 (16,000-20,000) vs 20,000 "
+                    "(18,182-22,222) examples/s, 3 and 3 runs; target >= 0.95x)")
+    assert line in bench.ctr_targets(bench.summarise(samples))

@@ -1,0 +1,164 @@
+"""models/clicklog.py's reading, in sessions: the files (Criteo's TSV, TFRecord, gzipped)
+read back through tf.data as exactly the clicks ctr.generate draws in memory; a line or record
+not of the format is one line naming the file and the line or record, through the package's
+stream (core/stream.py).  tests/fast/test_click_files.py checks the writing."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from sync_mnist import models
+from sync_mnist.core.shard import DataError
+from sync_mnist.core.stream import Stream
+from sync_mnist.models import clicklog, ctr
+
+tf1 = tf.compat.v1
+SMALL = "sync_mnist.models.ctr:SMALL"
+# A few clicks of the SMALL model, another seed than the default.
+PARAMS = {**ctr.SMALL.params, "seed": 5, "shuffle_buffer": 0}
+
+
+def _write(out: Path, kind: str, compress: bool = False, train: int = 300, files: int = 3):
+    return clicklog.write(out, PARAMS, model=SMALL, kind=kind, compress=compress,
+                          train_examples=train, eval_examples=120, train_files=files,
+                          eval_files=1)
+
+
+def _read(params: dict) -> tuple[dict, np.ndarray]:
+    """Every training click of `params`' files, in order, read in a session as a worker would."""
+    graph = tf.Graph()
+    with graph.as_default():
+        batches = ctr.train_input_fn(params).batch(1000)
+        following = tf1.data.make_one_shot_iterator(batches).get_next()
+    out = []
+    with tf1.Session(graph=graph) as sess:
+        while True:
+            try:
+                out.append(sess.run(following))
+            except tf.errors.OutOfRangeError:
+                break
+    return ({k: np.concatenate([f[k] for f, _ in out]) for k in out[0][0]},
+            np.concatenate([labels for _, labels in out]))
+
+
+def _params(directory: Path) -> dict:
+    return {**PARAMS, **models.data_params(SMALL, {"data_dir": directory})}
+
+
+@pytest.mark.parametrize("kind, compress", [("tsv", False), ("tsv", True), ("tfrecord", False),
+                                            ("tfrecord", True)])
+def test_the_files_hold_the_clicks_a_run_draws_in_memory(tmp_path, kind, compress):
+    manifest = _write(tmp_path, kind, compress)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    suffix = (".tsv" if kind == "tsv" else ".tfrecord") + (".gz" if compress else "")
+    assert names == ["clicks.json", f"eval-00000-of-00001{suffix}",
+                     *(f"train-0000{k}-of-00003{suffix}" for k in range(3))]
+    assert manifest["train"]["examples"] == [100, 100, 100]
+    features, labels = _read(_params(tmp_path))
+    truth = ctr.generate(PARAMS, 300, part=0)
+    empty = np.array(clicklog.empty_ids(PARAMS["fields"], PARAMS["vocabulary"]))
+    ids = features[ctr.IDS]
+    assert ids.dtype == np.int64 and ids.shape == (300, PARAMS["fields"])
+    assert (ids == np.where(truth.ids == empty, -1, truth.ids)).all()  # written empty: -1
+    assert (ids == -1).any(axis=0).all()  # every field has its empty values
+    assert (labels == truth.labels).all()
+    assert np.allclose(features[ctr.PLANTED], truth.planted, atol=1e-6)
+    # and the evaluation's, with the planted log-loss clicks.json reports
+    eval_features, eval_labels = ctr.eval_input_fn(_params(tmp_path))
+    eval_truth = ctr.generate(PARAMS, 120, part=1)
+    assert (eval_labels == eval_truth.labels).all()
+    assert manifest["eval"]["planted_log_loss"] == pytest.approx(
+        eval_truth.planted_log_loss(), rel=1e-6)
+    assert json.loads((tmp_path / "clicks.json").read_text()) == manifest
+
+
+def test_hexadecimal_ids_decode_over_the_whole_32_bit_range():
+    values = ["00000000", "0000002a", "68fd1e64", "FFFFFFFF", "7fffffff", ""]
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        ids = sess.run(clicklog.hex_ids(tf.constant(values)))
+    assert ids.tolist() == [0, 42, 0x68FD1E64, 0xFFFFFFFF, 0x7FFFFFFF, -1]
+
+
+def _stream_error(params: dict) -> tuple[str, str]:
+    """(the DataError's line, the TensorFlow error's whole message) of reading `params`'s
+    training files to the end, as a worker does."""
+    graph = tf.Graph()
+    with graph.as_default():
+        dataset = ctr.train_input_fn(params)
+    with pytest.raises(DataError) as error:
+        stream = Stream(graph, dataset, index=0, num_workers=1, batch_size=10, epochs=1,
+                        sharded=False, what="train_input_fn")
+        for step in range(1000):
+            stream.batch(step)
+    assert "\n" not in str(error.value)
+    return str(error.value), error.value.__cause__.message
+
+
+def _break_line(directory: Path, edit) -> Path:
+    """Line 267 of the one training file edited: in the second batch the reader parses."""
+    path = directory / "train-00000-of-00001.tsv"
+    lines = path.read_text().splitlines()
+    lines[266] = "\t".join(edit(lines[266].split("\t")))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda f: f[:-1], "39 tab-separated fields, not 40"),
+    (lambda f: f + ["x"], "41 tab-separated fields, not 40"),
+    (lambda f: ["2"] + f[1:], 'field 1 (label) is `2`: not 0 or 1'),
+    (lambda f: f[:3] + ["1.5"] + f[4:], 'field 4 (I3) is `1.5`: not an integer or empty'),
+    (lambda f: f[:16] + ["zz00ff00"] + f[17:], 'field 17 (C3) is `zz00ff00`: not 8 hex'),
+])
+def test_a_line_not_of_the_format_names_the_file_and_line(tmp_path, edit, message):
+    _write(tmp_path, "tsv", train=300, files=1)
+    path = _break_line(tmp_path, edit)
+    _, whole = _stream_error(_params(tmp_path))
+    assert f"{path}:267: {message}" in whole
+    # The evaluation reads its files itself: one line, the file and the line first.
+    params = {**_params(tmp_path), "eval_files": str(path)}
+    with pytest.raises(DataError, match="^" + re.escape(f"the evaluation clicks: {path}:267: {message}")):
+        ctr.eval_input_fn(params)
+
+
+@pytest.mark.xfail(strict=True, reason="core.config.first_line gives a tf.data error's heading "
+                   "('Graph execution error:'), not its message (reported to the lead)")
+def test_a_worker_s_data_error_line_names_the_file_and_line(tmp_path):
+    _write(tmp_path, "tsv", train=300, files=1)
+    path = _break_line(tmp_path, lambda f: f[:-1])
+    line, _ = _stream_error(_params(tmp_path))
+    assert f"{path}:267: 39 tab-separated fields, not 40" in line
+
+
+def test_a_tfrecord_without_a_label_or_with_a_bad_category_names_the_record(tmp_path):
+    path = tmp_path / "train-00000.tfrecord"
+    good = tf.train.Example(features=tf.train.Features(feature={
+        "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[1])),
+        "C1": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"0000002a"]))}))
+    bad_category = tf.train.Example.FromString(good.SerializeToString())
+    bad_category.features.feature["C2"].bytes_list.value.append(b"12g")
+    no_label = tf.train.Example.FromString(good.SerializeToString())
+    del no_label.features.feature["label"]
+    for bad, message in [(bad_category, f"{path}: record 4: not a click of the format"),
+                         (no_label, f"{path}: record 4, Feature: label")]:
+        with tf.io.TFRecordWriter(str(path)) as writer:
+            for record in [good, good, good, bad, good]:
+                writer.write(record.SerializeToString())
+        _, whole = _stream_error({**PARAMS, "train_files": str(path), "eval_files": str(path)})
+        assert message in whole
+
+
+def test_a_cut_off_tfrecord_file_is_a_data_error(tmp_path):
+    """TensorFlow's reader names the offset, not the file: the line says which worker's input
+    and which batch."""
+    _write(tmp_path, "tfrecord", train=40, files=1)
+    path = tmp_path / "train-00000-of-00001.tfrecord"
+    path.write_bytes(path.read_bytes()[:-7])
+    line, _ = _stream_error(_params(tmp_path))
+    assert "DataLossError: truncated record at" in line and "worker 0's" in line
