@@ -127,8 +127,6 @@ def test_a_line_not_of_the_format_names_the_file_and_line(tmp_path, edit, messag
         ctr.eval_input_fn(params)
 
 
-@pytest.mark.xfail(strict=True, reason="core.config.first_line gives a tf.data error's heading "
-                   "('Graph execution error:'), not its message (reported to the lead)")
 def test_a_worker_s_data_error_line_names_the_file_and_line(tmp_path):
     _write(tmp_path, "tsv", train=300, files=1)
     path = _break_line(tmp_path, lambda f: f[:-1])
