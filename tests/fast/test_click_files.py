@@ -7,7 +7,6 @@ tests/inprocess/test_click_files_reading.py reads the files back."""
 from __future__ import annotations
 
 import gzip
-from pathlib import Path
 
 import pytest
 import tensorflow as tf
@@ -17,19 +16,9 @@ from sync_mnist.core.config import TrainConfig
 from sync_mnist.core.shard import DataError
 from sync_mnist.models import clicklog, ctr
 
-SMALL = "sync_mnist.models.ctr:SMALL"
-# A few clicks of the SMALL model, another seed than the default.
-PARAMS = {**ctr.SMALL.params, "seed": 5, "shuffle_buffer": 0}
-
-
-def _write(out: Path, kind: str, compress: bool = False, train: int = 300, files: int = 3):
-    return clicklog.write(out, PARAMS, model=SMALL, kind=kind, compress=compress,
-                          train_examples=train, eval_examples=120, train_files=files,
-                          eval_files=1)
-
-
-def _params(directory: Path) -> dict:
-    return {**PARAMS, **models.data_params(SMALL, {"data_dir": directory})}
+from click_files import PARAMS, SMALL
+from click_files import params as _params
+from click_files import write as _write
 
 
 def test_a_criteo_line_has_a_label_13_integers_and_26_hexadecimal_categories(tmp_path):

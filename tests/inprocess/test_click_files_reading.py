@@ -13,21 +13,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from sync_mnist import models
 from sync_mnist.core.shard import DataError
 from sync_mnist.core.stream import Stream
 from sync_mnist.models import clicklog, ctr
 
 tf1 = tf.compat.v1
-SMALL = "sync_mnist.models.ctr:SMALL"
-# A few clicks of the SMALL model, another seed than the default.
-PARAMS = {**ctr.SMALL.params, "seed": 5, "shuffle_buffer": 0}
-
-
-def _write(out: Path, kind: str, compress: bool = False, train: int = 300, files: int = 3):
-    return clicklog.write(out, PARAMS, model=SMALL, kind=kind, compress=compress,
-                          train_examples=train, eval_examples=120, train_files=files,
-                          eval_files=1)
+from click_files import PARAMS
+from click_files import params as _params
+from click_files import write as _write
 
 
 def _read(params: dict) -> tuple[dict, np.ndarray]:
@@ -45,10 +38,6 @@ def _read(params: dict) -> tuple[dict, np.ndarray]:
                 break
     return ({k: np.concatenate([f[k] for f, _ in out]) for k in out[0][0]},
             np.concatenate([labels for _, labels in out]))
-
-
-def _params(directory: Path) -> dict:
-    return {**PARAMS, **models.data_params(SMALL, {"data_dir": directory})}
 
 
 @pytest.mark.parametrize("kind, compress", [("tsv", False), ("tsv", True), ("tfrecord", False),

@@ -29,6 +29,12 @@ def _launch(processes, tmp_path, spec: str, run: int, *extra: str):
     return launcher, summary
 
 
+def _signal_worker_1_at_step_30(launcher, signum) -> None:
+    pid = int(launcher.wait_for_line(r"started worker 1 \(pid (\d+)\)", BOUND)[1])
+    launcher.wait_for_line(r"\[worker 1\] step=30 ", BOUND)
+    os.kill(pid, signum)
+
+
 def _every_example_used_once(tmp_path) -> None:
     uses = stream_model.uses(tf.train.latest_checkpoint(str(tmp_path / "logdir")), 2)
     assert uses[:EXAMPLES].tolist() == [1] * EXAMPLES, {
@@ -38,9 +44,7 @@ def _every_example_used_once(tmp_path) -> None:
 def test_a_worker_killed_mid_epoch_and_restarted_uses_each_example_once(processes, tmp_path):
     spec = stream_model.place(tmp_path / "data", SIZES)
     launcher, summary = _launch(processes, tmp_path, spec, 1, "--max-restarts", "1")
-    pid = int(launcher.wait_for_line(r"started worker 1 \(pid (\d+)\)", BOUND)[1])
-    launcher.wait_for_line(r"\[worker 1\] step=30 ", BOUND)
-    os.kill(pid, signal.SIGKILL)
+    _signal_worker_1_at_step_30(launcher, signal.SIGKILL)
 
     assert launcher.wait(BOUND) == EXIT_OK, launcher.output
     launcher.wait_for_line(r"worker 1 exited with code -9; restarting it", 1)
@@ -56,9 +60,7 @@ def test_a_worker_killed_mid_epoch_and_restarted_uses_each_example_once(processe
 def test_a_preemption_mid_epoch_and_the_rerun_use_each_example_once(processes, tmp_path):
     spec = stream_model.place(tmp_path / "data", SIZES)
     launcher, summary = _launch(processes, tmp_path, spec, 1, "--save-steps", "1000")
-    pid = int(launcher.wait_for_line(r"started worker 1 \(pid (\d+)\)", BOUND)[1])
-    launcher.wait_for_line(r"\[worker 1\] step=30 ", BOUND)
-    os.kill(pid, signal.SIGTERM)
+    _signal_worker_1_at_step_30(launcher, signal.SIGTERM)
     assert launcher.wait(BOUND) == EXIT_PREEMPTED, launcher.output
     stop = read_json(summary)["preempted_at"]
     assert 30 < stop < UPDATES, launcher.output
