@@ -16,12 +16,14 @@ JOBS   ?= 4
 #                   arithmetic, counters)
 #   test-cluster:   tests/cluster, whole clusters through the real command line
 # Not in `make test`, and run by .ci/run after it, in this order: `make test-recovery`
-# (tests/recovery), clusters with faults injected (tasks killed, frozen or preempted, a full
-# disk), which wait out timeouts and restarts (about 3 minutes); `make test-slurm`
+# (tests/recovery), clusters with faults injected (tasks killed, frozen or preempted, a ps
+# that never answers, a full disk, the chaos soak stopped), which wait out timeouts and
+# restarts (about 4 minutes); `make test-slurm`
 # (tests/slurm), the sbatch script under a real Slurm of its own (root; installs slurm-wlm and
 # munge where missing, else skips saying why; a few minutes); `make test-network`
-# (tests/network), a worker partitioned on the testbed's network namespaces (root, else skips
-# saying why; about a minute); and `make test-container` (tests/container), the TFJob's image
+# (tests/network), a worker partitioned on the testbed's network namespaces, and the
+# launcher's --isolate off and auto where no namespace can be made (root, else skips saying
+# why; about 2 minutes); and `make test-container` (tests/container), the TFJob's image
 # built with podman and its pods run as containers (root; installs podman, runc and mmdebstrap
 # where missing, else skips saying why; keeps only the Debian base's tarball, in
 # build/container; 3 to 5 minutes). `make soak` (tests/soak): long runs, not in CI.

@@ -7,11 +7,12 @@ The tiers are the directories below this one, chosen by what a test starts:
   inprocess/  TensorFlow sessions and servers in the test's own process
   cluster/    tasks and launchers as processes, through the real command line
   recovery/   clusters through the real command line with faults injected: tasks killed,
-              frozen or preempted, a full disk (`make test-recovery`; they wait out
-              timeouts and restarts, about 2 minutes)
+              frozen or preempted, a ps that never answers, a full disk, the chaos soak
+              stopped (`make test-recovery`; they wait out timeouts and restarts, about
+              4 minutes)
   soak/       long cluster runs (`make soak`)
-  network/    clusters on the testbed's namespaces, a link partitioned (`make test-network`,
-              root; about a minute)
+  network/    clusters on the testbed's namespaces, a link partitioned; the launcher with
+              no namespace of its own (`make test-network`, root; about 2 minutes)
   slurm/      the sbatch script under a real Slurm of its own (`make test-slurm`)
   container/  the TFJob's image built with podman, its pods run as containers
               (`make test-container`)

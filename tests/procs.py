@@ -129,6 +129,18 @@ def operator_tf_config(spec: dict[str, list[str]], task_type: str, index: int) -
                        "environment": "cloud"}, separators=(",", ":"))
 
 
+YOUR_MODEL = ROOT / "examples" / "your_model" / "my_model.py"
+
+
+def your_model_file(tmp_path: Path) -> str:
+    """The documented model of one's own (examples/your_model/my_model.py), copied out of the
+    repository as a user keeps it; its --model spec."""
+    path = tmp_path / "elsewhere" / "my_model.py"
+    path.parent.mkdir()
+    shutil.copy(YOUR_MODEL, path)
+    return f"{path}:MODEL"
+
+
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 

@@ -2,8 +2,10 @@
 
 One process per pod through the real command line, each with the TF_CONFIG the TFJob operator
 would give that pod (free ports on 127.0.0.1 stand in for the pods' service names), in an order
-unlike the launcher's: the ps last. Processes are killed by process group when a test ends.
-The manifest itself is checked in tests/fast/test_tfjob.py.
+unlike the launcher's: the ps last. The pods train a model of the user's own, from a file
+outside the repository (examples/your_model/my_model.py), and the chief exports it with its
+own serving signature. Processes are killed by process group when a test ends. The manifest
+itself is checked in tests/fast/test_tfjob.py.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from __future__ import annotations
 import sys
 
 import pytest
+from tensorflow.core.protobuf import saved_model_pb2
 
-from procs import operator_tf_config, processes_mentioning, read_json
+from procs import operator_tf_config, processes_mentioning, read_json, your_model_file
 from sync_mnist.core.cluster import free_ports
 from sync_mnist.core.config import EXIT_OK
 
@@ -32,11 +35,12 @@ LAYOUTS = {
 def test_tf_config_only_cluster_trains_in_lockstep(replicas, processes, tmp_path):
     ports = iter(free_ports(sum(count for _, count in replicas)))
     spec = {job: [f"127.0.0.1:{next(ports)}" for _ in range(count)] for job, count in replicas}
-    marker = str(tmp_path / "data")  # in every command line, to find leftovers
+    model = your_model_file(tmp_path)  # in every command line, to find leftovers
+    logdir = tmp_path / "logdir"
     # The pod template's command: the same for every pod, with no --role or --index. (The
     # record path differs only because these "pods" share one filesystem.)
-    command = [sys.executable, "-m", "sync_mnist", "--dataset", "synthetic", "--train-steps",
-               str(STEPS), "--timeout", "60", "--log-every", "10", "--data-dir", marker]
+    command = [sys.executable, "-m", "sync_mnist", "--model", model, "--train-steps",
+               str(STEPS), "--timeout", "60", "--log-every", "10", "--logdir", str(logdir)]
     pods = {}
     for job, count in replicas:
         for index in range(count):
@@ -67,6 +71,15 @@ def test_tf_config_only_cluster_trains_in_lockstep(replicas, processes, tmp_path
         assert w["contributions"] == [STEPS] * num_workers
         assert w["synchronous"] is True, w["verdict"]
     chief = next(w for w in workers if w["index"] == 0)
-    assert chief["test_accuracy"] is not None  # only the chief evaluates
+    assert chief["model"] == model
+    # Only the chief evaluates: the model's own metric, on its own evaluation data.
+    assert chief["test_metrics"]["accuracy"] == chief["test_accuracy"]
+    assert [w["test_accuracy"] for w in workers if w["index"] != 0] == [None] * (num_workers - 1)
     assert records["ps-0"]["contributions"] == [STEPS] * num_workers
-    assert processes_mentioning(marker) == []
+    # The SavedModel serves the model's own predictions, from its features as trained.
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((logdir / "saved_model" / "saved_model.pb").read_bytes())
+    signature = saved.meta_graphs[0].signature_def["serving_default"]
+    assert set(signature.inputs) == {"features"}
+    assert set(signature.outputs) == {"classes", "probabilities"}
+    assert processes_mentioning(model.split(":")[0]) == []

@@ -1,6 +1,8 @@
 """A model of the user's own, in a file outside the repository, through the real command line:
-under the launcher with a worker killed and restarted, with TF_CONFIG alone, and every way a
-model can be bad input (exit 2, one line, the user's traceback below it).
+the Estimator-era example after its documented change, and every way a model can be bad input
+(exit 2, one line, the user's traceback below it). The same model file runs as the TFJob's
+pods in tests/cluster/test_tf_config_cluster.py, and with a worker killed and restarted in
+tests/recovery/test_model_file_restarts.py.
 
 The model file is the documented example (examples/your_model/my_model.py), copied to the
 test's temporary directory as a user would keep it.
@@ -8,73 +10,15 @@ test's temporary directory as a user would keep it.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import sys
 
 import pytest
-from tensorflow.core.protobuf import saved_model_pb2
 
-from procs import ROOT, operator_tf_config, processes_mentioning, read_json, run_task_process
+from procs import ROOT, YOUR_MODEL, read_json, run_task_process, your_model_file
 from sync_mnist.core.cluster import free_ports
 from sync_mnist.core.config import EXIT_OK, EXIT_USAGE
 
 BOUND = 240  # seconds a small cluster run may take on a loaded 2-core machine
-EXAMPLE = ROOT / "examples" / "your_model" / "my_model.py"
-
-
-def _model_file(tmp_path) -> str:
-    path = tmp_path / "elsewhere" / "my_model.py"
-    path.parent.mkdir()
-    shutil.copy(EXAMPLE, path)
-    return f"{path}:MODEL"
-
-
-def test_a_model_file_trains_verified_and_a_killed_worker_rejoins(processes, tmp_path):
-    spec, steps = _model_file(tmp_path), 150
-    launcher = processes.launcher(
-        "--model", spec, "--base-port", "0", "--isolate", "off", "--workers", "2",
-        "--train-steps", str(steps), "--log-every", "10", "--timeout", "60",
-        "--max-restarts", "1", "--logdir", str(tmp_path / "logdir"),
-        "--summary-json", str(tmp_path / "cluster.json"))
-    pid = int(launcher.wait_for_line(r"started worker 1 \(pid (\d+)\)", BOUND)[1])
-    launcher.wait_for_line(r"\[worker 1\] step=20 ", BOUND)
-    os.kill(pid, signal.SIGKILL)
-
-    assert launcher.wait(BOUND) == EXIT_OK, launcher.output
-    launcher.wait_for_line(r"worker 1 exited with code -9; restarting it", 1)
-    summary = read_json(tmp_path / "cluster.json")
-    assert summary["synchronous"] is True, summary["verdict"]
-    assert summary["contributions"] == [steps, steps]
-    assert summary["model"] == spec
-    # The model's own metric, on its own evaluation data (4 classes: chance is 0.25).
-    assert summary["test_metrics"]["accuracy"] == summary["test_accuracy"] > 0.9
-    # The SavedModel serves the model's own predictions, from its features as trained.
-    saved = saved_model_pb2.SavedModel()
-    saved.ParseFromString((tmp_path / "logdir" / "saved_model" / "saved_model.pb").read_bytes())
-    signature = saved.meta_graphs[0].signature_def["serving_default"]
-    assert set(signature.inputs) == {"features"}
-    assert set(signature.outputs) == {"classes", "probabilities"}
-    assert processes_mentioning(str(tmp_path)) == []
-
-
-def test_a_model_file_trains_verified_with_tf_config_alone(processes, tmp_path):
-    model, steps = _model_file(tmp_path), 20
-    ports = iter(free_ports(3))
-    spec = {"worker": [f"127.0.0.1:{next(ports)}" for _ in range(2)],
-            "ps": [f"127.0.0.1:{next(ports)}"]}
-    command = [sys.executable, "-m", "sync_mnist", "--model", model, "--train-steps",
-               str(steps), "--timeout", "60", "--log-every", "10"]
-    pods = {f"{job}-{i}": processes.start(
-        ["env", f"TF_CONFIG={operator_tf_config(spec, job, i)}", *command, "--summary-json",
-         str(tmp_path / f"{job}-{i}.json")], f"{job}-{i}")
-        for job in ("worker", "ps") for i in range(len(spec[job]))}
-    for name, pod in pods.items():
-        assert pod.wait(BOUND) == EXIT_OK, pod.output
-    chief = read_json(tmp_path / "worker-0.json")
-    assert chief["synchronous"] is True and chief["contributions"] == [steps, steps]
-    assert processes_mentioning(str(tmp_path)) == []
 
 
 def _changed_lines(before: list[str], after: list[str]) -> int:
@@ -88,8 +32,8 @@ def _changed_lines(before: list[str], after: list[str]) -> int:
 
 def test_an_estimator_era_model_fn_trains_verified_after_the_documented_change(
         processes, tmp_path):
-    original = (EXAMPLE.parent / "estimator_tf1.py").read_text().splitlines()
-    migrated = (EXAMPLE.parent / "estimator_migrated.py").read_text().splitlines()
+    original = (YOUR_MODEL.parent / "estimator_tf1.py").read_text().splitlines()
+    migrated = (YOUR_MODEL.parent / "estimator_migrated.py").read_text().splitlines()
     start = original.index("import numpy as np")  # after the docstrings, which differ
     end = original.index("def make_data(rows, seed):")
     # docs/your-model.md: 11 lines of the imports and the model function, 9 of the rest.
@@ -99,7 +43,7 @@ def test_an_estimator_era_model_fn_trains_verified_after_the_documented_change(
     assert _changed_lines(original[end:], migrated[migrated.index("def make_data(rows, "
                                                                   "seed):"):]) == 9
     path = tmp_path / "estimator_migrated.py"
-    shutil.copy(EXAMPLE.parent / "estimator_migrated.py", path)
+    shutil.copy(YOUR_MODEL.parent / "estimator_migrated.py", path)
     steps = 60
     # tf-keras, the `layers` extra, as `make install` keeps it: apart from every other test.
     layers = ROOT / ".venv" / "layers"
@@ -135,7 +79,7 @@ def _worker_alone(tmp_path, model: str) -> tuple[int, list[str]]:
 
 def test_a_model_function_that_raises_is_bad_input_with_its_traceback(tmp_path):
     path = tmp_path / "broken.py"
-    path.write_text(EXAMPLE.read_text().replace(
+    path.write_text(YOUR_MODEL.read_text().replace(
         '    logits = tf.matmul(features, weights) + biases',
         '    logits = tf.matmul(features, weights) + biases\n'
         '    scale = params["scale"]'))
@@ -173,7 +117,7 @@ BROKEN = {
 def test_a_model_that_breaks_the_contract_is_exit_2_with_one_line(tmp_path, change):
     old, new, line = change
     path = tmp_path / "broken.py"
-    text = EXAMPLE.read_text()
+    text = YOUR_MODEL.read_text()
     assert old in text
     path.write_text(text.replace(old, new, 1))
     code, lines = _worker_alone(tmp_path, f"{path}:MODEL")
@@ -185,10 +129,10 @@ def test_a_model_that_breaks_the_contract_is_exit_2_with_one_line(tmp_path, chan
 
 def test_a_worker_with_another_version_of_the_model_exits_2_naming_the_difference(
         processes, tmp_path):
-    first = _model_file(tmp_path)
+    first = your_model_file(tmp_path)
     other = tmp_path / "other" / "my_model.py"
     other.parent.mkdir()
-    other.write_text(EXAMPLE.read_text().replace('"classes": 4', '"classes": 5'))
+    other.write_text(YOUR_MODEL.read_text().replace('"classes": 4', '"classes": 5'))
     ports = free_ports(3)
     hosts = ["--ps-hosts", f"127.0.0.1:{ports[0]}", "--worker-hosts",
              f"127.0.0.1:{ports[1]},127.0.0.1:{ports[2]}", "--train-steps", "1000",
