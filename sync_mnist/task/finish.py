@@ -29,6 +29,9 @@ class Finished:
     stop_step: int  # the update the cluster stopped on (0: none; early_stop.py)
     preempted: bool  # the stop was a preemption's
     verdict: verdict_lib.Verdict
+    # A stop where the first worker's input ended: whether this worker's input had examples
+    # the run did not use (None: the run did not stop so).
+    input_left: bool | None = None
 
 
 def awaiting(w: Worker, side: SideSession):
@@ -60,15 +63,29 @@ def finish(w: Worker, side: SideSession) -> Finished:
         lost=lost) if train.proof else verdict_lib.Verdict(
         None, None, "not verified: --bench-no-proof left the counters out")
     preempted = reason == early_stop.PREEMPTED
+    input_left = None
     if reason == early_stop.INPUT_ENDED:
-        log.info("the cluster stopped on update %d, where the first worker's input ended",
-                 stop_step)
+        input_left = _report_input_end(w, stop_step)
     if preempted:
         log.warning("preempted: the cluster stopped on update %d of %d; %s", stop_step,
                     w.target, f"the chief saves it to {train.logdir}; rerun with the "
                     "same --logdir to resume there" if train.logdir else
                     "no --logdir: nothing is saved, a rerun starts over")
-    return Finished(counters, lost, stop_step, preempted, verdict)
+    return Finished(counters, lost, stop_step, preempted, verdict, input_left)
+
+
+def _report_input_end(w: Worker, stop_step: int) -> bool:
+    """Says what this worker used of its input, the cluster having stopped on update
+    `stop_step` where the first worker's input ended; whether its input had more. Batch u fed
+    update u + 1, so batches 0 to stop_step - 1 were used, each once."""
+    used = stop_step * w.config.train.batch_size
+    left = not w.shard.ends_after(stop_step - 1)
+    log.info("the cluster stopped on update %d, where the first worker's input ended; %s",
+             stop_step, f"mine had more: the run used its first {stop_step} batches "
+             f"({used:,} examples) and not the rest" if left else
+             f"mine ended there too: the run used all {stop_step} of its whole batches "
+             f"({used:,} examples; a last partial batch is never used)")
+    return left
 
 
 @contextlib.contextmanager

@@ -72,6 +72,9 @@ class TaskResult:
     # Preemption (preemption.py): the update the cluster stopped on because a task was sent
     # SIGTERM or SIGUSR1; the chief saved it with --logdir. The task exits 143.
     preempted_at: int | None = None
+    # Streamed input (core/stream.py), the cluster stopped where the first worker's input
+    # ended: whether this worker's input had examples the run did not use (None: no such stop).
+    input_left: bool | None = None
     # False: the ps did not take this worker's done report within --timeout, after the run was
     # complete and its verdict read (the ps then ends by its own bound); see finish.say_done.
     done_reported: bool | None = None

@@ -93,6 +93,7 @@ def _result(w: Worker, joined: Joined, trained: Trained, finished: Finished,
         result.target_accuracy = train.target_accuracy
     if finished.preempted:
         result.preempted_at = finished.stop_step
+    result.input_left = finished.input_left
     result.record_counters(finished.counters)
     result.lost = finished.lost
     result.synchronous, result.verdict = finished.verdict.synchronous, finished.verdict.line

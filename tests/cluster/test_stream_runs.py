@@ -36,9 +36,17 @@ def test_uneven_shards_stop_where_the_first_worker_s_input_ends(processes, tmp_p
     # The evaluation streams too: the model's eval_input_fn returns a dataset of 64 examples.
     launcher.wait_for_line(r"\[worker 0\] test_accuracy=\S+ test_loss=\S+ on 64 evaluation "
                            "examples", 1)
+    # What each worker used of its input, said and recorded: worker 0 had 36 examples left.
+    launcher.wait_for_line(r"\[worker 0\] the cluster stopped on update 21, where the first "
+                           r"worker's input ended; mine had more: the run used its first 21 "
+                           r"batches \(84 examples\) and not the rest$", 1)
+    launcher.wait_for_line(r"\[worker 1\] the cluster stopped on update 21, .*; mine ended "
+                           r"there too: the run used all 21 of its whole batches \(84 examples;", 1)
     record = read_json(summary)
     assert record["synchronous"] is True and record["contributions"] == [21, 21]
-    assert {t["stop_step"] for t in record["tasks"] if t["role"] == "worker"} == {21}
+    workers = sorted((t for t in record["tasks"] if t["role"] == "worker"),
+                     key=lambda t: t["index"])
+    assert [(t["stop_step"], t["input_left"]) for t in workers] == [(21, True), (21, False)]
     assert all(t["exit_code"] == EXIT_OK for t in record["tasks"])
     uses = stream_model.uses(tf.train.latest_checkpoint(str(logdir)), 2)
     assert uses[60:100].tolist() == [1] * 40 and uses[160:204].tolist() == [1] * 44
