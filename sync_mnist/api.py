@@ -153,10 +153,14 @@ class Model:
         and mode: every worker's training graph (TRAIN), the chief's evaluation graph (EVAL),
         the SavedModel's graph (PREDICT, labels None).
       train_input_fn: train_input_fn(params) -> (features, labels), the whole training set as
-        numpy arrays. Every worker calls it and keeps a disjoint shard of its own, of equal
-        length on every worker, in an order drawn from --seed.
-      eval_input_fn: eval_input_fn(params) -> (features, labels), the evaluation set. Only
-        the chief calls it, after training (or at the first --eval-every evaluation).
+        numpy arrays: every worker calls it and keeps a disjoint shard of its own, of equal
+        length on every worker, in an order drawn from --seed. Or a tf.data.Dataset of single
+        examples (features, labels), streamed: the package cuts it per worker, by file where
+        it can, and batches it; train_input_fn(params, input_context) cuts its own share
+        (docs/your-model.md, "Your data").
+      eval_input_fn: eval_input_fn(params) -> (features, labels), the evaluation set, as
+        arrays or a Dataset. Only the chief calls it, after training (or at the first
+        --eval-every evaluation).
       serving_input_fn: serving_input_fn(params) -> (inputs, features), for the SavedModel;
         None: the signature takes the features as the training data has them.
       params: the `params` the functions are given, with the data options added: "dataset",
