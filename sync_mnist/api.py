@@ -73,6 +73,16 @@ class ModelSpec:
       optimizer: TRAIN: the base optimizer (AdamOptimizer, say), or None for the one the
         command line names (--optimizer, --learning-rate, --lr-decay). The package wraps it
         in SyncReplicasOptimizer and builds the train op; a model function must not.
+        Or one optimizer per variable scope, as wide & deep trains its linear part with FTRL
+        and its deep part with Adagrad: {"linear": FtrlOptimizer(...), "dnn":
+        AdagradOptimizer(...)}. A variable is under scope "dnn" if its name is "dnn" or
+        starts with "dnn/" ("dnn/" is the same scope; "dnn_1/w" is not under it), and no
+        scope may be inside another. Every trainable variable must be under exactly one
+        scope (freeze one by making it with trainable=False), and every scope must hold one,
+        else ContractError naming it. Each update then applies every optimizer once, to the
+        average of its variables' gradients (one from each worker), in one op: one update
+        for the counters, one step of global_step. An optimizer's compute_gradients, if it
+        changes it, runs on each worker for its own variables.
       train_metrics: TRAIN: float scalars of the batch, logged beside the loss every
         --log-every steps and written as summaries.
       eval_metric_ops: EVAL: {name: (value, update_op)}, as tf1.metrics.* return them; the
@@ -83,7 +93,7 @@ class ModelSpec:
     mode: str
     predictions: Mapping[str, tf.Tensor] | None = None
     loss: tf.Tensor | None = None
-    optimizer: tf1.train.Optimizer | None = None
+    optimizer: tf1.train.Optimizer | Mapping[str, tf1.train.Optimizer] | None = None
     train_metrics: Mapping[str, tf.Tensor] = dataclasses.field(default_factory=dict)
     eval_metric_ops: Mapping[str, tuple] = dataclasses.field(default_factory=dict)
     train_op: Any = None
@@ -96,13 +106,10 @@ class ModelSpec:
                 "ModelSpec: train_op is refused: return the base optimizer as optimizer=... "
                 "(or none, for --optimizer); sync_mnist wraps it in SyncReplicasOptimizer and "
                 "builds the train op itself")
-        if isinstance(self.optimizer, tf1.train.SyncReplicasOptimizer):
-            raise ContractError(
-                "ModelSpec: the optimizer is a SyncReplicasOptimizer: return the optimizer it "
-                "wraps; sync_mnist wraps it (with its own tokens and counters)")
-        if self.optimizer is not None and not isinstance(self.optimizer, tf1.train.Optimizer):
-            raise ContractError(f"ModelSpec: optimizer must be a tf.compat.v1.train.Optimizer, "
-                                f"got {type(self.optimizer).__name__}")
+        if isinstance(self.optimizer, Mapping):
+            _check_scopes(self.optimizer)
+        elif self.optimizer is not None:
+            _check_optimizer("optimizer", self.optimizer)
         if self.mode == ModeKeys.PREDICT:
             if not isinstance(self.predictions, Mapping) or not self.predictions:
                 raise ContractError("ModelSpec(PREDICT): predictions must be a non-empty dict "
@@ -126,6 +133,37 @@ class ModelSpec:
 
 _METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_/]*")
 _PROGRESS_FIELDS = ("step", "global_step", "loss", "examples_per_sec", "contributions")
+
+
+def _check_optimizer(what: str, optimizer) -> None:
+    if isinstance(optimizer, tf1.train.SyncReplicasOptimizer):
+        raise ContractError(
+            f"ModelSpec: the {what} is a SyncReplicasOptimizer: return the optimizer it "
+            "wraps; sync_mnist wraps it (with its own tokens and counters)")
+    if not isinstance(optimizer, tf1.train.Optimizer):
+        raise ContractError(f"ModelSpec: {what} must be a tf.compat.v1.train.Optimizer, "
+                            f"got {type(optimizer).__name__}")
+
+
+def _check_scopes(optimizers: Mapping) -> None:
+    """{scope: optimizer}: each a non-empty scope name, none inside another."""
+    if not optimizers:
+        raise ContractError("ModelSpec: optimizer is an empty dict: give one optimizer, or "
+                            "one per variable scope, or None for --optimizer")
+    scopes: dict[str, str] = {}
+    for key, optimizer in optimizers.items():
+        if not isinstance(key, str) or not key.rstrip("/"):
+            raise ContractError(f"ModelSpec: optimizer[{key!r}]: a key must be a variable "
+                                "scope's name, such as 'linear' or 'dnn/'")
+        _check_optimizer(f"optimizer[{key!r}]", optimizer)
+        scope = key.rstrip("/")
+        for other, other_key in scopes.items():
+            if scope == other or scope.startswith(other + "/") or \
+                    other.startswith(scope + "/"):
+                raise ContractError(
+                    f"ModelSpec: optimizer scopes {other_key!r} and {key!r} overlap: a "
+                    "variable under both would have two optimizers; give each variable one")
+        scopes[scope] = key
 
 
 def _check_scalar(what: str, value) -> None:

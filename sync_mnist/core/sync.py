@@ -20,9 +20,11 @@ Counting is done on the ps, never assumed:
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 import tensorflow as tf
+
+from sync_mnist.core import by_scope
 
 tf1 = tf.compat.v1
 
@@ -76,7 +78,8 @@ def build_shared_state(num_workers: int, global_step: tf.Variable | None = None)
                            counter("solo_updates"), counter("over_aggregated"))
 
 
-def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Optimizer, *,
+def build_train_op(loss: tf.Tensor, state: SharedState,
+                   optimizer: tf1.train.Optimizer | Mapping[str, tf1.train.Optimizer], *,
                    worker_index: int, num_workers: int, replicas_to_aggregate: int,
                    is_chief: bool, mode: str = "sync", num_tokens: int = 0,
                    last_push: tf.Variable | None = None, proof: bool = True,
@@ -88,7 +91,8 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
     Args:
       loss: the scalar loss of this worker's graph.
       state: from build_shared_state.
-      optimizer: the real optimizer (Adam by default).
+      optimizer: the real optimizer (Adam by default), or one per variable scope
+        (api.ModelSpec), applied together in each update as one (by_scope.ByScope).
       worker_index: this worker, 0 being the chief.
       num_workers: workers in the cluster.
       replicas_to_aggregate: gradients averaged per update; num_workers for strict lockstep.
@@ -109,6 +113,8 @@ def build_train_op(loss: tf.Tensor, state: SharedState, optimizer: tf1.train.Opt
     Returns:
       SyncTraining with the op to run each step and the hooks the session needs.
     """
+    if isinstance(optimizer, Mapping):
+        optimizer = by_scope.ByScope(optimizer)
     grads_and_vars = optimizer.compute_gradients(loss)
     if all(g is None for g, _ in grads_and_vars):
         from sync_mnist.api import ContractError
