@@ -183,7 +183,7 @@ def train_input_fn(params):
 
         return clicklog.train_dataset(params)
     clicks = generate(params, params["train_examples"], part=0)
-    return clicks.features(), clicks.labels
+    return {IDS: clicks.ids}, clicks.labels  # the planted probability: evaluation only
 
 
 def eval_input_fn(params):

@@ -120,7 +120,7 @@ def run_question_worker(config: TaskConfig, *, model: api.Model | None = None,
     if config.is_chief:
         params = model_params(config, model)
         evaluator = evaluation.Evaluator(
-            model, params, example, num_ps=config.cluster.num_ps, worker=f"/job:worker/task:{i}",
+            model, params, num_ps=config.cluster.num_ps, worker=f"/job:worker/task:{i}",
             target=server.target, tf_config=tf_config, ps_hosts=config.cluster.ps_hosts)
         metrics, result.test_loss = evaluator(
             *input_data("eval_input_fn", model.eval_input_fn, params), bounded)

@@ -61,7 +61,7 @@ class Chief:
             config = w.config
             self.eval_data = inputs.load_eval(w.model, w.params, config.train.seed)
             self.evaluator = evaluation.Evaluator(
-                w.model, w.params, w.example, num_ps=config.cluster.num_ps,
+                w.model, w.params, num_ps=config.cluster.num_ps,
                 worker=f"/job:worker/task:{config.index}", target=w.server.target,
                 tf_config=w.tf_config, ps_hosts=config.cluster.ps_hosts)
         if isinstance(self.eval_data, tuple):

@@ -14,6 +14,7 @@ import tensorflow as tf
 from sync_mnist import api
 from sync_mnist.core import placement
 from sync_mnist.core.sessions import SideSession
+from sync_mnist.core.shard import DataError
 
 tf1 = tf.compat.v1
 
@@ -37,23 +38,33 @@ def check_accuracy_metric(model: api.Model, params: dict, example: tuple) -> Non
 
 
 class Evaluator:
-    """Evaluates the model on (features, labels): its loss and its eval_metric_ops."""
+    """Evaluates the model on (features, labels): its loss and its eval_metric_ops.
 
-    def __init__(self, model: api.Model, params: dict, example: tuple, *, num_ps: int,
-                 worker: str, target: str, tf_config, ps_hosts: tuple[str, ...]):
+    Its graph is built from the evaluation data's first batch, as an Estimator's evaluation
+    graph was from eval_input_fn's features: they may hold more than the training's (a figure
+    only a metric reads, as the click model's planted probability)."""
+
+    def __init__(self, model: api.Model, params: dict, *, num_ps: int, worker: str,
+                 target: str, tf_config, ps_hosts: tuple[str, ...]):
+        self._model, self._params, self._num_ps, self._worker = model, params, num_ps, worker
+        self._session_args = (target, tf_config, ps_hosts)
+        self.side: SideSession | None = None  # built with the graph, at the first batch
+        self.examples = 0  # in the last evaluation
+
+    def _build(self, features, labels) -> None:
         self.graph = tf.Graph()
-        with self.graph.as_default(), tf1.device(worker):
+        with self.graph.as_default(), tf1.device(self._worker):
             with tf1.device("/job:ps/task:0"):  # where the training graph has it
                 tf1.train.get_or_create_global_step()
-            self.features, self.labels = placement.placeholders(*example)
-            spec = placement.build(model.model_fn, self.features, self.labels,
-                                   api.ModeKeys.EVAL, params, num_ps=num_ps).spec
+            self.features, self.labels = placement.placeholders(features, labels)
+            spec = placement.build(self._model.model_fn, self.features, self.labels,
+                                   api.ModeKeys.EVAL, self._params, num_ps=self._num_ps).spec
             self.loss = spec.loss
             self.values = {k: v for k, (v, _) in spec.eval_metric_ops.items()}
             self.updates = [u for _, u in spec.eval_metric_ops.values()]
             self.reset = tf1.local_variables_initializer()
+        target, tf_config, ps_hosts = self._session_args
         self.side = SideSession(target, self.graph, tf_config, ps_hosts)
-        self.examples = 0  # in the last evaluation
 
     def __call__(self, features, labels, options) -> tuple[dict[str, float], float]:
         """({metric: value}, mean loss) over numpy arrays, EVAL_BATCH examples at a time."""
@@ -68,16 +79,22 @@ class Evaluator:
     def over(self, batches, options) -> tuple[dict[str, float], float]:
         """({metric: value}, mean loss) over `batches` of (features, labels); `examples` is then
         how many examples they held."""
-        self.side.run(self.reset, options=options)
         total_loss, n = 0.0, 0
         for batch, labels in batches:
+            if self.side is None:
+                self._build(batch, labels)
+            if n == 0:
+                self.side.run(self.reset, options=options)
             feed = {**placement.feed(self.features, batch), self.labels: labels}
             loss, _ = self.side.run([self.loss, self.updates], feed, options=options)
             total_loss += float(loss) * len(labels)
             n += len(labels)
+        if n == 0:
+            raise DataError("the evaluation data holds no example")
         self.examples = n
         values = self.side.run(self.values, options=options)
-        return {k: float(np.asarray(v)) for k, v in values.items()}, total_loss / max(n, 1)
+        return {k: float(np.asarray(v)) for k, v in values.items()}, total_loss / n
 
     def close(self) -> None:
-        self.side.close()
+        if self.side is not None:
+            self.side.close()

@@ -44,7 +44,7 @@ def test_the_tfrecords_are_tf_train_examples_with_absent_features_for_empty_fiel
             if k == clicklog.empty_ids(PARAMS["fields"], 200)[f]:
                 assert name not in feature
             else:
-                assert feature[name].bytes_list.value == [f"{k:08x}".encode()]
+                assert feature[name].int64_list.value == [k]  # the number the hex spells
         assert all(len(feature[i].int64_list.value) == 1
                    for i in clicklog.INTEGER_NAMES if i in feature)
 

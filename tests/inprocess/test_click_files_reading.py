@@ -57,11 +57,13 @@ def test_the_files_hold_the_clicks_a_run_draws_in_memory(tmp_path, kind, compres
     assert (ids == np.where(truth.ids == empty, -1, truth.ids)).all()  # written empty: -1
     assert (ids == -1).any(axis=0).all()  # every field has its empty values
     assert (labels == truth.labels).all()
-    assert np.allclose(features[ctr.PLANTED], truth.planted, atol=1e-6)
-    # and the evaluation's, with the planted log-loss clicks.json reports
+    assert set(features) == {ctr.IDS}  # the planted probability is the evaluation's alone
+    # and the evaluation's, with the planted probability computed from clicks.json's model,
+    # and the planted log-loss clicks.json reports
     eval_features, eval_labels = ctr.eval_input_fn(_params(tmp_path))
     eval_truth = ctr.generate(PARAMS, 120, part=1)
     assert (eval_labels == eval_truth.labels).all()
+    assert np.allclose(eval_features[ctr.PLANTED], eval_truth.planted, atol=1e-6)
     assert manifest["eval"]["planted_log_loss"] == pytest.approx(
         eval_truth.planted_log_loss(), rel=1e-6)
     assert json.loads((tmp_path / "clicks.json").read_text()) == manifest
@@ -127,12 +129,16 @@ def test_a_tfrecord_without_a_label_or_with_a_bad_category_names_the_record(tmp_
     path = tmp_path / "train-00000.tfrecord"
     good = tf.train.Example(features=tf.train.Features(feature={
         "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[1])),
-        "C1": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"0000002a"]))}))
-    bad_category = tf.train.Example.FromString(good.SerializeToString())
-    bad_category.features.feature["C2"].bytes_list.value.append(b"12g")
+        "C1": tf.train.Feature(int64_list=tf.train.Int64List(value=[0x2a]))}))
+    out_of_range = tf.train.Example.FromString(good.SerializeToString())
+    out_of_range.features.feature["C2"].int64_list.value.append(2 ** 32)
+    text = tf.train.Example.FromString(good.SerializeToString())
+    text.features.feature["C2"].bytes_list.value.append(b"0000002a")  # the line's hex, as text
     no_label = tf.train.Example.FromString(good.SerializeToString())
     del no_label.features.feature["label"]
-    for bad, message in [(bad_category, f"{path}: record 4: not a click of the format"),
+    for bad, message in [(out_of_range, f"{path}: record 4: not a click of the format"),
+                         (text, f"{path}: record 4, Key: C2, Index: 3.  Data types don't match. "
+                                "Data type: string but expected type: int64"),
                          (no_label, f"{path}: record 4, Feature: label")]:
         with tf.io.TFRecordWriter(str(path)) as writer:
             for record in [good, good, good, bad, good]:

@@ -92,8 +92,7 @@ class _Chief:
     def evaluate(self, x, y) -> float:
         """The chief's evaluation loss of the batch (evaluation.Evaluator)."""
         evaluator = evaluation.Evaluator(
-            mlp.MODEL, model_params(self.config, mlp.MODEL), mlp_graph.EXAMPLE,
-            num_ps=self.config.cluster.num_ps, worker="/job:worker/task:0",
+            mlp.MODEL, model_params(self.config, mlp.MODEL), num_ps=self.config.cluster.num_ps, worker="/job:worker/task:0",
             target=self.servers[0].target,
             tf_config=sessions.session_config(self.config.cluster.device_filters("worker", 0)),
             ps_hosts=())
