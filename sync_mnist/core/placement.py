@@ -255,8 +255,10 @@ def _placeholders_like(value):
         return {k: _placeholders_like(v) for k, v in value.items()}
     if isinstance(value, tf.Tensor):
         return tf1.placeholder(value.dtype, value.shape)
-    raise api.ContractError(f"features and labels must be tensors or a dict of them, got "
-                            f"{type(value).__name__}")
+    if isinstance(value, tf.SparseTensor):  # a variable-length feature (tf.io.VarLenFeature)
+        return tf1.sparse_placeholder(value.dtype, value.shape)
+    raise api.ContractError(f"features and labels must be tensors, SparseTensors or a dict of "
+                            f"them, got {type(value).__name__}")
 
 
 def placeholders(features, labels, name: str = "features"):

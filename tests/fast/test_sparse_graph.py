@@ -87,3 +87,23 @@ def test_a_table_read_whole_is_refused():
         like = placement.placeholders(features, labels)
         with pytest.raises(sm.ContractError, match="reads the embedding table table whole"):
             placement.build(model_fn, *like, sm.ModeKeys.TRAIN, {}, num_ps=2)
+
+
+def test_a_variable_length_feature_reaches_the_model_function_as_a_sparse_tensor():
+    # A streamed input's tf.io.VarLenFeature is a SparseTensor: the scratch graph that records
+    # the model's variables must take one (it was refused as "must be tensors").
+    seen = []
+
+    def model_fn(features, labels, mode, params):
+        seen.append(type(features["words"]).__name__)
+        table = tf1.get_variable("table", [50, 4])
+        embedded = tf.nn.safe_embedding_lookup_sparse(table, features["words"], combiner="mean")
+        loss = tf.reduce_mean(tf.square(tf.reduce_sum(embedded, 1) - labels))
+        return sm.ModelSpec(mode, loss=loss)
+
+    with tf.Graph().as_default():
+        features = {"words": tf.SparseTensor(tf.zeros([0, 2], tf.int64), tf.zeros([0], tf.int64),
+                                             [8, 3])}
+        labels = tf.zeros([8])
+    recorded = placement.record(model_fn, features, labels, sm.ModeKeys.TRAIN, {})
+    assert [r.name for r in recorded] == ["table"] and seen == ["SparseTensor"]
