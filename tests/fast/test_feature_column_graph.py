@@ -1,18 +1,21 @@
 """The feature-column model's worker graph with 2 ps (tests/column_model.py), built without a
 cluster, on dense arrays and on SparseTensors: every table a column makes is cut over the ps,
 looked up where its rows live, and its gradient accumulated and applied sparse there; the
-other variables are pulled whole. A mistake in a column is bad input in TensorFlow's words."""
+other variables are pulled whole. A mistake in a column is bad input in TensorFlow's words; the docs' example model builds."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
 import column_model
 import sync_mnist.api as sm
 from mlp_graph import prepared_graph
+from sync_mnist.core import placement
 from sync_mnist.core.cluster import ClusterLayout
 from sync_mnist.core.config import ConfigError, TaskConfig, TrainConfig
 from sync_mnist.task.graph import build_graph
@@ -97,3 +100,29 @@ def test_a_mistake_in_a_column_is_bad_input_in_tensorflows_words(model_fn, words
         f"the model function raised ValueError in mode 'train': {words}")
     assert "test_feature_column_graph.py" in raised.value.details  # the user's traceback
 
+
+def _docs_example() -> str:
+    """The model file of docs/your-model.md's "Feature columns"."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "your-model.md").read_text()
+    section = text.split("\n## Feature columns\n", 1)[1]
+    return section.split("```python\n", 1)[1].split("```\n", 1)[0]
+
+
+def test_the_docs_example_makes_its_columns_tables_embedding_tables():
+    namespace: dict = {}
+    exec(compile(_docs_example(), "your-model.md", "exec"), namespace)
+    words = tf1.SparseTensorValue(np.array([[0, 0], [0, 1], [2, 0]], np.int64),
+                                  np.array([b"cheap", b"flights", b"hotel"], object),
+                                  np.array([3, 2], np.int64))
+    batch = ({"age": np.array([[20.0], [35.0], [70.0]], np.float32),
+              "color": np.array([["red"], ["blue"], ["pink"]]), "words": words},
+             np.array([1.0, 0.0, 1.0], np.float32))
+    with tf.Graph().as_default():
+        recorded = placement.record(namespace["MODEL"].model_fn, *placement.placeholders(*batch),
+                                    sm.ModeKeys.TRAIN, {})
+    assert sorted(placement.sparse_names(recorded)) == [
+        "input_layer/words_embedding/embedding_weights", "linear_model/age_bucketized/weights",
+        "linear_model/age_bucketized_X_color/weights", "linear_model/color/weights",
+        "linear_model/words/weights"]
+    assert sorted(r.name for r in recorded if not r.sparse) == [
+        "hidden", "linear_model/bias_weights", "out"]
