@@ -12,6 +12,7 @@ that the cluster and the reference start alike.
 from __future__ import annotations
 
 import functools
+import itertools
 
 import numpy as np
 import tensorflow as tf
@@ -155,29 +156,39 @@ def _tensors(sparse: bool) -> tuple[dict, tf.Tensor]:
 
 
 @functools.lru_cache(maxsize=None)
-def reference(sparse: bool, steps: tuple[int, ...]) -> tuple[dict, np.ndarray]:
-    """The model function in one plain session, no ps: steps of its optimizer over all
-    EXAMPLES at once (what one synchronous update of two workers' halves makes). Returns
-    {step: every variable a checkpoint holds after it (the model's and Adagrad's slots)} for
-    each of `steps`, and the predictions after the last."""
-    values = {}
-    with tf.Graph().as_default():
-        global_step = tf1.train.get_or_create_global_step()
-        features, labels = _tensors(sparse)
-        spec = model_fn(features, labels, sm.ModeKeys.TRAIN, {})
-        train = spec.optimizer.minimize(spec.loss, global_step=global_step)
-        with tf1.Session() as sess:
-            sess.run([tf1.global_variables_initializer(), tf1.tables_initializer()])
-            for step in range(1, max(steps) + 1):
-                sess.run(train)
-                if step in steps:
-                    values[step] = sess.run({v.op.name: v for v in tf1.global_variables()})
+def reference(inputs: tuple[str, ...]) -> list[dict[str, np.ndarray]]:
+    """The model function in one plain session, no ps: one step of its optimizer over all
+    EXAMPLES for each of `inputs` (that step's input: "dense" or "sparse"), what one
+    synchronous update of two workers' halves makes. Returns every variable a checkpoint holds
+    (the model's, Adagrad's slots, global_step) after each step."""
+    after: list[dict] = []
+    for kind, steps in itertools.groupby(inputs):
+        with tf.Graph().as_default():
+            global_step = tf1.train.get_or_create_global_step()
+            features, labels = _tensors(kind == "sparse")
+            spec = model_fn(features, labels, sm.ModeKeys.TRAIN, {})
+            train = spec.optimizer.minimize(spec.loss, global_step=global_step)
+            with tf1.Session() as sess:
+                _start(sess, after[-1] if after else None)
+                for _ in steps:
+                    sess.run(train)
+                    after.append(sess.run({v.op.name: v for v in tf1.global_variables()}))
+    return after
+
+
+def predictions(sparse: bool, values: dict[str, np.ndarray]) -> np.ndarray:
+    """The model function's predictions on the examples, with the variables at `values`."""
     with tf.Graph().as_default():
         features, _ = _tensors(sparse)
-        probabilities = model_fn(features, None, sm.ModeKeys.PREDICT, {}).predictions[
-            "probabilities"]
-        variables, tables = tf1.global_variables(), tf1.tables_initializer()
+        spec = model_fn(features, None, sm.ModeKeys.PREDICT, {})
         with tf1.Session() as sess:
-            sess.run([tables, *[v.initializer for v in variables]],
-                     {v.initial_value: values[max(steps)][v.op.name] for v in variables})
-            return values, sess.run(probabilities)
+            _start(sess, values)
+            return sess.run(spec.predictions["probabilities"])
+
+
+def _start(sess: tf1.Session, values: dict[str, np.ndarray] | None) -> None:
+    """Initialises the session's variables (to `values`, if given) and fills its tables."""
+    variables = tf1.global_variables()
+    init = [tf1.tables_initializer(), *[v.initializer for v in variables]]
+    sess.run(init, {} if values is None else {
+        v.initial_value: values[v.op.name] for v in variables})
