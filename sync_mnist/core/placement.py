@@ -44,6 +44,29 @@ _GET_VARIABLE_ARGS = ("shape", "dtype", "initializer", "regularizer", "trainable
                       "synchronization", "aggregation")
 
 
+def _linear_model_takes_values() -> None:
+    """Lets tf1.feature_column.linear_model take its bias as this package hands it.
+
+    linear_model lists its bias variable's parts (`_get_expanded_variable_list`: a variable, or
+    else the slices of a PartitionedVariable, which it iterates). Here the model function is
+    handed a trainable variable's value, a Tensor, which graph mode refuses to iterate, so
+    linear_model raised TypeError ("Iterating over a symbolic `tf.Tensor` is not allowed").
+    A value is one part, as a variable is. TensorFlow has no public switch for this. Called
+    before each call of a model function; once done, it does nothing.
+    """
+    from tensorflow.python.feature_column import feature_column as fc_v1
+
+    listed = fc_v1._get_expanded_variable_list
+    if getattr(listed, "takes_values", False):
+        return
+
+    def parts(variable):
+        return [variable] if isinstance(variable, tf.Tensor) else listed(variable)
+
+    parts.takes_values = True
+    fc_v1._get_expanded_variable_list = parts
+
+
 class Recorded(NamedTuple):
     """A variable the model function makes with get_variable, as the scratch graph saw it."""
 
@@ -114,6 +137,7 @@ def fingerprint(recorded: Sequence[Recorded]) -> list[str]:
 
 def call(model_fn: Callable, features, labels, mode: str, params) -> api.ModelSpec:
     """model_fn(features, labels, mode, params), checked to return a ModelSpec of `mode`."""
+    _linear_model_takes_values()
     try:
         spec = model_fn(features, labels, mode, dict(params))
     except api.ContractError:

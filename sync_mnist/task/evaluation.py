@@ -2,8 +2,8 @@
 
 Its variables are the training graph's: the same names on the same ps (placement.py places
 by name), so its session reads the model as the ps holds it, in float32 whatever
---wire-dtype, without initialising anything there. Only the metrics' own counters (local
-variables, on the chief) are initialised, before each evaluation.
+--wire-dtype, without initialising anything there. Only what lives on the chief is initialised,
+before each evaluation: the metrics' counters (local variables) and the model's lookup tables.
 """
 
 from __future__ import annotations
@@ -62,7 +62,9 @@ class Evaluator:
             self.loss = spec.loss
             self.values = {k: v for k, (v, _) in spec.eval_metric_ops.items()}
             self.updates = [u for _, u in spec.eval_metric_ops.values()]
-            self.reset = tf1.local_variables_initializer()
+            # The metrics' counters, zeroed for each evaluation, and the model's lookup tables
+            # (a vocabulary column's), filled (again: the same keys, a no-op): both on the chief.
+            self.reset = tf1.train.Scaffold.default_local_init_op()
         target, tf_config, ps_hosts = self._session_args
         self.side = SideSession(target, self.graph, tf_config, ps_hosts)
 

@@ -111,9 +111,12 @@ def _write(model: api.Model, params: dict, example: tuple, weights: dict[str, np
             # Feeding each variable's initial value initialises it to the trained weights.
             sess.run([v.initializer for v in variables],
                      {v.initial_value: weights[v.op.name] for v in variables})
+            # A model's lookup tables (a vocabulary column's) are filled when it is loaded.
+            tables = graph.get_collection(tf1.GraphKeys.TABLE_INITIALIZERS)
             builder = tf1.saved_model.Builder(str(partial))
             builder.add_meta_graph_and_variables(
                 sess, [tf1.saved_model.SERVING], clear_devices=True, strip_default_attrs=True,
                 signature_def_map={SIGNATURE: tf1.saved_model.predict_signature_def(
-                    inputs=serving.inputs, outputs=serving.outputs)})
+                    inputs=serving.inputs, outputs=serving.outputs)},
+                main_op=tf1.tables_initializer() if tables else None)
             builder.save()

@@ -182,3 +182,22 @@ def test_a_slice_names_the_variable_it_cuts():
         assert (info.full_name, info.full_shape, info.var_offset) == ("w", [10, 3], [4, 0]), (
             "Variable._save_slice_info")
         assert placement.whole_variables(slices[::-1]) == {"w": placement.Whole([10, 3], slices)}
+
+
+def test_linear_model_lists_its_bias_through_the_function_placement_replaces():
+    import inspect
+
+    from tensorflow.python.feature_column import feature_column as fc_v1
+
+    from sync_mnist.core import placement
+
+    # placement._linear_model_takes_values replaces _get_expanded_variable_list, which
+    # linear_model calls on its bias; renamed, linear_model would raise TypeError again on the
+    # bias's value that placement hands it (tests/fast/test_feature_column_graph.py).
+    placement._linear_model_takes_values()  # pylint: disable=protected-access
+    assert getattr(fc_v1._get_expanded_variable_list, "takes_values", False), (
+        "tensorflow.python.feature_column.feature_column._get_expanded_variable_list")
+    assert "_get_expanded_variable_list(bias)" in inspect.getsource(fc_v1._LinearModel.call)
+    with tf.Graph().as_default():
+        value = tf.zeros([1])
+        assert fc_v1._get_expanded_variable_list(value) == [value]
