@@ -36,6 +36,7 @@ PROBE_SECS = 1.0  # a TCP connect to a worker's server: how long before it count
 LOST_PROBES = 2  # consecutive failed probes, POLL_SECS apart, before a worker is declared lost
 POLL_SECS = 0.5
 NO_ANSWER = "does not answer"  # a probe's connection attempt timed out
+_UNREACHABLE = " is unreachable "  # a probe's connection attempt failed on the way (no route)
 
 
 class Membership(NamedTuple):
@@ -160,7 +161,33 @@ def probe(address: str) -> str | None:
     except socket.timeout:
         return f"{address} {NO_ANSWER}"
     except (OSError, ValueError) as e:
-        return f"{address} is unreachable ({getattr(e, 'strerror', None) or e})"
+        return f"{address}{_UNREACHABLE}({getattr(e, 'strerror', None) or e})"
+
+
+CUT_OFF = ("nor does this worker reach any other task of the cluster: its own network is the "
+           "likely fault, so it names no ps as missing")
+
+
+def cut_off(cluster: cluster_lib.ClusterLayout, worker: int, down: dict[int, str]) -> bool:
+    """Whether worker `worker`, which found the ps in `down` ({index: probe's why}) silent and
+    every other ps answering, reaches no other task of the cluster either: then its own network
+    is the likely fault (a partition of this worker), not the ps's, and a timeout of its names
+    no ps (the launcher restarts the task a timeout names). A refusal is an answer: something
+    reached that host. With no other task to try, it cannot tell, and the ps are blamed."""
+    if len(down) < cluster.num_ps or not all(_unanswered(why) for why in down.values()):
+        return False
+    others = [address for w, address in enumerate(cluster.worker_hosts) if w != worker]
+    return bool(others) and not any(_reached(address) for address in others)
+
+
+def _reached(address: str) -> bool:
+    why = probe(address)
+    return why is None or not _unanswered(why)
+
+
+def _unanswered(why: str) -> bool:
+    """Whether probe's `why` is a connection nothing answered, not even with a refusal."""
+    return why.endswith(NO_ANSWER) or _UNREACHABLE in why
 
 
 def missing(last_push: list[int], global_step: int, cluster: cluster_lib.ClusterLayout,

@@ -80,7 +80,7 @@ class Chief:
         except TaskTimeout as e:
             e.handled()  # raised again below, arming its own last resort
             raise waits.timeout_naming_silent_ps(str(e), self.side, self.w.graph,
-                                                 self.w.config.cluster) from None
+                                                 self.w.config.cluster, 0) from None
 
     def at_the_finish(self, counters: Counters, awaiting) -> Evaluated:
         """The final evaluation, the summaries, and the weights for the SavedModel, read while

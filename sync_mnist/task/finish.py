@@ -36,7 +36,7 @@ class Finished:
 
 def awaiting(w: Worker, side: SideSession):
     """waits.awaiting for this worker's reads of the ps at its end."""
-    return lambda what: waits.awaiting(what, me=w.config.name, timeout=w.config.train.timeout,
+    return lambda what: waits.awaiting(what, worker=w.config.index, timeout=w.config.train.timeout,
                                        side=side, graph=w.graph, cluster=w.config.cluster)
 
 

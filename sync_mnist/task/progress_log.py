@@ -70,10 +70,16 @@ def stalled(side, state: sync.SharedState, members: membership.Membership,
     text and as the names TaskTimeout's `missing` takes."""
     # Probe first: against a ps this worker cannot reach, a fetch TensorFlow has not run before
     # in this session blocks while it registers the graph, past any timeout_in_ms.
-    down = [f"ps {p} ({why})" for p, address in enumerate(config.cluster.ps_hosts)
-            if (why := membership.probe(address))]
+    down = {p: why for p, address in enumerate(config.cluster.ps_hosts)
+            if (why := membership.probe(address))}
     if down:
-        return f"the ps is unreachable: {', '.join(down)}", []
+        text = "the ps is unreachable: " + ", ".join(f"ps {p} ({why})" for p, why in down.items())
+        if membership.cut_off(config.cluster, config.index, down):
+            return f"{text}; {membership.CUT_OFF}", []
+        # Sync: the update waits for that ps (found by make chaos: ps 0 of 2 cut off past
+        # --timeout in training; the workers named no ps, and the launcher restarted a
+        # worker, then had no restart left for the next).
+        return text, [f"ps {p}" for p in down]
     try:
         step, last_push, accepted = side.run(
             [state.global_step, members.last_push, state.accepted],

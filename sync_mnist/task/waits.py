@@ -13,30 +13,26 @@ from sync_mnist.core import membership, bounded
 from sync_mnist.core.config import TaskTimeout
 
 tf1 = tf.compat.v1
-SILENT_READ_SECS = 5.0  # silent_ps: how long a ps may take to answer a read of a variable
+SILENT_READ_SECS = 5.0  # _silent: how long a ps may take to answer a read of a variable
 
 
-def silent_ps(side, graph: tf.Graph, cluster: cluster_lib.ClusterLayout) -> list[str]:
-    """The ps that do not answer now, each with why: nothing listens, or it accepts
-    connections but a read of one of its variables did not come back in SILENT_READ_SECS
-    (frozen, stuck). What a timeout at a read of every ps can name."""
-    return [f"{name} ({why})" for name, why in _silent(side, graph, cluster)]
-
-
-def _silent(side, graph: tf.Graph, cluster: cluster_lib.ClusterLayout) -> list[tuple[str, str]]:
-    """silent_ps as ("ps K", why) pairs."""
+def _silent(side, graph: tf.Graph, cluster: cluster_lib.ClusterLayout
+            ) -> dict[int, str]:
+    """The ps that do not answer now, {index: why}: nothing listens, or the
+    connection goes unanswered, or it accepts connections but a read of one of its variables
+    did not come back in SILENT_READ_SECS (frozen, stuck)."""
     one_each = {}
     for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES):
         device = tf.DeviceSpec.from_string(v.device)
         if device.job == "ps" and device.task is not None:
             one_each.setdefault(device.task, v)
-    silent = []
+    silent = {}
     for p, address in enumerate(cluster.ps_hosts):
         why = membership.probe(address)
         if why is None and p in one_each:
             why = _read_fails(side, one_each[p], p)
         if why:
-            silent.append((f"ps {p}", why))
+            silent[p] = why
     return silent
 
 
@@ -58,18 +54,22 @@ def _read_fails(side, variable: tf.Variable, p: int) -> str | None:
 
 
 def timeout_naming_silent_ps(message: str, side, graph: tf.Graph,
-                             cluster: cluster_lib.ClusterLayout) -> TaskTimeout:
-    """TaskTimeout(message), ending with "; missing: ps K (why), ..." for each ps that does not
-    answer now, and naming them in its `missing`; the message alone if every ps answers."""
+                             cluster: cluster_lib.ClusterLayout, worker: int) -> TaskTimeout:
+    """TaskTimeout(message) of worker `worker`, ending with "; missing: ps K (why), ..." for
+    each ps that does not answer now, and naming them in its `missing`; the message alone if
+    every ps answers. When the worker reaches no other task either, the silent ps are named in
+    the message only (membership.cut_off)."""
     silent = _silent(side, graph, cluster)
     if not silent:
         return TaskTimeout(message)
-    text = ", ".join(f"{name} ({why})" for name, why in silent)
-    return TaskTimeout(f"{message}; missing: {text}", missing=[name for name, _ in silent])
+    text = ", ".join(f"ps {p} ({why})" for p, why in silent.items())
+    if membership.cut_off(cluster, worker, silent):
+        return TaskTimeout(f"{message}; silent: {text}; {membership.CUT_OFF}")
+    return TaskTimeout(f"{message}; missing: {text}", missing=[f"ps {p}" for p in silent])
 
 
 @contextlib.contextmanager
-def awaiting(what: str, *, me: str, timeout: float, side, graph: tf.Graph,
+def awaiting(what: str, *, worker: int, timeout: float, side, graph: tf.Graph,
              cluster: cluster_lib.ClusterLayout):
     """A bounded read of the ps that expired, as a timeout that says what it waited for,
     and which ps did not answer: the launcher restarts the task a timeout names."""
@@ -78,6 +78,6 @@ def awaiting(what: str, *, me: str, timeout: float, side, graph: tf.Graph,
     except tf.errors.DeadlineExceededError:
         hosts = ", ".join(f"ps {p} at {a}" for p, a in enumerate(cluster.ps_hosts))
         raise timeout_naming_silent_ps(
-            f"{me}: waited {timeout:g} s for "
+            f"worker {worker}: waited {timeout:g} s for "
             f"{'the ps' if cluster.num_ps == 1 else 'the ps tasks'} ({hosts}) {what}; "
-            "no answer", side, graph, cluster) from None
+            "no answer", side, graph, cluster, worker) from None

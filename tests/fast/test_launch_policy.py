@@ -57,7 +57,7 @@ def _wait(tasks, max_restarts=0, spare_workers=0, **bounds):
 def test_launcher_restarts_dead_tasks_within_its_budget_and_never_bad_input():
     # The chief still runs: a ps that dies once a worker has ended 0 is not restarted.
     ps, chief, worker = (_FakeTask("ps", 0, -9, 0), _FakeTask("worker", 0, None),
-                         _FakeTask("worker", 1, EXIT_TIMEOUT, EXIT_FAILED, 0))
+                         _FakeTask("worker", 1, -9, EXIT_FAILED, 0))
     # Three deaths, two restarts allowed: the third stops the cluster.
     assert _wait([ps, chief, worker], max_restarts=2) is worker
     assert (ps.starts, worker.starts) == (2, 2)
@@ -184,6 +184,23 @@ def test_the_workers_that_lost_a_restarted_ps_in_their_finish_are_part_of_its_fa
     policy = _policy([_FakeTask("ps", 0, None), alone], max_restarts=1)
     assert policy.after_exit(alone, EXIT_PEER_LOST) and alone.starts == 2
     assert not policy.after_exit(alone, EXIT_PEER_LOST)
+
+
+def test_a_timeout_that_names_nobody_after_a_ps_restart_is_part_of_its_fault():
+    # Found by make chaos-short (ps 0 of 2 frozen as the chief evaluated, --max-restarts 1):
+    # worker 1 timed out naming ps 0, which the launcher restarted; the chief's timeout came
+    # later, when the new ps 0 answered, and named nobody: the launcher, its restart spent,
+    # stopped the cluster.
+    frozen = _FakeTask("ps", 0, None, None)
+    frozen.up = True  # past its start-up
+    worker = _FakeTask("worker", 1, EXIT_TIMEOUT, None, missing=["ps 0"])
+    chief = _FakeTask("worker", 0, EXIT_TIMEOUT, None, missing=None)
+    policy = _policy([frozen, worker, chief], max_restarts=1)
+    assert policy.after_exit(worker, EXIT_TIMEOUT) and policy.after_exit(chief, EXIT_TIMEOUT)
+    assert (frozen.killed, frozen.starts, worker.starts, chief.starts) == (1, 2, 2, 2)
+    assert policy._made == 1
+    # A worker restarted is no ps: a timeout naming nobody after it is a fault of its own
+    # (the chief above, with worker 1 in place of ps 0: see the reworded-message test).
 
 
 def test_a_worker_that_dies_after_another_verified_the_run_does_not_stop_it():

@@ -243,7 +243,7 @@ def test_a_read_at_the_finish_that_expires_says_what_it_waited_for():
     layout = ClusterLayout(tuple(ps), ("localhost:2224",))
     # The guard every read of the finish runs under, on its own.
     with pytest.raises(TaskTimeout) as raised:
-        with waits.awaiting("to evaluate the model", me="worker 1", timeout=20.0, side=None,
+        with waits.awaiting("to evaluate the model", worker=1, timeout=20.0, side=None,
                             graph=tf.Graph(), cluster=layout):
             raise tf.errors.DeadlineExceededError(None, None, "Graph execution error:")
     assert str(raised.value) == (
@@ -251,6 +251,6 @@ def test_a_read_at_the_finish_that_expires_says_what_it_waited_for():
         f"evaluate the model; no answer; missing: ps 0 (nothing listens at {ps[0]}), ps 1 "
         f"(nothing listens at {ps[1]})")
     with pytest.raises(tf.errors.UnavailableError):  # only an expired bound is a timeout
-        with waits.awaiting("to evaluate the model", me="worker 1", timeout=20.0, side=None,
+        with waits.awaiting("to evaluate the model", worker=1, timeout=20.0, side=None,
                             graph=tf.Graph(), cluster=layout):
             raise tf.errors.UnavailableError(None, None, "Socket closed")
