@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import tensorflow as tf
 
@@ -87,6 +87,11 @@ class ModelSpec:
         --log-every steps and written as summaries.
       eval_metric_ops: EVAL: {name: (value, update_op)}, as tf1.metrics.* return them; the
         update ops run once per evaluation batch, the values are read at the end.
+      training_hooks: TRAIN: tf.compat.v1.train.SessionRunHooks run on every worker's
+        training session, around each step, as the Estimator ran them;
+        training_chief_hooks the same on the chief's only; evaluation_hooks: EVAL: around
+        each batch of the chief's evaluations. Each call is bounded by --timeout; a hook may
+        not request a stop (docs/your-model.md, "Hooks").
       train_op: refused: see `optimizer`. It is a field so that the refusal can say so.
     """
 
@@ -96,6 +101,9 @@ class ModelSpec:
     optimizer: tf1.train.Optimizer | Mapping[str, tf1.train.Optimizer] | None = None
     train_metrics: Mapping[str, tf.Tensor] = dataclasses.field(default_factory=dict)
     eval_metric_ops: Mapping[str, tuple] = dataclasses.field(default_factory=dict)
+    training_hooks: Sequence[tf1.train.SessionRunHook] = ()
+    training_chief_hooks: Sequence[tf1.train.SessionRunHook] = ()
+    evaluation_hooks: Sequence[tf1.train.SessionRunHook] = ()
     train_op: Any = None
 
     def __post_init__(self) -> None:
@@ -125,6 +133,17 @@ class ModelSpec:
                                     "word of letters, numbers, _ and /, and not one of the "
                                     f"progress line's own ({', '.join(_PROGRESS_FIELDS)})")
             _check_scalar(f"train_metrics[{name!r}]", metric)
+        for field in ("training_hooks", "training_chief_hooks", "evaluation_hooks"):
+            hooks = getattr(self, field)
+            if isinstance(hooks, tf1.train.SessionRunHook) or not isinstance(
+                    hooks, (list, tuple)):
+                raise ContractError(f"ModelSpec: {field} must be a list of SessionRunHooks, "
+                                    f"got {type(hooks).__name__}")
+            for k, hook in enumerate(hooks):
+                if not isinstance(hook, tf1.train.SessionRunHook):
+                    raise ContractError(f"ModelSpec: {field}[{k}] must be a "
+                                        "tf.compat.v1.train.SessionRunHook, got "
+                                        f"{type(hook).__name__}")
         for name, pair in dict(self.eval_metric_ops).items():
             if not (isinstance(pair, tuple) and len(pair) == 2):
                 raise ContractError(f"ModelSpec: eval_metric_ops[{name!r}] must be a pair "

@@ -15,6 +15,7 @@ from sync_mnist import api
 from sync_mnist.core import placement
 from sync_mnist.core.sessions import SideSession
 from sync_mnist.core.shard import DataError
+from sync_mnist.task import hooks
 
 tf1 = tf.compat.v1
 
@@ -65,6 +66,9 @@ class Evaluator:
             # The metrics' counters, zeroed for each evaluation, and the model's lookup tables
             # (a vocabulary column's), filled (again: the same keys, a no-op): both on the chief.
             self.reset = tf1.train.Scaffold.default_local_init_op()
+            self.hooks = hooks.Evaluation(hooks.bounded(spec.evaluation_hooks, "evaluation",
+                                                        self._hook_timeout))
+            self.hooks.begin()
         target, tf_config, ps_hosts = self._session_args
         self.side = SideSession(target, self.graph, tf_config, ps_hosts)
 
@@ -82,19 +86,23 @@ class Evaluator:
         """({metric: value}, mean loss) over `batches` of (features, labels); `examples` is then
         how many examples they held."""
         total_loss, n = 0.0, 0
+        # Sync: a model's hooks are bounded by --timeout, as every read of the ps is.
+        self._hook_timeout = options.timeout_in_ms / 1000
         for batch, labels in batches:
             if self.side is None:
                 self._build(batch, labels)
             if n == 0:
                 self.side.run(self.reset, options=options)
+                self.hooks.after_create_session(self.side)
             feed = {**placement.feed(self.features, batch), self.labels: labels}
-            loss, _ = self.side.run([self.loss, self.updates], feed, options=options)
+            loss, _ = self.hooks.run(self.side, [self.loss, self.updates], feed, options)
             total_loss += float(loss) * len(labels)
             n += len(labels)
         if n == 0:
             raise DataError("the evaluation data holds no example")
         self.examples = n
         values = self.side.run(self.values, options=options)
+        self.hooks.end(self.side)
         return {k: float(np.asarray(v)) for k, v in values.items()}, total_loss / n
 
     def close(self) -> None:

@@ -15,7 +15,7 @@ from sync_mnist.core import cluster as cluster_lib
 from sync_mnist.core import membership, sessions, stream, sync
 from sync_mnist.core.config import START_SECS, TaskTimeout
 from sync_mnist.core.sessions import SideSession
-from sync_mnist.task import report
+from sync_mnist.task import hooks, report
 from sync_mnist.task.graph import WorkerGraph
 from sync_mnist.task.prepare import Worker
 from sync_mnist.task.lockstep import BatchFeed, no_silent_end
@@ -77,11 +77,15 @@ def join(w: Worker):
 
 def _monitored_session(w: Worker, status: sessions.SessionStatus, chief_wait: float,
                        feed: BatchFeed):
-    config, train = w.config, w.config.train
+    config, train, spec = w.config, w.config.train, w.g.spec
+    mine = hooks.bounded(spec.training_hooks, "training", train.timeout)
+    if config.is_chief:
+        mine += hooks.bounded(spec.training_chief_hooks, "training chief", train.timeout)
     with w.graph.as_default():
         try:
             return sessions.monitored_session(
-                w.server.target, is_chief=config.is_chief, hooks=[*w.g.training.hooks, feed],
+                w.server.target, is_chief=config.is_chief,
+                hooks=[*w.g.training.hooks, feed, *mine],
                 config=w.tf_config, timeout=chief_wait,
                 checkpoint_dir=str(w.logdir) if w.logdir else None,
                 save_steps=train.save_steps, save_secs=train.save_secs,
