@@ -431,10 +431,9 @@ class _Policy:
     message) has those peers restarted first, killed first if they still run: frozen (SIGSTOP)
     or stuck, they have not answered for a whole --timeout (unless still starting: see
     _culprits). The peers that timed out waiting for a task restarted after they started are
-    restarted too, at no charge: the fault was that task's, and it is paid for once; so is
-    one whose timeout names no one while a ps was restarted since it started (the new ps
-    answered when it looked). So are the tasks that lost a ps restarted after they started
-    (exit 201): a training step
+    restarted too, at no charge (the fault was that task's, paid for once), as is one whose
+    timeout names no one after a ps restarted since it started (the new one answered). So
+    are the tasks that lost a ps restarted after they started (exit 201): a training step
     recovers from a lost ps by itself, but the finish (its barrier, the counters, the
     evaluation) fails on it. Failing a restart, a worker other than the chief may be left dead
     while `spare_workers` allow (backups, R < N): the chief declares it lost and the rest
@@ -531,11 +530,8 @@ class _Policy:
         """The peer that `task`'s timeout names as missing which the policy restarted after
         `task`'s process started, if any; if it names none, a ps restarted since."""
         named = _missing(task)
-        if not named:
-            # Sync: the ps it waited for was restarted before its timeout looked, and the new
-            # one answers (found by make chaos: ps 0 of 2 frozen as the chief evaluated; the
-            # workers named it, and the chief's timeout, later, named none).
-            return self._ps_restarted_since(task)
+        if not named:  # Sync: its timeout looked after the ps it waited for was restarted
+            return self._ps_restarted_since(task)  # (make chaos-short: ps 0 frozen, run 22)
         return next((t for t in self._tasks if t.tag in named and t is not task
                      and t.restarted is not None and t.restarted > task.spawned), None)
 
