@@ -1,0 +1,128 @@
+"""The canned models (sync_mnist/canned.py) computing: the binary head's loss and metrics on
+known logits in a plain session, against the same formulas in numpy; and wide & deep trained
+synchronously on 2 workers and 2 ps, each part by its own optimizer, the chief reporting the
+Estimator's metrics. Their graphs: tests/fast/test_canned_graph.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sync_mnist.api as sm
+import sync_mnist.canned as canned
+from inprocess_cluster import run_cluster
+
+tf1 = tf.compat.v1
+fc = tf1.feature_column
+
+BINARY = ["accuracy", "accuracy_baseline", "auc", "auc_precision_recall", "average_loss",
+          "label/mean", "loss", "precision", "prediction/mean", "recall"]
+
+
+def test_the_binary_heads_loss_is_the_weighted_batch_mean_and_its_metrics_the_estimators():
+    """logits = x (weight 1, bias 0) on four examples, weighted 1, 2, 1, 1, labelled by name.
+    The loss is the mean of the weighted losses over the batch (not their sum, v1's default);
+    average_loss and the other metrics are weighted means, as the Estimator's were."""
+    x = np.array([-2.0, -1.0, 0.5, 3.0], np.float32)
+    weights = np.array([1.0, 2.0, 1.0, 1.0], np.float32)
+    labels = np.array(["no", "yes", "yes", "yes"])
+    model = canned.LinearClassifier([fc.numeric_column("x")], weight_column="w",
+                                    label_vocabulary=["no", "yes"], train_input_fn=None,
+                                    eval_input_fn=None)
+    features = {"x": x[:, None], "w": weights}
+    metrics, loss = _with_logits_x(model, features, labels, sm.ModeKeys.EVAL, lambda spec: (
+        {k: value for k, (value, _) in spec.eval_metric_ops.items()}, spec.loss))
+    classes = _with_logits_x(model, features, None, sm.ModeKeys.PREDICT,
+                             lambda spec: spec.predictions["classes"])
+    y = np.array([0.0, 1.0, 1.0, 1.0])
+    losses = np.log1p(np.exp(-x)) * y + np.log1p(np.exp(x)) * (1 - y)
+    p = 1 / (1 + np.exp(-x.astype(np.float64)))
+    assert loss == pytest.approx(np.sum(weights * losses) / 4, rel=1e-6)
+    assert metrics["loss"] == pytest.approx(loss, rel=1e-6)
+    assert sorted(metrics) == BINARY
+    expected = {
+        "loss": loss, "average_loss": np.sum(weights * losses) / 5,
+        "accuracy": 3 / 5,  # predicted no, no, yes, yes: the weight-2 example wrong
+        "precision": 1.0, "recall": 2 / 4, "label/mean": 4 / 5, "accuracy_baseline": 4 / 5,
+        "prediction/mean": np.sum(weights * p) / 5}
+    assert {k: metrics[k] for k in expected} == pytest.approx(expected, rel=1e-5)
+    # Every "yes" scored above the "no" (tf1.metrics.auc: 200 thresholds, so not exactly 1).
+    assert metrics["auc"] == pytest.approx(1.0, abs=1e-2)
+    assert classes[:, 0].tolist() == [b"no", b"no", b"yes", b"yes"]
+
+
+def _with_logits_x(model, features, labels, mode, fetches):
+    """fetches(spec) of the linear model in `mode`, its weight set to 1: the logits are x.
+    EVAL: after its metrics' updates over the batch."""
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        spec = model.model_fn({k: tf.constant(v) for k, v in features.items()},
+                              None if labels is None else tf.constant(labels), mode, {})
+        sess.run([tf1.global_variables_initializer(), tf1.local_variables_initializer()])
+        sess.run(tf1.assign(tf1.global_variables("linear/linear_model/x/weights")[0], [[1.0]]))
+        sess.run([update for _, update in spec.eval_metric_ops.values()])
+        return sess.run(fetches(spec))
+
+
+ROWS, EVAL_ROWS, STEPS, BATCH = 64, 40, 4, 8
+
+
+def _data(rows: int, seed: int):
+    rng = np.random.default_rng(seed)
+    features = {"x": rng.normal(size=(rows, 2)).astype(np.float32),
+                "color": rng.choice(["red", "green", "blue"], (rows, 1))}
+    labels = (features["x"].sum(axis=1) + (features["color"][:, 0] == "red") > 0.5)
+    return features, labels.astype(np.int64)
+
+
+def _wide_and_deep() -> sm.Model:
+    x = fc.numeric_column("x", shape=[2])
+    color = fc.categorical_column_with_vocabulary_list("color", ["red", "green", "blue"])
+    return canned.DNNLinearCombinedClassifier(
+        linear_feature_columns=[x, color],
+        dnn_feature_columns=[x, fc.embedding_column(color, 3)], dnn_hidden_units=[8, 4],
+        train_input_fn=lambda params: _data(ROWS, 1),
+        eval_input_fn=lambda params: _data(EVAL_ROWS, 2))
+
+
+def test_wide_and_deep_trains_synchronously_with_two_optimizers_and_the_estimators_metrics(
+        tmp_path):
+    logdir = tmp_path / "logdir"
+    run = run_cluster(2, _wide_and_deep(), num_ps=2, train_steps=STEPS, batch_size=BATCH,
+                      logdir=logdir, export_dir=tmp_path / "export")
+    chief = run.chief
+    assert chief.verdict.startswith(f"synchronous: each of {STEPS} updates averaged exactly "
+                                    "one gradient from each of 2 workers"), chief.verdict
+    assert chief.contributions == [STEPS, STEPS]
+    # The chief's record (--summary-json's test_metrics, its log line): the Estimator's names,
+    # over the whole evaluation set.
+    metrics = chief.test_metrics
+    assert sorted(metrics) == BINARY
+    label_mean = _data(EVAL_ROWS, 2)[1].mean()
+    assert metrics["label/mean"] == pytest.approx(label_mean, rel=1e-6)
+    assert metrics["accuracy_baseline"] == pytest.approx(max(label_mean, 1 - label_mean))
+    assert metrics["loss"] == pytest.approx(chief.test_loss, rel=1e-5)
+    assert chief.test_accuracy == metrics["accuracy"]
+    # Each part moved by its own optimizer: FTRL's accumulator of the linear weights, and
+    # Adagrad's of the deep kernels, both from their start of 0.1.
+    reader = tf.train.load_checkpoint(str(logdir))
+    assert reader.get_tensor("global_step") == STEPS
+    for slot in ["linear/linear_model/x/weights/Ftrl", "dnn/hiddenlayer_0/kernel/Adagrad"]:
+        assert (np.abs(reader.get_tensor(slot) - 0.1) > 1e-6).any(), slot
+    names = {name for name, _ in tf.train.list_variables(str(logdir))}
+    assert not {n for n in names if n.startswith("linear/") and "Adagrad" in n}
+    assert not {n for n in names if n.startswith("dnn/") and "Ftrl" in n}
+    # The SavedModel answers with the Estimator's predictions, from the features as the
+    # training data has them.
+    features, _ = _data(3, 3)
+    with tf.Graph().as_default(), tf1.Session() as sess:
+        meta = tf1.saved_model.loader.load(sess, [tf1.saved_model.SERVING],
+                                           str(tmp_path / "export"))
+        signature = meta.signature_def["serving_default"]
+        tensor = tf1.saved_model.utils.get_tensor_from_tensor_info
+        answer = sess.run({k: tensor(info) for k, info in signature.outputs.items()},
+                          {tensor(info): features[k] for k, info in signature.inputs.items()})
+    assert sorted(answer) == ["all_class_ids", "all_classes", "class_ids", "classes", "logistic",
+                              "logits", "probabilities"]
+    assert answer["classes"][:, 0].tolist() == [str(c).encode() for c in answer["class_ids"][:, 0]]
+    np.testing.assert_allclose(answer["probabilities"][:, 1], answer["logistic"][:, 0], rtol=1e-6)
