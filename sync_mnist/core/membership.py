@@ -16,9 +16,11 @@ ends with the ps that holds them, so a resumed run or a restarted ps starts them
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import time
+from pathlib import Path
 from typing import Callable, NamedTuple
 
 import tensorflow as tf
@@ -95,11 +97,25 @@ def settings(config: TaskConfig, model: dict | None = None) -> dict:
                       seed=train.seed,
                       # Sync: a worker without the target would never read the stop.
                       eval_every=train.eval_every, target_accuracy=train.target_accuracy,
-                      # Sync: every worker trains the same model: its SPEC, its params and its
-                      # variables, so another version of one file is caught too.
-                      model=train.model, **(model or model_settings(None, None)))
+                      # Sync: every worker trains the same model: its SPEC (a file's contents,
+                      # wherever it is), its params and its variables.
+                      model=model_identity(train.model), **(model or model_settings(None, None)))
     # As published: what JSON cannot hold (a tuple, a path) compares as the chief's reads back.
     return json.loads(json.dumps(values, sort_keys=True, default=repr))
+
+
+def model_identity(spec: str | None) -> str | None:
+    """`--model SPEC` as the tasks compare it: a file's NAME and a digest of its contents, not
+    its path (one model file may sit at another path on each host); a module's or a built-in
+    name as it is."""
+    where, sep, name = (spec or "").rpartition(":")
+    if not (sep and where.endswith(".py")):
+        return spec
+    try:
+        digest = hashlib.sha256(Path(where).read_bytes()).hexdigest()[:16]
+    except OSError:  # the task loaded it a moment ago; it says so when the model loads
+        return spec
+    return f"{name} from a file of sha256 {digest}"
 
 
 def model_settings(params: dict | None, fingerprint: list[str] | None) -> dict:

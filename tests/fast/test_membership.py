@@ -66,6 +66,26 @@ def test_a_difference_is_one_line_naming_both_values(argv, restarted, expected):
     assert str(raised.value) == expected
 
 
+def test_one_model_file_at_two_paths_is_one_model_and_another_version_is_named(tmp_path):
+    # Issue 45: each host keeps the file where it likes; its contents are the model.
+    paths = [tmp_path / "a" / "my_model.py", tmp_path / "b" / "copy.py", tmp_path / "v2.py"]
+    for path, text in zip(paths, ["MODEL = 1\n", "MODEL = 1\n", "MODEL = 2\n"]):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    chief, copy, other = (membership.settings(_config(
+        "--role", "worker", "--index", str(k), *HOSTS3, "--model", f"{path}:MODEL"))
+        for k, path in enumerate(paths))
+    membership.check_agreement(copy, json.dumps(chief), me="worker 1", restarted_chief=False)
+    with pytest.raises(ConfigError, match=r"^worker 2 has --model MODEL from a file of sha256 "
+                       r"[0-9a-f]{16} but the chief has MODEL from a file of sha256 "
+                       r"[0-9a-f]{16}$"):
+        membership.check_agreement(other, json.dumps(chief), me="worker 2",
+                                   restarted_chief=False)
+    # A module, or a built-in name, is compared as it is given.
+    assert membership.model_identity("pkg.models:WIDE") == "pkg.models:WIDE"
+    assert membership.model_identity("mlp") == "mlp"
+
+
 # ---------------------------------------------------------------------------- timeout messages
 
 def test_missing_names_the_workers_the_next_update_waits_for_and_why():
