@@ -75,7 +75,12 @@ TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfr")
 # be empty.
 LABEL_RE, INTEGER_RE, CATEGORY_RE = "[01]", "(-?[0-9]+)?", "([0-9a-fA-F]{8})?"
 LINE_RE = LABEL_RE + f"(\t{INTEGER_RE}){{{INTEGERS}}}" + f"(\t{CATEGORY_RE}){{{CATEGORIES}}}"
-READ_BATCH = 256  # lines or records parsed at a time, before they are handed on one by one
+READ_BATCH = 256  # clicks parsed at a time (lines, or blocks), before handed on one by one
+# Clicks a TFRecord holds (a file's last record fewer): 128 makes a record's cost a small part
+# of a click's (tf.train.Example's framing and parse setup, once a block), and two of them are
+# the READ_BATCH the TSV reader parses at a time, so shuffling is what it was, the clicks
+# permuted in blocks of 256. Larger blocks would save little more and coarsen the shuffle.
+BLOCK = 128
 MAX_EVAL_EXAMPLES = 1_000_000  # the evaluation loads its clicks whole (numpy); it reads no more
 CHUNK = 65_536  # clicks generated and written at a time
 # The integer columns' noise: each column's chance to be empty (about the Kaggle log's) and
@@ -278,9 +283,11 @@ def read(files: list[str], fields: int, planted: dict | None, shuffle: int = 0):
     reader = tf.data.TFRecordDataset if kind == "tfrecord" else tf.data.TextLineDataset
     parse = _parse_tfrecords if kind == "tfrecord" else _parse_lines
 
-    def batches(path):  # the file's name and first line's number go with each batch
-        return reader(path, compression_type=compression).batch(READ_BATCH).enumerate().map(
-            lambda k, records: (path, k * READ_BATCH + 1, records))
+    per = READ_BATCH // BLOCK if kind == "tfrecord" else READ_BATCH  # records a parse
+
+    def batches(path):  # the file's name and first line's or record's number go with each batch
+        return reader(path, compression_type=compression).batch(per).enumerate().map(
+            lambda k, records: (path, k * per + 1, records))
 
     def example(path, first, records):
         ids, labels = parse(path, first, records, fields)
@@ -347,24 +354,47 @@ def _explain_line(path, number, line):
 
 
 def _parse_tfrecords(path, first, records, fields: int):
-    """(ids, labels) of serialized tf.train.Examples; parse errors name the file and record."""
+    """(ids int64 [n, fields], labels float32 [n]) of serialized tf.train.Examples, each a
+    block of clicks: its columns "label" and C1-C{fields} as long as each other. An assertion
+    (or tf.io.parse_example's error, a column not int64) names the file and the record."""
     import tensorflow as tf
 
     numbers = first + tf.range(tf.size(records, out_type=tf.int64))
     names = tf.strings.join([path, ": record ", tf.strings.as_string(numbers)])
-    spec = {"label": tf.io.FixedLenFeature([], tf.int64),
-            **{c: tf.io.FixedLenFeature([], tf.int64, default_value=-1)  # absent: empty
-               for c in CATEGORY_NAMES[:fields]}}
-    example = tf.io.parse_example(records, spec, example_names=names)
-    ids = tf.stack([example[c] for c in CATEGORY_NAMES[:fields]], axis=1)
+    keys = ("label", *CATEGORY_NAMES[:fields])
+    spec = {k: tf.io.RaggedFeature(tf.int64, row_splits_dtype=tf.int64) for k in keys}
+    block = tf.io.parse_example(records, spec, example_names=names)
+    lengths = tf.stack([block[k].row_lengths() for k in keys])  # [1 + fields, records]
+    even = tf.equal(lengths, lengths[:1])
+    fine = tf.reduce_all(even)
+
+    def uneven():
+        record = tf.argmin(tf.cast(tf.reduce_all(even, axis=0), tf.int32), output_type=tf.int32)
+        column = tf.argmin(tf.cast(even[:, record], tf.int32), output_type=tf.int32)
+        return tf.strings.join([
+            names[record], ": column ", tf.gather(tf.constant(keys), column), " has ",
+            tf.strings.as_string(lengths[column, record]), " values, the label ",
+            tf.strings.as_string(lengths[0, record]), ": a record is a block of clicks, each "
+            "column a value a click (-1 where empty); a click a record, its empty fields "
+            "absent, is the format before 5 December 2026: write the files again"])
+
+    message = tf.cond(fine, lambda: tf.constant(""), uneven)
+    with tf.control_dependencies([tf.debugging.Assert(fine, [message], summarize=1)]):
+        label = tf.identity(block["label"].values)
+        ids = tf.stack([block[k].values for k in keys[1:]], axis=1)
     ok = tf.logical_and(tf.reduce_all((ids >= -1) & (ids < 2 ** 32), axis=1),
-                        tf.logical_or(tf.equal(example["label"], 0), tf.equal(example["label"], 1)))
-    bad = tf.argmin(tf.cast(ok, tf.int32), output_type=tf.int32)
-    message = tf.strings.join([names[bad], ": not a click of the format: a label 0 or 1 and "
-                               "categories C1-C26 from 0 to 2**32 - 1, or absent"])
-    check = tf.debugging.Assert(tf.reduce_all(ok), [message], summarize=1)
-    with tf.control_dependencies([check]):
-        labels = tf.cast(example["label"], tf.float32)
+                        tf.logical_or(tf.equal(label, 0), tf.equal(label, 1)))
+    valid = tf.reduce_all(ok)
+
+    def invalid():
+        click = tf.argmin(tf.cast(ok, tf.int32), output_type=tf.int64)
+        record = tf.gather(block["label"].value_rowids(), click)
+        return tf.strings.join([names[record], ": not a block of clicks of the format: labels "
+                                "0 or 1, categories C1-C26 from 0 to 2**32 - 1 or -1 (empty)"])
+
+    message = tf.cond(valid, lambda: tf.constant(""), invalid)
+    with tf.control_dependencies([tf.debugging.Assert(valid, [message], summarize=1)]):
+        labels = tf.cast(label, tf.float32)
     return ids, labels
 
 
@@ -473,47 +503,59 @@ def _field(number: int, payload: bytes) -> bytes:
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
-def _entry(key: str, feature: bytes) -> bytes:
-    """One entry of Features' map, as a field of Features: key, tf.train.Feature."""
-    return _field(1, _field(1, key.encode()) + _field(2, feature))
+def _varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes uint8, ends int64 [n]): int64 `values` as protobuf's varints, one after another
+    (a negative one in ten bytes, as protobuf writes an int64), and where each ends."""
+    u = values.astype(np.int64).view(np.uint64)
+    size = np.ones(len(u), np.int64)
+    for k in range(1, 10):
+        size += u >= np.uint64(1 << 7 * k)
+    ends = np.cumsum(size)
+    starts = ends - size
+    out = np.empty(int(ends[-1]) if len(u) else 0, np.uint8)
+    for j in range(10):
+        more = size > j
+        if not more.any():
+            break
+        byte = (u[more] >> np.uint64(7 * j)) & np.uint64(0x7F)
+        out[starts[more] + j] = byte.astype(np.uint8) | np.where(size[more] > j + 1, 0x80, 0
+                                                                 ).astype(np.uint8)
+    return out, ends
 
 
-def _int_entry(key: str, value: int) -> bytes:
-    return _entry(key, _field(3, _field(1, _varint(value))))  # Int64List, packed
+RECORD_COLUMNS = ("label", *CATEGORY_NAMES)  # a TFRecord's columns: no integer columns
 
 
-class _Examples:
-    """Serialized tf.train.Examples of a chunk, put together from each (column, value)'s map
-    entry, serialized once: a few microseconds a click where a tf.train.Example built in
-    Python takes tens (tests/fast/test_click_files.py parses them back with TensorFlow)."""
+def _table(clicks, params: dict) -> np.ndarray:
+    """int64 [n, 27]: a chunk's columns as a TFRecord holds them, the label and C1-C26, -1
+    where a field is empty (its empty id, or a field the model has not)."""
+    n = len(clicks.labels)
+    table = np.full((n, len(RECORD_COLUMNS)), -1, np.int64)
+    table[:, 0] = clicks.labels > 0
+    fields = params["fields"]
+    empty = np.array(empty_ids(fields, params["vocabulary"]))
+    table[:, 1:1 + fields] = np.where(clicks.ids == empty, -1, clicks.ids)
+    return table
 
-    def __init__(self, columns: _Columns):
-        self.columns = columns
-        self.labels = [_int_entry("label", v) for v in (0, 1)]
-        self.integers: dict[tuple[int, int], bytes] = {}
-        self.categories = [np.array([_int_entry(name, k) if h else b""
-                                     for k, h in enumerate(hexes)], dtype=object)
-                           for name, hexes in zip(CATEGORY_NAMES, columns.hexes)]
 
-    def chunk(self, clicks) -> list[bytes]:
-        n = len(clicks.labels)
-        values, empty = self.columns.integers(n)
-        cats = [self.categories[f][clicks.ids[:, f]] for f in range(self.columns.fields)]
-        records = []
-        for i in range(n):
-            parts = [self.labels[int(clicks.labels[i])]]
-            for j in range(INTEGERS):
-                if not empty[i, j]:
-                    parts.append(self._integer(j, int(values[i, j])))
-            parts += [c[i] for c in cats]
-            records.append(_field(1, b"".join(parts)))  # Example.features
-        return records
-
-    def _integer(self, j: int, value: int) -> bytes:
-        entry = self.integers.get((j, value))
-        if entry is None:
-            entry = self.integers[(j, value)] = _int_entry(INTEGER_NAMES[j], value)
-        return entry
+def _block_records(table: np.ndarray) -> list[bytes]:
+    """Serialized tf.train.Examples of `table`'s rows, BLOCK at a time (the last fewer): each
+    column's values one packed Int64List, put together from the varints numpy writes, a
+    fraction of a microsecond a click (tests/fast/test_click_files.py parses them back with
+    TensorFlow)."""
+    n = len(table)
+    columns = [_varints(table[:, c]) for c in range(table.shape[1])]
+    keys = [_field(1, name.encode()) for name in RECORD_COLUMNS]
+    records = []
+    for start in range(0, n, BLOCK):
+        stop = min(start + BLOCK, n)
+        parts = []
+        for key, (data, ends) in zip(keys, columns):
+            begin = ends[start - 1] if start else 0
+            packed = _field(1, data[begin:ends[stop - 1]].tobytes())  # Int64List, packed
+            parts.append(_field(1, key + _field(2, _field(3, packed))))  # a Features entry
+        records.append(_field(1, b"".join(parts)))  # Example.features
+    return records
 
 
 class _Writer:
@@ -521,6 +563,7 @@ class _Writer:
 
     def __init__(self, path: Path, kind: str, compress: bool):
         self.kind, self.path = kind, path
+        self._pending = np.zeros((0, len(RECORD_COLUMNS)), np.int64)  # under a block's clicks
         if kind == "tfrecord":
             import tensorflow as tf
 
@@ -530,13 +573,23 @@ class _Writer:
             self._file = gzip.open(path, "wb", compresslevel=6) if compress else open(path, "wb")
 
     def write(self, chunk) -> None:
+        """A chunk of the file: bytes of TSV, or a table of TFRecord columns (_table), written
+        BLOCK clicks a record, the rest kept for the next chunk, or the file's last record."""
         if self.kind == "tfrecord":
-            for record in chunk:
-                self._file.write(record)
+            table = np.concatenate([self._pending, chunk])
+            whole = len(table) // BLOCK * BLOCK
+            self._records(table[:whole])
+            self._pending = table[whole:]
         else:
             self._file.write(chunk)
 
+    def _records(self, table: np.ndarray) -> None:
+        for record in _block_records(table):
+            self._file.write(record)
+
     def close(self) -> None:
+        if self.kind == "tfrecord":
+            self._records(self._pending)
         self._file.close()
 
 
@@ -568,7 +621,6 @@ def write_part(out: Path, params: dict, part: int, examples: int, files: int, ki
     from sync_mnist.models import ctr
 
     columns = _Columns(params, part)
-    examples_of = _Examples(columns) if kind == "tfrecord" else None
     names = file_names(TRAIN if part == 0 else EVAL, files, kind, compress)
     bounds = [examples * k // files for k in range(files + 1)]
     loss, current, writer = 0.0, -1, None
@@ -580,7 +632,8 @@ def write_part(out: Path, params: dict, part: int, examples: int, files: int, ki
                 _Writer(out / names[empty], kind, compress).close()
             current, writer = k, _Writer(out / names[k], kind, compress)
             log.info("writing %s", out / names[k])
-        writer.write(examples_of.chunk(clicks) if examples_of else _tsv_chunk(columns, clicks))
+        writer.write(_table(clicks, params) if kind == "tfrecord" else
+                     _tsv_chunk(columns, clicks))
         loss += clicks.planted_log_loss() * len(clicks.labels)
     if writer is not None:
         writer.close()
