@@ -10,19 +10,27 @@ The formats:
 - **Criteo's** (its Kaggle and Terabyte logs): one click a line, 40 tab-separated fields: the
   label (0 or 1), 13 integer columns I1-I13, 26 categorical columns C1-C26 of 8 hexadecimal
   digits; any field but the label may be empty. Plain or gzipped (a name ending in .gz).
-- **TFRecord** files of tf.train.Example (.tfrecord, .tfrecord.gz for GZIP): "label" int64,
-  "I1"-"I13" int64, "C1"-"C26" int64 (the 32-bit value the line's 8 hexadecimal digits spell:
-  the number, not its text); an empty field is an absent feature. Parsing an integer costs a
-  fraction of decoding its text, and the record is 25% smaller (docs/sparse.md, "Click
-  files", has what reading costs).
+- **TFRecord** files of tf.train.Example (.tfrecord, .tfrecord.gz for GZIP), each record a
+  block of up to BLOCK (128) consecutive clicks as Criteo's columns: "label" int64 [n] and
+  "C1"-"C26" int64 [n] each (the 32-bit value the line's 8 hexadecimal digits spell: the
+  number, not its text), -1 where a field is empty (a list has no absent element). A file's
+  last record may hold fewer; a record never spans files. A tf.train.Example costs TensorFlow
+  about as much to parse as the clicks it holds, so one a click cost reading twice what the
+  same clicks cost from memory, and a block of them about what memory costs (docs/sparse.md,
+  "Click files"). The integer columns I1-I13 are not written: nothing reads them (the model has
+  no dense input), they would cost a third of the bytes and their parse, and -1 could not
+  mark their empty values (I2 is -1 in Criteo's log). Files of the format before 5 December
+  2026 (a click a record, its empty fields absent) are refused, naming the first record whose
+  column is short: write them again.
 
 What is written: exactly ctr.generate's clicks of the same seed (the planted model's), in
 order, cut into --train-files and --eval-files files of consecutive clicks. Field f's id k is
-written as k in 8 hexadecimal digits, except one id per field, rank f (field 0's most frequent,
-field 25's 26th), written empty: a missing value that is a value of the planted model, at a rate
-from 22% (C1) to under 1% (C26), as real logs have columns often empty and columns never. The
-integer columns are noise (drawn apart, not read by the model), empty at Criteo's rates. A
-model with fewer fields (SMALL: 8) fills C1-C8 and leaves the rest empty. Writing is streamed,
+written as k in 8 hexadecimal digits (as k in a TFRecord), except one id per field, rank f
+(field 0's most frequent, field 25's 26th), written empty: a missing value that is a value of
+the planted model, at a rate from 22% (C1) to under 1% (C26), as real logs have columns often
+empty and columns never. The
+TSV's integer columns are noise (drawn apart, not read by the model), empty at Criteo's rates.
+A model with fewer fields (SMALL: 8) fills C1-C8 and leaves the rest empty. Writing is streamed,
 a chunk of clicks at a time: files of any size, never whole in memory.
 
 Beside them, clicks.json: the planted model (seed, fields, vocabulary, Zipf exponent, weight
@@ -33,14 +41,16 @@ compares against). A real log has no clicks.json, and a run of it prints no plan
 
 Reading (train_dataset): the files' names decide the format. The model reads the label and
 the first `fields` categorical columns (26 for ctr, 8 for SMALL), each the int64 id the model
-hashes (a line's decoded from hexadecimal), an empty one as -1; the integer columns are checked
-in a line, not used (the model has no dense input). The training clicks carry no planted
-probability: only the evaluation's metric reads it. Lines or records are parsed a batch at a time, then
-handed on one example at a time as the package's streamed input takes them (core/stream.py),
-which cuts them per worker (by file, when every worker gets files) and batches them. A line
-that is not of the format, a record without a label or with a category that is not an integer
-from 0 to 2**32 - 1, ends the run with exit 2 and one line naming the file and the line or
-record.
+hashes (a line's decoded from hexadecimal), an empty one as -1; a line's integer columns are
+checked, not used (the model has no dense input). The training clicks carry no planted
+probability: only the evaluation's metric reads it. Lines are parsed 256 at a time, records
+two blocks at a time (tf.io.parse_example), then handed on one click at a time as the
+package's streamed input takes them (core/stream.py), which cuts them per worker (by file, when
+every worker gets files; else by record, tf.data's DATA sharding of these single clicks, not of
+the blocks) and batches them. A line that is not of the format, a record whose columns are not as long as its
+label (none, a short one: the previous format's), with a label not 0 or 1 or a category not an
+integer from -1 to 2**32 - 1, ends the run with exit 2 and one line naming the file and the
+line or record (the record, not the click in it).
 """
 
 from __future__ import annotations
@@ -272,7 +282,7 @@ def read(files: list[str], fields: int, planted: dict | None, shuffle: int = 0):
     shuffled within a window of about `shuffle` clicks.
 
     A real log is in time order, so the training clicks are shuffled; a block of READ_BATCH
-    at a time, each block's clicks permuted, the blocks drawn from a buffer of shuffle /
+    at a time (256 lines, or two records of 128), each block's clicks permuted, the blocks drawn from a buffer of shuffle /
     READ_BATCH: an example-by-example shuffle buffer cost more CPU than the parsing (4 of
     the 20 microseconds a click cost on this machine), taken from the training's. The package
     set the graph's seed (--seed), so every worker and every rerun shuffles alike
