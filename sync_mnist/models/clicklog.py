@@ -10,19 +10,27 @@ The formats:
 - **Criteo's** (its Kaggle and Terabyte logs): one click a line, 40 tab-separated fields: the
   label (0 or 1), 13 integer columns I1-I13, 26 categorical columns C1-C26 of 8 hexadecimal
   digits; any field but the label may be empty. Plain or gzipped (a name ending in .gz).
-- **TFRecord** files of tf.train.Example (.tfrecord, .tfrecord.gz for GZIP): "label" int64,
-  "I1"-"I13" int64, "C1"-"C26" int64 (the 32-bit value the line's 8 hexadecimal digits spell:
-  the number, not its text); an empty field is an absent feature. Parsing an integer costs a
-  fraction of decoding its text, and the record is 25% smaller (docs/sparse.md, "Click
-  files", has what reading costs).
+- **TFRecord** files of tf.train.Example (.tfrecord, .tfrecord.gz for GZIP), each record a
+  block of up to BLOCK (128) consecutive clicks as Criteo's columns: "label" int64 [n] and
+  "C1"-"C26" int64 [n] each (the 32-bit value the line's 8 hexadecimal digits spell: the
+  number, not its text), -1 where a field is empty (a list has no absent element). A file's
+  last record may hold fewer; a record never spans files. A tf.train.Example costs TensorFlow
+  about as much to parse as the clicks it holds, so one a click cost reading twice what the
+  same clicks cost from memory, and a block of them about what memory costs (docs/sparse.md,
+  "Click files"). The integer columns I1-I13 are not written: nothing reads them (the model has
+  no dense input), they would cost a third of the bytes and their parse, and -1 could not
+  mark their empty values (I2 is -1 in Criteo's log). Files of the format before 5 December
+  2026 (a click a record, its empty fields absent) are refused, naming the first record whose
+  column is short: write them again.
 
 What is written: exactly ctr.generate's clicks of the same seed (the planted model's), in
 order, cut into --train-files and --eval-files files of consecutive clicks. Field f's id k is
-written as k in 8 hexadecimal digits, except one id per field, rank f (field 0's most frequent,
-field 25's 26th), written empty: a missing value that is a value of the planted model, at a rate
-from 22% (C1) to under 1% (C26), as real logs have columns often empty and columns never. The
-integer columns are noise (drawn apart, not read by the model), empty at Criteo's rates. A
-model with fewer fields (SMALL: 8) fills C1-C8 and leaves the rest empty. Writing is streamed,
+written as k in 8 hexadecimal digits (as k in a TFRecord), except one id per field, rank f
+(field 0's most frequent, field 25's 26th), written empty: a missing value that is a value of
+the planted model, at a rate from 22% (C1) to under 1% (C26), as real logs have columns often
+empty and columns never. The
+TSV's integer columns are noise (drawn apart, not read by the model), empty at Criteo's rates.
+A model with fewer fields (SMALL: 8) fills C1-C8 and leaves the rest empty. Writing is streamed,
 a chunk of clicks at a time: files of any size, never whole in memory.
 
 Beside them, clicks.json: the planted model (seed, fields, vocabulary, Zipf exponent, weight
@@ -33,14 +41,16 @@ compares against). A real log has no clicks.json, and a run of it prints no plan
 
 Reading (train_dataset): the files' names decide the format. The model reads the label and
 the first `fields` categorical columns (26 for ctr, 8 for SMALL), each the int64 id the model
-hashes (a line's decoded from hexadecimal), an empty one as -1; the integer columns are checked
-in a line, not used (the model has no dense input). The training clicks carry no planted
-probability: only the evaluation's metric reads it. Lines or records are parsed a batch at a time, then
-handed on one example at a time as the package's streamed input takes them (core/stream.py),
-which cuts them per worker (by file, when every worker gets files) and batches them. A line
-that is not of the format, a record without a label or with a category that is not an integer
-from 0 to 2**32 - 1, ends the run with exit 2 and one line naming the file and the line or
-record.
+hashes (a line's decoded from hexadecimal), an empty one as -1; a line's integer columns are
+checked, not used (the model has no dense input). The training clicks carry no planted
+probability: only the evaluation's metric reads it. Lines are parsed 256 at a time, records
+two blocks at a time (tf.io.parse_example), then handed on one click at a time as the
+package's streamed input takes them (core/stream.py), which cuts them per worker (by file, when
+every worker gets files; else by record, tf.data's DATA sharding of these single clicks, not of
+the blocks) and batches them. A line that is not of the format, a record whose columns are not as long as its
+label (none, a short one: the previous format's), with a label not 0 or 1 or a category not an
+integer from -1 to 2**32 - 1, ends the run with exit 2 and one line naming the file and the
+line or record (the record, not the click in it).
 """
 
 from __future__ import annotations
@@ -75,7 +85,12 @@ TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfr")
 # be empty.
 LABEL_RE, INTEGER_RE, CATEGORY_RE = "[01]", "(-?[0-9]+)?", "([0-9a-fA-F]{8})?"
 LINE_RE = LABEL_RE + f"(\t{INTEGER_RE}){{{INTEGERS}}}" + f"(\t{CATEGORY_RE}){{{CATEGORIES}}}"
-READ_BATCH = 256  # lines or records parsed at a time, before they are handed on one by one
+READ_BATCH = 256  # clicks parsed at a time (lines, or blocks), before handed on one by one
+# Clicks a TFRecord holds (a file's last record fewer): 128 makes a record's cost a small part
+# of a click's (tf.train.Example's framing and parse setup, once a block), and two of them are
+# the READ_BATCH the TSV reader parses at a time, so shuffling is what it was, the clicks
+# permuted in blocks of 256. Larger blocks would save little more and coarsen the shuffle.
+BLOCK = 128
 MAX_EVAL_EXAMPLES = 1_000_000  # the evaluation loads its clicks whole (numpy); it reads no more
 CHUNK = 65_536  # clicks generated and written at a time
 # The integer columns' noise: each column's chance to be empty (about the Kaggle log's) and
@@ -267,7 +282,7 @@ def read(files: list[str], fields: int, planted: dict | None, shuffle: int = 0):
     shuffled within a window of about `shuffle` clicks.
 
     A real log is in time order, so the training clicks are shuffled; a block of READ_BATCH
-    at a time, each block's clicks permuted, the blocks drawn from a buffer of shuffle /
+    at a time (256 lines, or two records of 128), each block's clicks permuted, the blocks drawn from a buffer of shuffle /
     READ_BATCH: an example-by-example shuffle buffer cost more CPU than the parsing (4 of
     the 20 microseconds a click cost on this machine), taken from the training's. The package
     set the graph's seed (--seed), so every worker and every rerun shuffles alike
@@ -278,9 +293,11 @@ def read(files: list[str], fields: int, planted: dict | None, shuffle: int = 0):
     reader = tf.data.TFRecordDataset if kind == "tfrecord" else tf.data.TextLineDataset
     parse = _parse_tfrecords if kind == "tfrecord" else _parse_lines
 
-    def batches(path):  # the file's name and first line's number go with each batch
-        return reader(path, compression_type=compression).batch(READ_BATCH).enumerate().map(
-            lambda k, records: (path, k * READ_BATCH + 1, records))
+    per = READ_BATCH // BLOCK if kind == "tfrecord" else READ_BATCH  # records a parse
+
+    def batches(path):  # the file's name and first line's or record's number go with each batch
+        return reader(path, compression_type=compression).batch(per).enumerate().map(
+            lambda k, records: (path, k * per + 1, records))
 
     def example(path, first, records):
         ids, labels = parse(path, first, records, fields)
@@ -347,24 +364,47 @@ def _explain_line(path, number, line):
 
 
 def _parse_tfrecords(path, first, records, fields: int):
-    """(ids, labels) of serialized tf.train.Examples; parse errors name the file and record."""
+    """(ids int64 [n, fields], labels float32 [n]) of serialized tf.train.Examples, each a
+    block of clicks: its columns "label" and C1-C{fields} as long as each other. An assertion
+    (or tf.io.parse_example's error, a column not int64) names the file and the record."""
     import tensorflow as tf
 
     numbers = first + tf.range(tf.size(records, out_type=tf.int64))
     names = tf.strings.join([path, ": record ", tf.strings.as_string(numbers)])
-    spec = {"label": tf.io.FixedLenFeature([], tf.int64),
-            **{c: tf.io.FixedLenFeature([], tf.int64, default_value=-1)  # absent: empty
-               for c in CATEGORY_NAMES[:fields]}}
-    example = tf.io.parse_example(records, spec, example_names=names)
-    ids = tf.stack([example[c] for c in CATEGORY_NAMES[:fields]], axis=1)
+    keys = ("label", *CATEGORY_NAMES[:fields])
+    spec = {k: tf.io.RaggedFeature(tf.int64, row_splits_dtype=tf.int64) for k in keys}
+    block = tf.io.parse_example(records, spec, example_names=names)
+    lengths = tf.stack([block[k].row_lengths() for k in keys])  # [1 + fields, records]
+    even = tf.equal(lengths, lengths[:1])
+    fine = tf.reduce_all(even)
+
+    def uneven():
+        record = tf.argmin(tf.cast(tf.reduce_all(even, axis=0), tf.int32), output_type=tf.int32)
+        column = tf.argmin(tf.cast(even[:, record], tf.int32), output_type=tf.int32)
+        return tf.strings.join([
+            names[record], ": column ", tf.gather(tf.constant(keys), column), " has ",
+            tf.strings.as_string(lengths[column, record]), " values, the label ",
+            tf.strings.as_string(lengths[0, record]), ": a record is a block of clicks, each "
+            "column a value a click (-1 where empty); a click a record, its empty fields "
+            "absent, is the format before 5 December 2026: write the files again"])
+
+    message = tf.cond(fine, lambda: tf.constant(""), uneven)
+    with tf.control_dependencies([tf.debugging.Assert(fine, [message], summarize=1)]):
+        label = tf.identity(block["label"].values)
+        ids = tf.stack([block[k].values for k in keys[1:]], axis=1)
     ok = tf.logical_and(tf.reduce_all((ids >= -1) & (ids < 2 ** 32), axis=1),
-                        tf.logical_or(tf.equal(example["label"], 0), tf.equal(example["label"], 1)))
-    bad = tf.argmin(tf.cast(ok, tf.int32), output_type=tf.int32)
-    message = tf.strings.join([names[bad], ": not a click of the format: a label 0 or 1 and "
-                               "categories C1-C26 from 0 to 2**32 - 1, or absent"])
-    check = tf.debugging.Assert(tf.reduce_all(ok), [message], summarize=1)
-    with tf.control_dependencies([check]):
-        labels = tf.cast(example["label"], tf.float32)
+                        tf.logical_or(tf.equal(label, 0), tf.equal(label, 1)))
+    valid = tf.reduce_all(ok)
+
+    def invalid():
+        click = tf.argmin(tf.cast(ok, tf.int32), output_type=tf.int64)
+        record = tf.gather(block["label"].value_rowids(), click)
+        return tf.strings.join([names[record], ": not a block of clicks of the format: labels "
+                                "0 or 1, categories C1-C26 from 0 to 2**32 - 1 or -1 (empty)"])
+
+    message = tf.cond(valid, lambda: tf.constant(""), invalid)
+    with tf.control_dependencies([tf.debugging.Assert(valid, [message], summarize=1)]):
+        labels = tf.cast(label, tf.float32)
     return ids, labels
 
 
@@ -473,47 +513,59 @@ def _field(number: int, payload: bytes) -> bytes:
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
-def _entry(key: str, feature: bytes) -> bytes:
-    """One entry of Features' map, as a field of Features: key, tf.train.Feature."""
-    return _field(1, _field(1, key.encode()) + _field(2, feature))
+def _varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes uint8, ends int64 [n]): int64 `values` as protobuf's varints, one after another
+    (a negative one in ten bytes, as protobuf writes an int64), and where each ends."""
+    u = values.astype(np.int64).view(np.uint64)
+    size = np.ones(len(u), np.int64)
+    for k in range(1, 10):
+        size += u >= np.uint64(1 << 7 * k)
+    ends = np.cumsum(size)
+    starts = ends - size
+    out = np.empty(int(ends[-1]) if len(u) else 0, np.uint8)
+    for j in range(10):
+        more = size > j
+        if not more.any():
+            break
+        byte = (u[more] >> np.uint64(7 * j)) & np.uint64(0x7F)
+        out[starts[more] + j] = byte.astype(np.uint8) | np.where(size[more] > j + 1, 0x80, 0
+                                                                 ).astype(np.uint8)
+    return out, ends
 
 
-def _int_entry(key: str, value: int) -> bytes:
-    return _entry(key, _field(3, _field(1, _varint(value))))  # Int64List, packed
+RECORD_COLUMNS = ("label", *CATEGORY_NAMES)  # a TFRecord's columns: no integer columns
 
 
-class _Examples:
-    """Serialized tf.train.Examples of a chunk, put together from each (column, value)'s map
-    entry, serialized once: a few microseconds a click where a tf.train.Example built in
-    Python takes tens (tests/fast/test_click_files.py parses them back with TensorFlow)."""
+def _table(clicks, params: dict) -> np.ndarray:
+    """int64 [n, 27]: a chunk's columns as a TFRecord holds them, the label and C1-C26, -1
+    where a field is empty (its empty id, or a field the model has not)."""
+    n = len(clicks.labels)
+    table = np.full((n, len(RECORD_COLUMNS)), -1, np.int64)
+    table[:, 0] = clicks.labels > 0
+    fields = params["fields"]
+    empty = np.array(empty_ids(fields, params["vocabulary"]))
+    table[:, 1:1 + fields] = np.where(clicks.ids == empty, -1, clicks.ids)
+    return table
 
-    def __init__(self, columns: _Columns):
-        self.columns = columns
-        self.labels = [_int_entry("label", v) for v in (0, 1)]
-        self.integers: dict[tuple[int, int], bytes] = {}
-        self.categories = [np.array([_int_entry(name, k) if h else b""
-                                     for k, h in enumerate(hexes)], dtype=object)
-                           for name, hexes in zip(CATEGORY_NAMES, columns.hexes)]
 
-    def chunk(self, clicks) -> list[bytes]:
-        n = len(clicks.labels)
-        values, empty = self.columns.integers(n)
-        cats = [self.categories[f][clicks.ids[:, f]] for f in range(self.columns.fields)]
-        records = []
-        for i in range(n):
-            parts = [self.labels[int(clicks.labels[i])]]
-            for j in range(INTEGERS):
-                if not empty[i, j]:
-                    parts.append(self._integer(j, int(values[i, j])))
-            parts += [c[i] for c in cats]
-            records.append(_field(1, b"".join(parts)))  # Example.features
-        return records
-
-    def _integer(self, j: int, value: int) -> bytes:
-        entry = self.integers.get((j, value))
-        if entry is None:
-            entry = self.integers[(j, value)] = _int_entry(INTEGER_NAMES[j], value)
-        return entry
+def _block_records(table: np.ndarray) -> list[bytes]:
+    """Serialized tf.train.Examples of `table`'s rows, BLOCK at a time (the last fewer): each
+    column's values one packed Int64List, put together from the varints numpy writes, a
+    fraction of a microsecond a click (tests/fast/test_click_files.py parses them back with
+    TensorFlow)."""
+    n = len(table)
+    columns = [_varints(table[:, c]) for c in range(table.shape[1])]
+    keys = [_field(1, name.encode()) for name in RECORD_COLUMNS]
+    records = []
+    for start in range(0, n, BLOCK):
+        stop = min(start + BLOCK, n)
+        parts = []
+        for key, (data, ends) in zip(keys, columns):
+            begin = ends[start - 1] if start else 0
+            packed = _field(1, data[begin:ends[stop - 1]].tobytes())  # Int64List, packed
+            parts.append(_field(1, key + _field(2, _field(3, packed))))  # a Features entry
+        records.append(_field(1, b"".join(parts)))  # Example.features
+    return records
 
 
 class _Writer:
@@ -521,6 +573,7 @@ class _Writer:
 
     def __init__(self, path: Path, kind: str, compress: bool):
         self.kind, self.path = kind, path
+        self._pending = np.zeros((0, len(RECORD_COLUMNS)), np.int64)  # under a block's clicks
         if kind == "tfrecord":
             import tensorflow as tf
 
@@ -530,13 +583,23 @@ class _Writer:
             self._file = gzip.open(path, "wb", compresslevel=6) if compress else open(path, "wb")
 
     def write(self, chunk) -> None:
+        """A chunk of the file: bytes of TSV, or a table of TFRecord columns (_table), written
+        BLOCK clicks a record, the rest kept for the next chunk, or the file's last record."""
         if self.kind == "tfrecord":
-            for record in chunk:
-                self._file.write(record)
+            table = np.concatenate([self._pending, chunk])
+            whole = len(table) // BLOCK * BLOCK
+            self._records(table[:whole])
+            self._pending = table[whole:]
         else:
             self._file.write(chunk)
 
+    def _records(self, table: np.ndarray) -> None:
+        for record in _block_records(table):
+            self._file.write(record)
+
     def close(self) -> None:
+        if self.kind == "tfrecord":
+            self._records(self._pending)
         self._file.close()
 
 
@@ -568,7 +631,6 @@ def write_part(out: Path, params: dict, part: int, examples: int, files: int, ki
     from sync_mnist.models import ctr
 
     columns = _Columns(params, part)
-    examples_of = _Examples(columns) if kind == "tfrecord" else None
     names = file_names(TRAIN if part == 0 else EVAL, files, kind, compress)
     bounds = [examples * k // files for k in range(files + 1)]
     loss, current, writer = 0.0, -1, None
@@ -580,7 +642,8 @@ def write_part(out: Path, params: dict, part: int, examples: int, files: int, ki
                 _Writer(out / names[empty], kind, compress).close()
             current, writer = k, _Writer(out / names[k], kind, compress)
             log.info("writing %s", out / names[k])
-        writer.write(examples_of.chunk(clicks) if examples_of else _tsv_chunk(columns, clicks))
+        writer.write(_table(clicks, params) if kind == "tfrecord" else
+                     _tsv_chunk(columns, clicks))
         loss += clicks.planted_log_loss() * len(clicks.labels)
     if writer is not None:
         writer.close()

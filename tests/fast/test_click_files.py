@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -30,23 +31,39 @@ def test_a_criteo_line_has_a_label_13_integers_and_26_hexadecimal_categories(tmp
     assert line[14 + PARAMS["fields"]:] == [""] * (26 - PARAMS["fields"])  # SMALL: C1-C8
 
 
-def test_the_tfrecords_are_tf_train_examples_with_absent_features_for_empty_fields(tmp_path):
-    _write(tmp_path, "tfrecord", train=30, files=1)
-    truth = ctr.generate(PARAMS, 30, part=0)
-    records = list(tf.compat.v1.io.tf_record_iterator(str(tmp_path /
-                                                         "train-00000-of-00001.tfrecord")))
-    assert len(records) == 30
-    for record, ids, label in zip(records, truth.ids, truth.labels):
-        feature = tf.train.Example.FromString(record).features.feature
-        assert feature["label"].int64_list.value == [int(label)]
-        for f, k in enumerate(ids):
-            name = f"C{f + 1}"
-            if k == clicklog.empty_ids(PARAMS["fields"], 200)[f]:
-                assert name not in feature
-            else:
-                assert feature[name].int64_list.value == [k]  # the number the hex spells
-        assert all(len(feature[i].int64_list.value) == 1
-                   for i in clicklog.INTEGER_NAMES if i in feature)
+def test_a_tfrecord_is_a_block_of_clicks_a_column_each_minus_one_where_empty(tmp_path,
+                                                                          monkeypatch):
+    # 300 clicks in 2 files: 150 each, a block of 128 and one of 22 (records never span files),
+    # generated and written 100 at a time (a block spans chunks)
+    monkeypatch.setattr(clicklog, "CHUNK", 100)
+    _write(tmp_path, "tfrecord", train=300, files=2)
+    truth = ctr.generate(PARAMS, 300, part=0)
+    empty = np.array(clicklog.empty_ids(PARAMS["fields"], PARAMS["vocabulary"]))
+    ids = np.where(truth.ids == empty, -1, truth.ids)  # the number the hex spells, or -1
+    clicks = 0
+    for k in range(2):
+        path = tmp_path / f"train-0000{k}-of-00002.tfrecord"
+        records = list(tf.compat.v1.io.tf_record_iterator(str(path)))
+        assert [len(tf.train.Example.FromString(r).features.feature["label"].int64_list.value)
+                for r in records] == [clicklog.BLOCK, 150 - clicklog.BLOCK]
+        for record in records:
+            feature = tf.train.Example.FromString(record).features.feature
+            assert sorted(feature) == sorted(["label", *clicklog.CATEGORY_NAMES])  # no I1-I13
+            n = len(feature["label"].int64_list.value)
+            assert feature["label"].int64_list.value == truth.labels[clicks:clicks + n].tolist()
+            for f, name in enumerate(clicklog.CATEGORY_NAMES):
+                column = feature[name].int64_list.value
+                assert column == (ids[clicks:clicks + n, f].tolist() if f < PARAMS["fields"]
+                                  else [-1] * n)  # SMALL: C1-C8
+            clicks += n
+    assert clicks == 300 and (ids == -1).any(axis=0).all()
+
+
+def test_varints_are_protobuf_s():
+    values = np.array([0, 1, 127, 128, 300, 2 ** 32 - 1, 2 ** 63 - 1, -1, -2 ** 63])
+    data, ends = clicklog._varints(values)
+    assert data.tobytes() == tf.train.Int64List(value=values.tolist()).SerializeToString()[2:]
+    assert ends.tolist() == [1, 2, 3, 5, 7, 12, 21, 31, 41]
 
 
 def test_patterns_that_match_nothing_or_files_that_cannot_be_read_are_named(tmp_path):

@@ -125,26 +125,71 @@ def test_a_worker_s_data_error_line_names_the_file_and_line(tmp_path):
     assert f"{path}:267: 39 tab-separated fields, not 40" in line
 
 
-def test_a_tfrecord_without_a_label_or_with_a_bad_category_names_the_record(tmp_path):
+def _block(**columns) -> tf.train.Example:
+    return tf.train.Example(features=tf.train.Features(feature={
+        k: tf.train.Feature(int64_list=tf.train.Int64List(value=v)) for k, v in columns.items()}))
+
+
+GOOD = {"label": [1, 0, 1], **{f"C{f + 1}": [0x2a, -1, 7] for f in range(PARAMS["fields"])}}
+
+
+def _with(**changes) -> tf.train.Example:
+    return _block(**{k: v for k, v in {**GOOD, **changes}.items() if v is not None})
+
+
+def _one_click_a_record() -> tf.train.Example:
+    """A record of the format before 5 December 2026: a click, its empty fields absent."""
+    return _block(label=[1], **{f"C{f + 1}": [5] for f in range(PARAMS["fields"]) if f != 2})
+
+
+def _text_category() -> tf.train.Example:
+    text = _with()
+    del text.features.feature["C2"].int64_list.value[:]
+    text.features.feature["C2"].bytes_list.value.extend([b"0000002a"] * 3)  # the line's hex
+    return text
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda: _with(C2=[0x2a, 2 ** 32, 7]), "record 4: not a block of clicks of the format"),
+    (lambda: _with(label=[1, 2, 0]), "record 4: not a block of clicks of the format"),
+    (lambda: _with(C5=[1, 2]), "record 4: column C5 has 2 values, the label 3: a record is a "
+                               "block of clicks"),
+    (lambda: _with(label=None), "record 4: column C1 has 3 values, the label 0"),
+    (_one_click_a_record, "record 4: column C3 has 0 values, the label 1: a record is a block "
+                          "of clicks, each column a value a click (-1 where empty); a click a "
+                          "record, its empty fields absent, is the format before 5 December "
+                          "2026: write the files again"),
+    (_text_category, "record 4, Key: C2, Index: 1.  Data types don't match. Expected type: "
+                     "int64, Actual type: string"),
+])
+def test_a_bad_tfrecord_names_the_file_and_record(tmp_path, bad, message):
+    """Record 4: the second of the second pair of records the reader parses at a time."""
     path = tmp_path / "train-00000.tfrecord"
-    good = tf.train.Example(features=tf.train.Features(feature={
-        "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[1])),
-        "C1": tf.train.Feature(int64_list=tf.train.Int64List(value=[0x2a]))}))
-    out_of_range = tf.train.Example.FromString(good.SerializeToString())
-    out_of_range.features.feature["C2"].int64_list.value.append(2 ** 32)
-    text = tf.train.Example.FromString(good.SerializeToString())
-    text.features.feature["C2"].bytes_list.value.append(b"0000002a")  # the line's hex, as text
-    no_label = tf.train.Example.FromString(good.SerializeToString())
-    del no_label.features.feature["label"]
-    for bad, message in [(out_of_range, f"{path}: record 4: not a click of the format"),
-                         (text, f"{path}: record 4, Key: C2, Index: 3.  Data types don't match. "
-                                "Data type: string but expected type: int64"),
-                         (no_label, f"{path}: record 4, Feature: label")]:
-        with tf.io.TFRecordWriter(str(path)) as writer:
-            for record in [good, good, good, bad, good]:
-                writer.write(record.SerializeToString())
-        _, whole = _stream_error({**PARAMS, "train_files": str(path), "eval_files": str(path)})
-        assert message in whole
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for record in [_with(), _with(), _with(), bad(), _with()]:
+            writer.write(record.SerializeToString())
+    line, whole = _stream_error({**PARAMS, "train_files": str(path), "eval_files": str(path)})
+    assert f"{path}: {message}" in whole, whole
+    params = {**PARAMS, "train_files": str(path), "eval_files": str(path)}
+    with pytest.raises(DataError, match="^the evaluation clicks: (Name: )?" + re.escape(
+            f"{path}: {message}")):  # TensorFlow's parse error begins "Name: "
+        ctr.eval_input_fn(params)
+
+
+def test_blocks_of_any_length_read_as_their_clicks(tmp_path):
+    """A record of no click, of one, and a record's columns beyond the model's fields: the
+    reader reads the label and C1-C8 (SMALL's), in order."""
+    path = tmp_path / "train-00000.tfrecord"
+    fields = PARAMS["fields"]
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for record in [_with(), _block(), _block(label=[0], **{f"C{f + 1}": [f] for f in
+                                                                range(26)}), _with()]:
+            writer.write(record.SerializeToString())
+    features, labels = _read({**PARAMS, "train_files": str(path), "eval_files": str(path)})
+    assert labels.tolist() == [1, 0, 1, 0, 1, 0, 1]
+    assert features[ctr.IDS].tolist() == [[0x2a] * fields, [-1] * fields, [7] * fields,
+                                          list(range(fields)),
+                                          [0x2a] * fields, [-1] * fields, [7] * fields]
 
 
 def test_a_cut_off_tfrecord_file_is_a_data_error(tmp_path):
