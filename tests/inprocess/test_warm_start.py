@@ -26,7 +26,8 @@ from sync_mnist.task import export
 
 tf1 = tf.compat.v1
 
-FEATURES, LABELS = np.ones([2, 6], np.float32), np.zeros([2], np.int64)
+FEATURES = np.random.default_rng(0).normal(size=[8, 6]).astype(np.float32)
+LABELS = np.arange(8, dtype=np.int64) % 3
 
 
 def model_fn(features, labels, mode, params):
@@ -193,35 +194,30 @@ def test_a_source_a_ps_cannot_read_is_named(source, tmp_path):
 def test_a_cluster_warm_starts_once_and_a_restarted_chief_resumes_its_own_checkpoint(
         source, tmp_path, caplog):
     from inprocess_cluster import run_cluster
-    from sync_mnist.models import mlp
 
-    # The source: the MLP's SavedModel, its weights drawn here.
-    rng = np.random.default_rng(0)
-    shapes = mlp.variable_shapes()
-    names = [f"layer{k // 2}/{'weights' if k % 2 == 0 else 'biases'}" for k in range(len(shapes))]
-    weights = {n: rng.normal(size=s).astype(np.float32) for n, s in zip(names, shapes)}
-    export.write_saved_model(mlp.MODEL, {**mlp.MODEL.params, "seed": 0},
-                             (np.zeros([1, 784], np.uint8), np.zeros([1], np.int64)), weights,
-                             tmp_path / "yesterday")
-    settings, logdir = WarmStart(str(tmp_path / "yesterday")), tmp_path / "today"
+    yesterday, logdir = source.root / "saved_model", tmp_path / "today"
     caplog.set_level(logging.INFO)
+    kwargs = dict(model=MODEL, batch_size=4, logdir=logdir, warm_start=WarmStart(str(yesterday)))
 
-    first = run_cluster(1, num_ps=2, train_steps=2, logdir=logdir, warm_start=settings)
+    first = run_cluster(1, num_ps=2, train_steps=2, **kwargs)
     assert first.chief.synchronous is True, first.chief.verdict
-    assert first.chief.warm_started == {"from": str(tmp_path / "yesterday/variables/variables"),
-                                        "variables": 6}
-    # The run's first checkpoint, saved as its session was made: the source's weights.
+    assert first.chief.warm_started == {"from": str(yesterday / "variables/variables"),
+                                        "variables": 3}
+    # The run's first checkpoint, saved as its session was made: the source's values.
     start = tf.train.load_checkpoint(str(logdir / "model.ckpt-0"))
-    for name, value in weights.items():
-        np.testing.assert_array_equal(start.get_tensor(name), value, err_msg=name)
-    assert "warm-started 6 of the model's 6 variables from " in caplog.text
-    saved = tf.train.load_checkpoint(str(logdir / "model.ckpt-2")).get_tensor("layer0/weights")
-    assert not np.array_equal(saved, weights["layer0/weights"])  # it trained
+    for name in NAMES:
+        np.testing.assert_array_equal(start.get_tensor(name), source.values[name], err_msg=name)
+    assert "warm-started 3 of the model's 3 variables from " in caplog.text
+    saved = tf.train.load_checkpoint(str(logdir / "model.ckpt-2")).get_tensor("dense/kernel")
+    assert not np.array_equal(saved, source.values["dense/kernel"])  # it trained
 
     caplog.clear()
-    resumed = run_cluster(1, num_ps=1, train_steps=4, logdir=logdir, warm_start=settings)
+    resumed = run_cluster(1, num_ps=1, train_steps=4, **kwargs)
     assert resumed.chief.synchronous is True, resumed.chief.verdict
     assert (resumed.chief.start_step, resumed.chief.warm_started) == (2, None)
     assert (f"--logdir {logdir} holds a checkpoint of this run (model.ckpt-2): resuming it, "
-            f"not warm-starting from {tmp_path / 'yesterday'}") in caplog.text
+            f"not warm-starting from {yesterday}") in caplog.text
     assert "warm-started" not in caplog.text
+    # Its step 2 saved again as its session was made: the values it restored, not the source's.
+    again = tf.train.load_checkpoint(str(logdir / "model.ckpt-2")).get_tensor("dense/kernel")
+    np.testing.assert_array_equal(again, saved)
