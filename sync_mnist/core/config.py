@@ -124,6 +124,42 @@ _IN_DATASET_FUNCTION = re.compile(r"^Error in user-defined function passed to .*
 
 
 @dataclasses.dataclass(frozen=True)
+class WarmStart:
+    """--warm-start-from and what it takes: tf.estimator.WarmStartSettings on the command line
+    (core/warm_start.py applies it; the chief only, when its run has no checkpoint yet)."""
+
+    # A checkpoint (its prefix, or a directory with a `checkpoint` file: its newest) or a
+    # SavedModel directory (its checkpoint is DIR/variables/variables).
+    source: str
+    # --warm-start-vars: the model's variables whose names one of these matches from the start
+    # (re.match), as the Estimator's vars_to_warm_start; the default takes them all.
+    variables: tuple[str, ...] = (".*",)
+    # --warm-start-map NAME=PREV: this model's variable NAME takes the source's PREV (the
+    # Estimator's var_name_to_prev_var_name); every other one, its own name there.
+    prev_names: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.source:
+            raise ConfigError("--warm-start-from must name a checkpoint or a SavedModel, got an "
+                              "empty PATH")
+        for regex in self.variables:
+            try:
+                re.compile(regex)
+            except (re.error, OverflowError, RecursionError) as e:
+                raise ConfigError(f"--warm-start-vars {regex!r} is not a regular expression: "
+                                  f"{e}") from None
+        seen: dict[str, str] = {}
+        for name, prev in self.prev_names:
+            if not name or not prev:
+                raise ConfigError(f"--warm-start-map {name}={prev}: give NAME=PREV_NAME, this "
+                                  "model's variable and the source's, both named")
+            if name in seen:
+                raise ConfigError(f"--warm-start-map names {name} twice ({name}={seen[name]}, "
+                                  f"{name}={prev})")
+            seen[name] = prev
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """What every task of one cluster must agree on."""
 
@@ -173,6 +209,9 @@ class TrainConfig:
     # arrives, each element rounded to 8 significant bits. The variables, the accumulators,
     # the optimizer and the chief's evaluation stay float32 (model.build_logits, sync.to_ps).
     wire_dtype: str = "float32"
+    # The model initialised from another run's checkpoint or SavedModel, where this run has
+    # no checkpoint of its own yet (the chief reads it); None: initialised afresh.
+    warm_start: WarmStart | None = None
 
     def __post_init__(self) -> None:
         if (self.train_steps is None) == (self.epochs is None):
@@ -206,6 +245,9 @@ class TrainConfig:
         _check_choice("--wire-dtype", self.wire_dtype, WIRE_DTYPES)
         if self.setup == "question" and self.mode != "sync":
             raise ConfigError("--setup question replays SyncReplicasOptimizer: use --mode sync")
+        if self.setup == "question" and self.warm_start is not None:
+            raise ConfigError("--warm-start-from applies to --setup fixed only, not to the "
+                              "question's replay")
         self._check_time_to_accuracy()
 
     def _check_time_to_accuracy(self) -> None:

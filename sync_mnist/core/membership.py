@@ -26,7 +26,7 @@ from typing import Callable, NamedTuple
 import tensorflow as tf
 
 from sync_mnist.core import cluster as cluster_lib
-from sync_mnist.core.config import ConfigError, TaskConfig, TaskTimeout
+from sync_mnist.core.config import ConfigError, TaskConfig, TaskTimeout, WarmStart
 
 tf1 = tf.compat.v1
 
@@ -97,6 +97,8 @@ def settings(config: TaskConfig, model: dict | None = None) -> dict:
                       seed=train.seed,
                       # Sync: a worker without the target would never read the stop.
                       eval_every=train.eval_every, target_accuracy=train.target_accuracy,
+                      # Only the chief reads it, but a task without it is deployed otherwise.
+                      **warm_start_settings(train.warm_start),
                       # Sync: every worker trains the same model: its SPEC (a file's contents,
                       # wherever it is), its params and its variables.
                       model=model_identity(train.model), **(model or model_settings(None, None)))
@@ -118,6 +120,14 @@ def model_identity(spec: str | None) -> str | None:
     return f"{name} from a file of sha256 {digest}"
 
 
+def warm_start_settings(warm: WarmStart | None) -> dict:
+    """--warm-start-from, --warm-start-vars and --warm-start-map as published."""
+    if warm is None:
+        return {"warm_start_from": None}
+    return {"warm_start_from": warm.source, "warm_start_vars": list(warm.variables),
+            "warm_start_map": [f"{name}={prev}" for name, prev in warm.prev_names]}
+
+
 def model_settings(params: dict | None, fingerprint: list[str] | None) -> dict:
     """The model's part of the settings: its params, and its variables as 'name shape dtype'
     (placement.fingerprint)."""
@@ -137,6 +147,8 @@ def _describe(key: str, value) -> str:
 def _value(value) -> str:
     if isinstance(value, dict):
         return json.dumps(value, sort_keys=True)
+    if isinstance(value, list):  # a repeated option's values
+        return " ".join(map(str, value)) or "none"
     return "none (the default)" if value is None else str(value)
 
 

@@ -32,6 +32,9 @@ class WorkerGraph(NamedTuple):
     report_done: tf.Operation  # Sync: one entry in every ps's done-queue
     stop_vars: early_stop.StopVars  # on ps 0: the update the cluster stops on, if any
     stop: early_stop.StopOps  # Sync: the stop's read after each token, and its requests
+    # The model function's variables, trainable or not, named as a checkpoint holds them
+    # (a variable cut over the ps, whole): what --warm-start-from may initialise.
+    model_variables: tuple[str, ...] = ()
 
     @property
     def transient(self) -> list[tf.Variable]:
@@ -96,4 +99,5 @@ def build_graph(config: TaskConfig, model: api.Model, example: tuple, num_tokens
                                          shared.state.global_step, train.mode)
     report_done = tf.group(*[q.enqueue(i) for q in shared.done_queues])
     return WorkerGraph(features, labels, spec, model_settings, shared.state, training,
-                       shared.members, report_done, shared.stop, stop)
+                       shared.members, report_done, shared.stop, stop,
+                       tuple(r.name for r in recorded))

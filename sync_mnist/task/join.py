@@ -12,7 +12,7 @@ import time
 import tensorflow as tf
 
 from sync_mnist.core import cluster as cluster_lib
-from sync_mnist.core import membership, sessions, stream, sync
+from sync_mnist.core import membership, sessions, stream, sync, warm_start
 from sync_mnist.core.config import START_SECS, TaskTimeout
 from sync_mnist.core.sessions import SideSession
 from sync_mnist.task import hooks, report
@@ -96,6 +96,11 @@ def _monitored_session(w: Worker, status: sessions.SessionStatus, chief_wait: fl
             raise TaskTimeout(
                 f"worker {config.index}: waited {chief_wait:g} s for the chief (worker 0 at "
                 f"{config.cluster.address('worker', 0)}) to initialise the model") from None
+        except tf.errors.OpError as e:
+            unreadable = warm_start.unreadable(w.warm, e)  # a ps that cannot read the source
+            if unreadable is None:
+                raise
+            raise unreadable from None
 
 
 def _take_position(w: Worker, side: SideSession, status: sessions.SessionStatus, mine: dict,
@@ -108,6 +113,9 @@ def _take_position(w: Worker, side: SideSession, status: sessions.SessionStatus,
         membership.check_agreement(mine, side.run(g.members.published, options=w.bounded),
                                    me=config.name, restarted_chief=True)
     start_step = int(side.run(g.state.global_step, options=w.bounded))
+    if status.model == "initialised" and w.warm:
+        log.info("warm-started %d of the model's %d variables from %s", len(w.warm.names),
+                 len(g.model_variables), w.warm.source)
     how = {"restored": f"restored from the checkpoint in {w.logdir}",
            "continued": "the model was already on the ps",
            "initialised": "initialised"}.get(status.model)

@@ -111,10 +111,38 @@ def _add_file_options(g) -> None:
                         "running this many seconds after its signal exits 143 without (keep it "
                         "below the SIGKILL that follows: Kubernetes' grace is 30 s, Slurm's "
                         "KillWait 30 s) (default: 25)")
+    _add_warm_start_options(g)
     g.add_argument("--export-dir", type=Path, default=None,
                    help="where the chief saves the trained model (a SavedModel) at the end; "
                         "an earlier model there is replaced (default: LOGDIR/saved_model "
                         "with --logdir, else none)")
+
+
+def _add_warm_start_options(g) -> None:
+    """tf.estimator.WarmStartSettings, as flags (core/warm_start.py)."""
+    g.add_argument("--warm-start-from", default=None, metavar="PATH",
+                   help="initialise the model from another run's checkpoint (a prefix, or a "
+                        "directory of them: its newest) or SavedModel, only where --logdir "
+                        "holds no checkpoint of this run yet: a restart resumes its own; each "
+                        "ps reads its share of the values, so PATH must be where every ps "
+                        "can read it (default: none: initialised afresh)")
+    g.add_argument("--warm-start-vars", action="append", default=None, metavar="REGEX",
+                   help="with --warm-start-from: warm-start only the model's variables whose "
+                        "name (as the checkpoint holds it, e.g. layer0/weights) this matches "
+                        "from its start; repeat it for more (default: .*, every variable the "
+                        "model function makes)")
+    g.add_argument("--warm-start-map", action="append", default=None, type=name_pair,
+                   metavar="NAME=PREV_NAME",
+                   help="with --warm-start-from: the variable NAME takes the source's "
+                        "PREV_NAME; repeat it for more (default: every variable takes its own "
+                        "name there)")
+
+
+def name_pair(text: str) -> tuple[str, str]:
+    name, equals, prev = text.partition("=")
+    if not equals or not name.strip() or not prev.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=PREV_NAME")
+    return name.strip(), prev.strip()
 
 
 def _add_protocol_options(g) -> None:
@@ -175,7 +203,19 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
                        restart_grace=args.restart_grace, preempt_grace=args.preempt_grace,
                        replicas_to_aggregate=args.replicas_to_aggregate, setup=args.setup,
                        proof=not args.bench_no_proof, eval_every=args.eval_every,
-                       target_accuracy=args.target_accuracy, wire_dtype=args.wire_dtype)
+                       target_accuracy=args.target_accuracy, wire_dtype=args.wire_dtype,
+                       warm_start=_warm_start(args))
+
+
+def _warm_start(args: argparse.Namespace) -> config_lib.WarmStart | None:
+    if args.warm_start_from is None:
+        for flag, given in (("--warm-start-vars", args.warm_start_vars),
+                            ("--warm-start-map", args.warm_start_map)):
+            if given:
+                raise config_lib.ConfigError(f"{flag} needs --warm-start-from PATH")
+        return None
+    return config_lib.WarmStart(args.warm_start_from, tuple(args.warm_start_vars or (".*",)),
+                                tuple(args.warm_start_map or ()))
 
 
 def _export_dir(args: argparse.Namespace) -> Path | None:

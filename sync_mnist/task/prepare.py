@@ -13,7 +13,7 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from sync_mnist import api
-from sync_mnist.core import checkpoints, sessions
+from sync_mnist.core import checkpoints, sessions, warm_start
 from sync_mnist.core.config import TaskConfig
 from sync_mnist.core.shard import Shard
 from sync_mnist.core.stream import Stream
@@ -43,6 +43,7 @@ class Worker:
     g: WorkerGraph
     restore: checkpoints.Restorable | None  # the checkpoint the chief restores, if any
     writer: progress_log.EventsWriter | None  # the chief's TensorBoard events, with --logdir
+    warm: warm_start.Plan | None  # the chief: what it initialises from --warm-start-from
 
     @property
     def logdir(self) -> Path | None:
@@ -87,6 +88,7 @@ class BuiltGraph(NamedTuple):
     g: WorkerGraph
     restore: checkpoints.Restorable | None  # the checkpoint the chief restores, if any
     writer: progress_log.EventsWriter | None  # the chief's, with --logdir
+    warm: warm_start.Plan | None  # the chief's initialisers set to read --warm-start-from
 
 
 def make_graph(config: TaskConfig, model: api.Model, params: dict, example: tuple,
@@ -114,6 +116,22 @@ def make_graph(config: TaskConfig, model: api.Model, params: dict, example: tupl
             restore = checkpoints.check_checkpoint(logdir, [
                 v for v in tf1.global_variables() if all(v is not t for t in transient)],
                 planned=target if train.mode == "sync" else None)
+        warm = _warm_start(config, g, restore)
         # The writer CheckpointSaverHook also uses (one cache per logdir): one events file.
         writer = progress_log.EventsWriter(str(logdir)) if logdir else None
-    return BuiltGraph(graph, g, restore, writer)
+    return BuiltGraph(graph, g, restore, writer, warm)
+
+
+def _warm_start(config: TaskConfig, g: WorkerGraph,
+                restore: checkpoints.Restorable | None) -> warm_start.Plan | None:
+    """The chief's model set to start from --warm-start-from, unless its run has a checkpoint:
+    a restarted chief resumes that, and never warm-starts twice."""
+    settings = config.train.warm_start
+    if settings is None or not config.is_chief:
+        return None  # only the chief initialises the model
+    if restore is not None:
+        log.info("--logdir %s holds a checkpoint of this run (%s): resuming it, not warm-"
+                 "starting from %s", config.train.logdir, Path(restore.path).name,
+                 settings.source)
+        return None
+    return warm_start.warm_start(settings, g.model_variables)

@@ -82,6 +82,9 @@ class TaskResult:
     # warning. The run trained on (the model is on the ps), so they leave its exit code alone.
     failed_saves: int = 0
     save_error: str | None = None
+    # Chief: where it initialised the model from --warm-start-from, {"from": the checkpoint it
+    # read, "variables": how many}; None when it initialised afresh, resumed or continued.
+    warm_started: dict | None = None
     exit_code: int = config_lib.EXIT_OK
     error: str | None = None
 

@@ -25,7 +25,7 @@ from sync_mnist import models
 from sync_mnist.launcher import cli as launcher_cli
 from sync_mnist.launcher import launch
 from sync_mnist.core.cluster import free_ports
-from sync_mnist.core.config import EXIT_USAGE
+from sync_mnist.core.config import EXIT_USAGE, WarmStart
 
 RAN = 99  # what the recorders return: validation passed and the task/cluster would have run
 RUN_CLUSTER = launch.run_cluster  # the real one, for the checks it makes before any task starts
@@ -223,6 +223,9 @@ ARGPARSE_ERRORS = {
                      "argument --mode: invalid choice: 'lockstep'"),
     "both lengths": ([*WORKER_1, "--train-steps", "5", "--epochs", "1"],
                      "argument --epochs: not allowed with argument --train-steps"),
+    "warm-start map without =": ([*WORKER_1, "--warm-start-from", "x", "--warm-start-map",
+                                  "dnn/w"],
+                                 "argument --warm-start-map: 'dnn/w' is not NAME=PREV_NAME"),
 }
 
 
@@ -335,6 +338,21 @@ LAUNCH_ERRORS = {
     "eval-every in the question's replay": (["--eval-every", "10", "--setup", "question"],
                                             "error: --eval-every 10 applies to --setup fixed "
                                             "only, not to the question's replay"),
+    "warm-start vars without a source": (["--warm-start-vars", "dnn/.*"],
+                                         "error: --warm-start-vars needs --warm-start-from PATH"),
+    "warm-start map without a source": (["--warm-start-map", "a=b"],
+                                        "error: --warm-start-map needs --warm-start-from PATH"),
+    "warm-start vars not a regex": (["--warm-start-from", "x", "--warm-start-vars", "dnn/("],
+                                    "error: --warm-start-vars 'dnn/(' is not a regular "
+                                    "expression: missing ), unterminated subpattern at "
+                                    "position 4"),
+    "warm-start map naming a variable twice": (["--warm-start-from", "x", "--warm-start-map",
+                                                "a=b", "--warm-start-map", "a=c"],
+                                               "error: --warm-start-map names a twice (a=b, "
+                                               "a=c)"),
+    "warm start in the question's replay": (["--warm-start-from", "x", "--setup", "question"],
+                                            "error: --warm-start-from applies to --setup fixed "
+                                            "only, not to the question's replay"),
 }
 
 
@@ -355,6 +373,18 @@ def test_launcher_valid_flags_reach_the_cluster_and_its_tasks(recorders):
     assert kwargs["summary_json"] == Path("out.json")
     # The tasks get the training flags, never the launcher's own.
     assert kwargs["task_args"] == ["--train-steps", "7", "--seed", "3"]
+
+
+def test_launcher_takes_the_warm_start_settings_and_passes_them_to_every_task(recorders):
+    warm = ["--warm-start-from", "yesterday", "--warm-start-vars", "dnn/", "--warm-start-vars",
+            "linear/", "--warm-start-map=dnn/logits=dnn/old_logits"]
+    assert launcher_cli.main(["--train-steps", "7", *warm]) == RAN
+    (kwargs,) = recorders["cluster"]
+    assert kwargs["train"].warm_start == WarmStart("yesterday", ("dnn/", "linear/"),
+                                                   (("dnn/logits", "dnn/old_logits"),))
+    assert kwargs["task_args"] == ["--train-steps", "7", *warm]
+    assert launcher_cli.main(["--train-steps", "7", "--warm-start-from", "x"]) == RAN
+    assert recorders["cluster"][1]["train"].warm_start == WarmStart("x", (".*",), ())
 
 
 def test_launcher_checks_mnist_files_only_for_the_models_that_read_them(tmp_path, monkeypatch,
@@ -461,7 +491,8 @@ TRAINING_OPTIONS = {"--model", "--train-steps", "--epochs", "--batch-size", "--l
                     "--replicas-to-aggregate", "--setup", "--log-every", "--summary-json",
                     "--export-dir", "--verbose", "--eval-every", "--target-accuracy",
                     "--restart-grace", "--preempt-grace", "--wire-dtype", "--train-files",
-                    "--eval-files"}
+                    "--eval-files", "--warm-start-from", "--warm-start-vars",
+                    "--warm-start-map"}
 
 
 @pytest.mark.parametrize("entry, own_options, required", [

@@ -126,7 +126,9 @@ TRAINING_OPTIONS = {
     "--replicas-to-aggregate": SMALL, "--setup": choice("fixed", "question"),
     "--log-every": COUNT, "--eval-every": COUNT,
     "--target-accuracy": numbers("0.5", "0.97", "1"), "--summary-json": PATH,
-    "--verbose": None, "--bench-no-proof": None,
+    "--verbose": None, "--bench-no-proof": None, "--warm-start-from": PATH,
+    "--warm-start-vars": mostly(st.sampled_from([".*", "dnn/", "("]), TEXT),
+    "--warm-start-map": mostly(st.sampled_from(["a=b", "a", "=b", "a=b=c"]), TEXT),
 }
 TASK_OPTIONS = {**TRAINING_OPTIONS, "--role": choice("ps", "worker", "chief"), "--index": SMALL,
                 "--ps-hosts": HOSTS, "--worker-hosts": HOSTS, "--ps": SMALL,

@@ -53,6 +53,8 @@ def test_settings_leave_hosts_out_and_compare_equal_across_tasks():
      "worker 1 has --seed 3 but the chief has 0"),
     (("--wire-dtype", "bfloat16"), False,
      "worker 1 has --wire-dtype bfloat16 but the chief has float32"),
+    (("--warm-start-from", "yesterday"), False,
+     "worker 1 has --warm-start-from yesterday but the chief has none (the default)"),
     (("--replicas-to-aggregate", "2"), True,
      "worker 1 has --replicas-to-aggregate 2 but the running cluster (published by its chief) "
      "has none (the default)"),
