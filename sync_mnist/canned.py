@@ -51,7 +51,7 @@ OPTIMIZERS = {"Adagrad": tf1.train.AdagradOptimizer, "Adam": tf1.train.AdamOptim
 ESTIMATOR_ONLY = {
     "model_dir": "the command line's --logdir",
     "config": "the command line (--ps, --workers, --save-steps, --seed)",
-    "warm_start_from": "not yet supported",
+    "warm_start_from": "the command line's --warm-start-from (--warm-start-vars, --warm-start-map)",
     "partitioner": "the package: it cuts every variable over the ps (--ps)",
     "input_layer_partitioner": "the package: it cuts every variable over the ps (--ps)",
     "loss_reduction": "the batch mean, always (docs/your-model.md, \"Canned models\")",
