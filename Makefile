@@ -15,10 +15,11 @@ JOBS   ?= 4
 #   test-inprocess: tests/inprocess, sessions and in-process clusters (exact sync
 #                   arithmetic, counters)
 #   test-cluster:   tests/cluster, whole clusters through the real command line
-# Not in `make test`, and run by .ci/run after it, in this order: `make test-recovery`
-# (tests/recovery), clusters with faults injected (tasks killed, frozen or preempted, a ps
-# that never answers, a full disk, the chaos soak stopped), which wait out timeouts and
-# restarts (about 4 minutes); `make test-slurm`
+# Not in `make test`, and run by .ci/run after it, in this order: `make test-convergence`
+# (tests/convergence), models trained to near their planted truth (about 1 minute); `make
+# test-recovery` (tests/recovery), clusters with faults injected (tasks killed, frozen or
+# preempted, a ps that never answers, a full disk, the chaos soak stopped), which wait out
+# timeouts and restarts (about 4 minutes); `make test-slurm`
 # (tests/slurm), the sbatch script under a real Slurm of its own (root; installs slurm-wlm and
 # munge where missing, else skips saying why; a few minutes); `make test-network`
 # (tests/network), a worker partitioned on the testbed's network namespaces, and the
@@ -33,7 +34,8 @@ TIERS := tests/fast tests/inprocess tests/cluster
 # failed, naming the test the process crashed in.
 XDIST := -n $(JOBS) --dist loadgroup --max-worker-restart=0
 
-.PHONY: install run-cluster test test-fast test-inprocess test-cluster test-recovery test-slurm \
+.PHONY: install run-cluster test test-fast test-inprocess test-cluster test-recovery \
+	test-convergence test-slurm \
 	test-network test-container \
 	soak chaos chaos-short bench clean
 
@@ -68,6 +70,11 @@ test-cluster: install
 test-recovery: install
 	@start=$$(date +%s); $(BIN)/python -m pytest -q $(XDIST) tests/recovery; \
 	    code=$$?; echo "test-recovery: the recovery tier took $$(($$(date +%s) - start)) s"; \
+	    exit $$code
+
+test-convergence: install
+	@start=$$(date +%s); $(BIN)/python -m pytest -q $(XDIST) tests/convergence; \
+	    code=$$?; echo "test-convergence: the convergence tier took $$(($$(date +%s) - start)) s"; \
 	    exit $$code
 
 test-slurm: install

@@ -10,6 +10,8 @@ The tiers are the directories below this one, chosen by what a test starts:
               frozen or preempted, a ps that never answers, a full disk, the chaos soak
               stopped (`make test-recovery`; they wait out timeouts and restarts, about
               4 minutes)
+  convergence/ models trained to near their planted truth, in-process or through the real
+              command line (`make test-convergence`; about 1 minute)
   soak/       long cluster runs (`make soak`)
   network/    clusters on the testbed's namespaces, a link partitioned; the launcher with
               no namespace of its own (`make test-network`, root; about 2 minutes)
