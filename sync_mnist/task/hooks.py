@@ -85,9 +85,6 @@ class Evaluation:
     def __init__(self, hooks: Sequence[Bounded]):
         self._hooks = list(hooks)
 
-    def __bool__(self) -> bool:
-        return bool(self._hooks)
-
     def begin(self) -> None:
         for h in self._hooks:
             h.begin()
