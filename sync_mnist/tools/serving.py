@@ -33,6 +33,7 @@ from sync_mnist.task import preflight
 BATCH = 256  # examples per call of the signature
 EXAMPLE_INPUTS = ("inputs", "examples")  # classify/regress's input, and the parsing receiver's
 TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfr")
+TFRECORD_FRAMING = 16  # bytes around each record: its length (8), and two checksums (4 each)
 
 Row = tuple[str, dict]  # (where it came from: "FILE line N", {input name: one example's value})
 
@@ -200,7 +201,7 @@ def _tfrecord_rows(path: Path, sig: Signature) -> Iterator[Row]:
         raise InputError(f"{path}: cannot be read: no such file")
     records = tf.data.TFRecordDataset(str(path), compression_type="GZIP" if
                                       path.suffix.lower() == ".gz" else "")
-    name = next(iter(sig.inputs))
+    name, read, count = next(iter(sig.inputs)), 0, 0
     try:
         for number, record in enumerate(records.as_numpy_iterator(), 1):
             where = f"{path} record {number}"
@@ -208,9 +209,15 @@ def _tfrecord_rows(path: Path, sig: Signature) -> Iterator[Row]:
                 tf.train.Example.FromString(record)
             except Exception:  # protobuf's DecodeError, whose module varies by version
                 raise InputError(f"{where}: not a serialized tf.train.Example") from None
+            read, count = read + len(record) + TFRECORD_FRAMING, number
             yield where, {name: _string(record)}
     except tf.errors.OpError as e:
-        raise InputError(f"{path}: not a TFRecord file: {e.message.splitlines()[0]}") from None
+        raise InputError(f"{path}: not a TFRecord file: {reason(e)}") from None
+    # TensorFlow's reader takes a file too short for one more record as its end: so an
+    # uncompressed file that is not TFRecords at all reads as none.
+    if path.suffix.lower() != ".gz" and read != path.stat().st_size:
+        raise InputError(f"{path}: not a TFRecord file: {path.stat().st_size - read} bytes "
+                         f"after its {count} records are no whole record")
 
 
 def predict(sig: Signature, examples: Iterable[Row]) -> Iterator[dict]:
@@ -233,14 +240,21 @@ def _answer(sig: Signature, batch: list[Row]) -> list[dict]:
             try:
                 _call(sig, [row])
             except tf.errors.InvalidArgumentError as e:
-                raise InputError(f"{row[0]}: the model refused it: "
-                                 f"{e.message.strip().splitlines()[0]}") from None
+                raise InputError(f"{row[0]}: the model refused it: {reason(e)}") from None
         raise
     for name, value in outputs.items():
         if value.ndim == 0 or len(value) != len(batch):
             raise ModelError(f"signature {sig.name!r}: output {name!r} has shape "
                              f"{list(value.shape)}, not one row per example ({len(batch)})")
     return [{name: value[i] for name, value in outputs.items()} for i in range(len(batch))]
+
+
+def reason(error: tf.errors.OpError) -> str:
+    """What TensorFlow's error says about the input, in one line: the last line of its
+    message, without the traceback of where the op was defined and the op's name after it."""
+    lines = [line.strip() for line in error.message.splitlines()]
+    lines = [line for line in lines if line and not line.startswith("[[")]
+    return (lines[-1] if lines else "no message").removeprefix("Name: <unknown>, ")
 
 
 def _call(sig: Signature, batch: list[Row]) -> dict[str, np.ndarray]:
