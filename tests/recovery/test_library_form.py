@@ -107,7 +107,13 @@ def _digits(data_dir, train: int, test: int) -> None:
             f.write(struct.pack(">II", 2049, n) + labels.tobytes())
 
 
-def test_a_killed_worker_of_the_library_form_rejoins_and_the_run_ends_verified(
+def _restarted(killed, start):
+    os.kill(killed.popen.pid, signal.SIGKILL)
+    assert killed.wait(BOUND) == -signal.SIGKILL
+    return start()
+
+
+def test_a_killed_worker_and_chief_of_the_library_form_rejoin_and_the_run_ends_verified(
         processes, tmp_path):
     epochs, steps = 20, 20 * 12  # 12 batches of 100 per epoch
     _digits(tmp_path, 1200, 200)
@@ -125,15 +131,19 @@ def test_a_killed_worker_of_the_library_form_rejoins_and_the_run_ends_verified(
     tasks = [start(job, task) for job, task in (("ps", 0), ("worker", 0), ("worker", 1),
                                                 ("worker", 2))]
     tasks[2].wait_for_line(r"^worker 1: epoch 2 done", BOUND)
-    os.kill(tasks[2].popen.pid, signal.SIGKILL)
-    assert tasks[2].wait(BOUND) == -signal.SIGKILL
-    tasks[2] = start("worker", 1)
+    tasks[2] = _restarted(tasks[2], lambda: start("worker", 1))
+    rejoined = tasks[2].wait_for_line(
+        r"worker 1: rejoined a running cluster at global_step (\d+)", BOUND)
+    assert 24 <= int(rejoined[1]) < steps
+    # Then the chief, whose Supervisor alone would initialise the model again.
+    tasks[1].wait_for_line(r"^worker 0: epoch 6 done", BOUND)
+    tasks[1] = _restarted(tasks[1], lambda: start("worker", 0))
 
     for task in tasks:  # every process ends by itself, the ps too
         assert task.wait(BOUND) == 0, task.output[-5000:]
-    position = int(tasks[2].wait_for_line(
-        r"worker 1: rejoined a running cluster at global_step (\d+)", 1)[1])
-    assert 24 <= position < steps
+    tasks[1].wait_for_line(r"worker 0: the model is already on the ps .*: keeping it", 1)
+    assert 72 <= int(tasks[1].wait_for_line(
+        r"worker 0: rejoined a running cluster at global_step (\d+)", 1)[1]) < steps
     for index, task in enumerate(tasks[1:]):
         task.wait_for_line(rf"^worker {index}: verdict: synchronous: each of {steps} updates "
                            rf"averaged exactly one gradient from each of 3 workers; "
