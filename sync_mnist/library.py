@@ -136,8 +136,8 @@ class SyncOptimizer:
     def _chief_session(self, sv: tf1.train.Supervisor, target: str, config):
         # Sync: a chief restarted into a running cluster finds the model on the ps; the
         # Supervisor would initialise it again under the other workers' feet. It keeps it, as
-        # the trainer's chief does (sessions._ChiefSessionManager).
-        # The chief initialises every variable at once, published on ps 0 among them.
+        # the trainer's chief does (sessions._ChiefSessionManager). A chief initialises every
+        # variable at once, `published` on ps 0 among them: that one tells.
         with closed_bounded(tf1.Session(target, config=config)) as probe:
             kept = probe.run(self._members.published_ready, options=self._bounded)
         if not kept:
