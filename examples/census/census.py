@@ -6,7 +6,7 @@ Write the census files (generated rows of adult.data's format with a planted tru
 write_census.py says why), then train on them:
   python examples/census/write_census.py /tmp/census_data
   sync-mnist-cluster --model examples/census/census.py:MODEL --logdir /tmp/census_model \
-      --batch-size 40 --epochs 2
+      --workers 2 --batch-size 40 --epochs 40
 The data directory is $CENSUS_DATA (default /tmp/census_data): a model file has no flags.
 """
 
