@@ -6,6 +6,9 @@ one process per task, in any order:
 
     python examples/question_library.py --job ps --task 0
     python examples/question_library.py --job worker --task 0    # and --task 1, --task 2
+
+A worker killed mid-run is restarted with its same command: it rejoins the running cluster
+(docs/fix-your-own-program.md; tests/recovery/test_library_form.py kills one, then the chief).
 """
 
 import argparse

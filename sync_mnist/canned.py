@@ -323,6 +323,10 @@ def _label_ids(labels, n_classes: int, vocabulary, integer: bool) -> tf.Tensor:
             f"a label is not in label_vocabulary {list(vocabulary)}:", labels])
         with tf.control_dependencies([known]):
             return tf.argmax(tf.cast(matches, tf.int32), axis=-1)[:, None]
+    if labels.dtype == tf.bool and not integer:
+        # The binary head cast its labels to float before their range check, so a bool label
+        # was one (the census program's `tf.equal(income_bracket, ">50K")`).
+        labels = tf.cast(labels, tf.float32)
     if labels.dtype == tf.string or (integer and not labels.dtype.is_integer):
         raise ValueError(f"labels must be {'integer class ids' if integer else 'numbers'} "
                          f"without a label_vocabulary, got {labels.dtype.name}")

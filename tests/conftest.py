@@ -10,8 +10,9 @@ The tiers are the directories below this one, chosen by what a test starts:
               frozen or preempted, a ps that never answers, a full disk, the chaos soak
               stopped (`make test-recovery`; they wait out timeouts and restarts, about
               4 minutes)
-  convergence/ models trained to near their planted truth, in-process or through the real
-              command line (`make test-convergence`; about 1 minute)
+  convergence/ models trained to near their planted truth, or the MLP on the complete MNIST
+              and its SavedModel's scores, in-process or through the real command line
+              (`make test-convergence`; about 1 minute)
   soak/       long cluster runs (`make soak`)
   network/    clusters on the testbed's namespaces, a link partitioned; the launcher with
               no namespace of its own (`make test-network`, root; about 2 minutes)
@@ -55,7 +56,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_ROOT, os.environ.get("
 # Quiet TensorFlow's C++ logs before it is imported, as cli.main does for users.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # And without Keras 3, as cli.py starts every task: about 0.9 s of CPU less in each test process
-# and each process a test starts (test_export's stand-in for a user's own program excepted).
+# and each process a test starts (saved_models.py's stand-in for a user's own program excepted).
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 
