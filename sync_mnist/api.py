@@ -68,7 +68,7 @@ class ModelSpec:
 
     Attributes:
       mode: the mode the model function was called in.
-      predictions: PREDICT: a dict of tensors, the SavedModel's outputs.
+      predictions: PREDICT: a dict of tensors, the SavedModel's outputs (export_outputs).
       loss: TRAIN and EVAL: a float scalar, the mean over the batch.
       optimizer: TRAIN: the base optimizer (AdamOptimizer, say), or None for the one the
         command line names (--optimizer, --learning-rate, --lr-decay). The package wraps it
