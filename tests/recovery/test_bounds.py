@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
 
 import pytest
 import tensorflow as tf
 
+from guard import GUARD, within_guard
 from sync_mnist.core import protocol
 from sync_mnist.core import sessions
 from sync_mnist.task import finish, waits
@@ -26,7 +26,6 @@ from sync_mnist.core.config import TaskTimeout
 
 tf1 = tf.compat.v1
 TIMEOUT = 2.0  # the bound under test, in seconds
-GUARD = 30.0  # past this, the wait is taken to be without a bound
 
 
 @pytest.fixture
@@ -42,32 +41,13 @@ def silent_ps():
         yield ps, server
 
 
-def _within_guard(call):
-    """Runs call() in a thread; returns (its exception, seconds), or fails after GUARD s."""
-    outcome = {}
-
-    def run():
-        started = time.monotonic()
-        try:
-            call()
-        except BaseException as e:  # reported below
-            outcome["error"] = e
-        outcome["seconds"] = time.monotonic() - started
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(GUARD)
-    assert not thread.is_alive(), f"still waiting after {GUARD:g} s: the wait has no bound"
-    return outcome.get("error"), outcome["seconds"]
-
-
 @pytest.mark.own_process
 def test_reporting_done_to_a_silent_ps_ends_within_the_timeout(silent_ps):
     ps, server = silent_ps
     graph = tf.Graph()
     with graph.as_default():
         op = protocol.done_queue(0, 1).enqueue(0)
-    error, seconds = _within_guard(lambda: report_done(
+    error, seconds = within_guard(lambda: report_done(
         server.target, graph, op, sessions.session_config(["/job:ps", "/job:worker/task:0"]),
         timeout=TIMEOUT, me="worker 0", ps_hosts=(ps,)))
 
@@ -101,7 +81,7 @@ def test_a_session_against_a_silent_ps_ends_within_its_bound(silent_ps, is_chief
                 config=sessions.session_config(["/job:ps", "/job:worker/task:0"]),
                 timeout=TIMEOUT, ps_hosts=(ps,))
 
-    error, seconds = _within_guard(create)
+    error, seconds = within_guard(create)
 
     assert isinstance(error, TaskTimeout), repr(error)
     assert str(error) == awaited.format(bound=bound, ps=ps) + "; it did not answer"
@@ -139,7 +119,7 @@ def test_a_hook_that_waits_on_the_ps_at_session_creation_ends_within_the_timeout
                     timeout=timeout, ps_hosts=(ps,)):
                 pass
 
-    error, seconds = _within_guard(create)
+    error, seconds = within_guard(create)
 
     assert isinstance(error, TaskTimeout), repr(error)
     assert str(error) == (f"waited {timeout:g} s for the ps ({ps}) in "
@@ -182,7 +162,7 @@ def test_a_checkpoint_save_against_a_stopped_ps_ends_within_the_timeout(processe
             timeout=timeout, checkpoint_dir=str(tmp_path), save_steps=1, ps_hosts=(ps,))
     try:
         os.kill(ps_proc.popen.pid, signal.SIGSTOP)  # its port still accepts connections
-        error, seconds = _within_guard(lambda: sess.run(tick))  # the hook saves after it
+        error, seconds = within_guard(lambda: sess.run(tick))  # the hook saves after it
     finally:
         ps_proc.kill()
 
@@ -221,7 +201,7 @@ def test_a_done_report_the_ps_never_takes_after_a_verified_run_leaves_the_result
     verdict = Verdict(True, True, "synchronous: 10 updates")
 
     said = []
-    error, seconds = _within_guard(lambda: said.append(finish.say_done(w, verdict)))
+    error, seconds = within_guard(lambda: said.append(finish.say_done(w, verdict)))
     for timer in [t for t in threading.enumerate() if isinstance(t, threading.Timer)]:
         timer.join(GUARD)  # an armed last resort would have fired by now
 

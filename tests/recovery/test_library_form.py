@@ -11,31 +11,29 @@ import signal
 import socket
 import struct
 import sys
-import threading
-import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import sync_mnist.library as sml
+from guard import within_guard
 from procs import ROOT, processes_mentioning
 from sync_mnist.core.cluster import Unreachable, free_ports
 from sync_mnist.core.config import TaskTimeout
 
 tf1 = tf.compat.v1
 TIMEOUT = 2.0  # the bound under test, in seconds
-GUARD = 30.0  # past this, the wait is taken to be without a bound
 BOUND = 300  # seconds a four-process run with a restart may take on a loaded 2-core machine
 
 
 def _session_within_guard(ps: str, index: int):
     """The library form's session for worker `index` of a cluster whose ps 0 is at `ps`, made
-    in a thread; returns (its exception, seconds), or fails after GUARD s."""
+    in a thread; returns (its exception, seconds), or fails after guard.GUARD s."""
     workers = [f"127.0.0.1:{p}" for p in free_ports(2)]
     cluster = tf1.train.ClusterSpec({"ps": [ps], "worker": workers})
     server = tf.distribute.Server(cluster, job_name="worker", task_index=index, start=True)
-    graph, outcome = tf.Graph(), {}
+    graph = tf.Graph()
     with graph.as_default(), tf1.device(tf1.train.replica_device_setter(
             worker_device=f"/job:worker/task:{index}", cluster=cluster)):
         global_step = tf1.train.get_or_create_global_step()
@@ -48,20 +46,11 @@ def _session_within_guard(ps: str, index: int):
             global_step=global_step, ready_for_local_init_op=opt.ready_for_local_init_op,
             local_init_op=opt.chief_init_op if index == 0 else opt.local_step_init_op)
 
-    def run():
-        started = time.monotonic()
-        try:
-            with graph.as_default():
-                opt.prepare_or_wait_for_session(sv, server.target)
-        except BaseException as e:  # reported below
-            outcome["error"] = e
-        outcome["seconds"] = time.monotonic() - started
+    def make():  # in the guard's thread, where the default graph is its own
+        with graph.as_default():
+            opt.prepare_or_wait_for_session(sv, server.target)
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(GUARD)
-    assert not thread.is_alive(), f"still waiting after {GUARD:g} s: the wait has no bound"
-    return outcome.get("error"), outcome["seconds"]
+    return within_guard(make)
 
 
 @pytest.mark.parametrize("index", [0, 1], ids=["chief", "worker"])
