@@ -68,7 +68,7 @@ class ModelSpec:
 
     Attributes:
       mode: the mode the model function was called in.
-      predictions: PREDICT: a dict of tensors, the SavedModel's outputs.
+      predictions: PREDICT: a dict of tensors, the SavedModel's outputs (export_outputs).
       loss: TRAIN and EVAL: a float scalar, the mean over the batch.
       optimizer: TRAIN: the base optimizer (AdamOptimizer, say), or None for the one the
         command line names (--optimizer, --learning-rate, --lr-decay). The package wraps it
@@ -87,6 +87,10 @@ class ModelSpec:
         --log-every steps and written as summaries.
       eval_metric_ops: EVAL: {name: (value, update_op)}, as tf1.metrics.* return them; the
         update ops run once per evaluation batch, the values are read at the end.
+      export_outputs: PREDICT: the SavedModel's signatures, as EstimatorSpec's were:
+        {signature name: ClassificationOutput, RegressionOutput or PredictOutput}. None: one,
+        "serving_default", a PredictOutput of `predictions`. One output alone is also the
+        default; of several, one must be named "serving_default" (DEFAULT_SERVING_KEY).
       training_hooks: TRAIN: tf.compat.v1.train.SessionRunHooks run on every worker's
         training session, around each step, as the Estimator ran them;
         training_chief_hooks the same on the chief's only; evaluation_hooks: EVAL: around
@@ -104,6 +108,7 @@ class ModelSpec:
     training_hooks: Sequence[tf1.train.SessionRunHook] = ()
     training_chief_hooks: Sequence[tf1.train.SessionRunHook] = ()
     evaluation_hooks: Sequence[tf1.train.SessionRunHook] = ()
+    export_outputs: Mapping[str, ExportOutput] | None = None
     train_op: Any = None
 
     def __post_init__(self) -> None:
@@ -122,6 +127,9 @@ class ModelSpec:
             if not isinstance(self.predictions, Mapping) or not self.predictions:
                 raise ContractError("ModelSpec(PREDICT): predictions must be a non-empty dict "
                                     f"of tensors, got {self.predictions!r}")
+            # A frozen dataclass: the outputs as the SavedModel will have them, set once here.
+            object.__setattr__(self, "export_outputs",
+                               _export_outputs(self.export_outputs, self.predictions))
         else:
             _check_scalar("loss", self.loss)
         for name, metric in dict(self.train_metrics).items():
@@ -219,7 +227,8 @@ class Model:
         arrays or a Dataset. Only the chief calls it, after training (or at the first
         --eval-every evaluation).
       serving_input_fn: serving_input_fn(params) -> (inputs, features), for the SavedModel;
-        None: the signature takes the features as the training data has them.
+        parsing_serving_input_fn(feature_spec) for serialized tf.train.Examples; None: the
+        signature takes the features as the training data has them.
       params: the `params` the functions are given, with the data options added: "dataset",
         "data_dir" and "seed". No command-line option overrides them.
     """
@@ -229,3 +238,112 @@ class Model:
     eval_input_fn: InputFn
     serving_input_fn: ServingInputFn | None = None
     params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+# ------------------------------------------------------ serving: what the SavedModel answers
+
+DEFAULT_SERVING_KEY = "serving_default"  # the signature a client gets when it names none
+EXAMPLES = "examples"  # parsing_serving_input_fn's input: serialized tf.train.Examples
+
+
+class ExportOutput:
+    """One signature of the SavedModel (tf.estimator.export.ExportOutput)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassificationOutput(ExportOutput):
+    """A `classify` signature, TensorFlow Serving's Classify API: serialized tf.train.Examples
+    in (input "inputs"), "scores" (float32 [batch, classes]) and "classes" (string [batch,
+    classes], the class of each score) out; either may be None, not both. Exported only when
+    the serving input is one string tensor (parsing_serving_input_fn's)."""
+
+    scores: tf.Tensor | None = None
+    classes: tf.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.scores is None and self.classes is None:
+            raise ContractError("ClassificationOutput: give scores, classes or both")
+        if self.scores is not None:
+            _check_tensor("ClassificationOutput: scores", self.scores, tf.float32)
+        if self.classes is not None:
+            _check_tensor("ClassificationOutput: classes", self.classes, tf.string)
+
+
+@dataclasses.dataclass(frozen=True)
+class RegressionOutput(ExportOutput):
+    """A `regress` signature, TensorFlow Serving's Regress API: serialized tf.train.Examples in
+    (input "inputs"), "outputs" (float32, one value per example) out. Exported only when the
+    serving input is one string tensor."""
+
+    value: tf.Tensor
+
+    def __post_init__(self) -> None:
+        _check_tensor("RegressionOutput: value", self.value, tf.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class PredictOutput(ExportOutput):
+    """A `predict` signature: the serving input's tensors in, these tensors out."""
+
+    outputs: Mapping[str, tf.Tensor]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.outputs, Mapping) or not self.outputs:
+            raise ContractError("PredictOutput: outputs must be a non-empty dict of tensors, "
+                                f"got {self.outputs!r}")
+        for name, tensor in self.outputs.items():
+            if not isinstance(name, str) or not tf.is_tensor(tensor):
+                raise ContractError(f"PredictOutput: outputs[{name!r}] must be a tensor under "
+                                    f"a string key, got {type(tensor).__name__}")
+
+
+def _check_tensor(what: str, value, dtype: tf.DType) -> None:
+    if not isinstance(value, tf.Tensor) or value.dtype != dtype:
+        got = value.dtype.name if isinstance(value, tf.Tensor) else type(value).__name__
+        raise ContractError(f"{what} must be a {dtype.name} tensor, got {got}")
+
+
+def _export_outputs(export_outputs, predictions) -> dict[str, ExportOutput]:
+    """EstimatorSpec's rules: none given, a PredictOutput of the predictions; one given, it is
+    also the default; several, one of them must be the default."""
+    if export_outputs is None:
+        return {DEFAULT_SERVING_KEY: PredictOutput(dict(predictions))}
+    if not isinstance(export_outputs, Mapping) or not export_outputs:
+        raise ContractError("ModelSpec: export_outputs must be a non-empty dict {signature "
+                            f"name: ExportOutput}}, got {export_outputs!r}")
+    for name, output in export_outputs.items():
+        if not isinstance(name, str) or not isinstance(output, ExportOutput):
+            raise ContractError(f"ModelSpec: export_outputs[{name!r}] must be a "
+                                "ClassificationOutput, RegressionOutput or PredictOutput under "
+                                f"a string key, got {type(output).__name__}")
+    outputs = dict(export_outputs)
+    if DEFAULT_SERVING_KEY not in outputs:
+        if len(outputs) > 1:
+            raise ContractError(f"ModelSpec: export_outputs has {len(outputs)} signatures "
+                                f"({', '.join(outputs)}) and none is the default: name one "
+                                f"{DEFAULT_SERVING_KEY!r}")
+        outputs[DEFAULT_SERVING_KEY] = next(iter(outputs.values()))
+    return outputs
+
+
+def parsing_serving_input_fn(feature_spec: Mapping[str, Any]) -> ServingInputFn:
+    """A serving_input_fn whose SavedModel takes serialized tf.train.Examples, as
+    tf.estimator.export.build_parsing_serving_input_receiver_fn(feature_spec) did: one string
+    tensor [batch] (input "examples"), parsed with tf.io.parse_example into the features.
+
+    Args:
+      feature_spec: {feature key: tf.io.FixedLenFeature, VarLenFeature, ...}, for feature
+        columns tf.compat.v1.feature_column.make_parse_example_spec(columns). The labels and
+        the weights are no serving input: leave them out.
+    """
+    if not isinstance(feature_spec, Mapping) or not feature_spec:
+        raise ContractError("parsing_serving_input_fn: feature_spec must be a non-empty dict "
+                            f"{{feature key: tf.io.FixedLenFeature, ...}}, got {feature_spec!r}")
+    feature_spec = dict(feature_spec)
+
+    def serving_input_fn(params):
+        # The Estimator's name for it, which some clients' code looks for.
+        serialized = tf1.placeholder(tf.string, [None], name="input_example_tensor")
+        return {EXAMPLES: serialized}, tf.io.parse_example(serialized, feature_spec)
+
+    return serving_input_fn

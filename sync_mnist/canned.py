@@ -13,9 +13,12 @@ and `sync-mnist-cluster --model file.py:MODEL`. Each builds the Estimator's mode
 tf.compat.v1.feature_column: its variables under the Estimator's names, so the deep part is
 scope "dnn" and the wide part "linear", each with its own optimizer in one synchronous update
 (core/by_scope.py); its default optimizers and learning rates; the heads' predictions and
-evaluation metrics under the Estimator's keys. What differs: the loss is the batch mean, not
-v1's sum (`_model_fn` says why), and the arguments in ESTIMATOR_ONLY are refused, naming what
-takes their place. docs/your-model.md, "Canned models", has the whole list.
+evaluation metrics under the Estimator's keys; its SavedModel, which takes serialized
+tf.train.Examples (parsed by the columns' make_parse_example_spec, unless serving_input_fn
+says otherwise) and answers through the heads' signatures: "classification", "regression" (the
+binary classifier's logistic, and the regressors') and "predict". What differs: the loss is
+the batch mean, not v1's sum (`_model_fn` says why), and the arguments in ESTIMATOR_ONLY are
+refused, naming what takes their place. docs/your-model.md, "Canned models", has the whole list.
 """
 
 # The public functions have the Estimator classes' names, so that a migrated program changes
@@ -63,12 +66,14 @@ ESTIMATOR_ONLY = {
 
 class _Part(NamedTuple):
     """The deep or the wide part: its variable scope (its optimizer's key), its logits, and
-    its optimizer (a name, an Optimizer or a callable) with the rate a name gets."""
+    its optimizer (a name, an Optimizer or a callable) with the rate a name gets; its feature
+    columns, which say what the SavedModel parses from a tf.train.Example."""
 
     scope: str
     logits: Callable  # logits(features, mode, units) -> float32 [batch, units]
     optimizer: Any
     learning_rate: float
+    columns: list
 
 
 def _dnn(hidden_units, feature_columns, optimizer, learning_rate, activation_fn=tf.nn.relu,
@@ -92,7 +97,7 @@ def _dnn(hidden_units, feature_columns, optimizer, learning_rate, activation_fn=
             with tf1.variable_scope("logits"):
                 return _dense(net, units)
 
-    return _Part("dnn", logits, _checked(optimizer), learning_rate)
+    return _Part("dnn", logits, _checked(optimizer), learning_rate, feature_columns)
 
 
 def _linear(feature_columns, optimizer, learning_rate, sparse_combiner="sum") -> _Part:
@@ -104,7 +109,7 @@ def _linear(feature_columns, optimizer, learning_rate, sparse_combiner="sum") ->
             return fc.linear_model(features, feature_columns, units=units,
                                    sparse_combiner=sparse_combiner)
 
-    return _Part("linear", logits, _checked(optimizer), learning_rate)
+    return _Part("linear", logits, _checked(optimizer), learning_rate, feature_columns)
 
 
 def _dense(x: tf.Tensor, units: int, activation_fn=None) -> tf.Tensor:
@@ -164,6 +169,12 @@ def _optimizer(part: _Part) -> tf1.train.Optimizer:
 
 # ------------------------------------------------------------------------------- the heads
 
+# The heads' signatures besides "serving_default" (tensorflow_estimator's canned/head.py: "a
+# local convention without any special meaning", which TensorFlow Serving's clients named).
+CLASSIFY_SERVING_KEY = "classification"
+REGRESS_SERVING_KEY = "regression"
+PREDICT_SERVING_KEY = "predict"
+
 
 class _BinaryHead:
     """Two classes: one logit, the logistic loss (tf.estimator's binary logistic head)."""
@@ -177,6 +188,15 @@ class _BinaryHead:
         two = tf.concat([tf.zeros_like(logits), logits], axis=-1)
         return {"logits": logits, "logistic": tf.sigmoid(logits),
                 **_class_predictions(two, self.vocabulary)}
+
+    @staticmethod
+    def export_outputs(predictions) -> dict:
+        """The binary head's signatures: the classes' scores, the logistic as a regression,
+        everything as predict."""
+        classes = _classification_output(predictions)
+        return {api.DEFAULT_SERVING_KEY: classes, CLASSIFY_SERVING_KEY: classes,
+                REGRESS_SERVING_KEY: api.RegressionOutput(predictions["logistic"]),
+                PREDICT_SERVING_KEY: api.PredictOutput(predictions)}
 
     def loss(self, labels, logits):
         """(labels as float32 [batch, 1] in [0, 1], the loss of each example)."""
@@ -211,6 +231,12 @@ class _MultiClassHead:
     def predictions(self, logits):
         return {"logits": logits, **_class_predictions(logits, self.vocabulary)}
 
+    @staticmethod
+    def export_outputs(predictions) -> dict:
+        classes = _classification_output(predictions)
+        return {api.DEFAULT_SERVING_KEY: classes, CLASSIFY_SERVING_KEY: classes,
+                PREDICT_SERVING_KEY: api.PredictOutput(predictions)}
+
     def loss(self, labels, logits):
         """(labels as int64 class ids [batch, 1], the loss of each example)."""
         ids = _label_ids(labels, self.units, self.vocabulary, integer=True)
@@ -233,6 +259,12 @@ class _RegressionHead:
     @staticmethod
     def predictions(logits):
         return {"predictions": logits}
+
+    @staticmethod
+    def export_outputs(predictions) -> dict:
+        value = api.RegressionOutput(predictions["predictions"])
+        return {api.DEFAULT_SERVING_KEY: value, REGRESS_SERVING_KEY: value,
+                PREDICT_SERVING_KEY: api.PredictOutput(predictions)}
 
     def loss(self, labels, logits):
         labels = tf.cast(_as_column(labels, self.units), tf.float32)
@@ -267,6 +299,13 @@ def _class_predictions(logits, vocabulary) -> dict:
             "classes": tf.gather(names, class_ids),
             "all_class_ids": tf.tile(tf.range(n)[None, :], rows),
             "all_classes": tf.tile(names[None, :], rows)}
+
+
+def _classification_output(predictions) -> api.ClassificationOutput:
+    """Each class's probability, beside its name (as the Estimator's _classification_output:
+    every class in every row, TensorFlow Serving's Classify API takes string classes)."""
+    return api.ClassificationOutput(scores=predictions["probabilities"],
+                                    classes=predictions["all_classes"])
 
 
 def _label_ids(labels, n_classes: int, vocabulary, integer: bool) -> tf.Tensor:
@@ -339,7 +378,8 @@ def _model_fn(head, parts: Sequence[_Part], weight_column) -> Callable:
         with tf1.name_scope("head"):
             predictions = head.predictions(logits)
             if mode == api.ModeKeys.PREDICT:
-                return api.ModelSpec(mode, predictions=predictions)
+                return api.ModelSpec(mode, predictions=predictions,
+                                     export_outputs=head.export_outputs(predictions))
             labels, losses = head.loss(labels, logits)
             weights = _weights(features, weight_column)
             loss = tf.reduce_mean(losses if weights is None else losses * weights)
@@ -366,8 +406,17 @@ def _model(head, parts: Sequence[_Part], weight_column, estimator_only: Mapping[
             not hasattr(weight_column, "key"):
         raise TypeError("weight_column must be a feature's key or a numeric_column, got "
                         f"{type(weight_column).__name__}")
+    if serving_input_fn is None:
+        serving_input_fn = api.parsing_serving_input_fn(_parse_spec(parts))
     return api.Model(_model_fn(head, parts, weight_column), train_input_fn, eval_input_fn,
                      serving_input_fn=serving_input_fn, params=dict(params or {}))
+
+
+def _parse_spec(parts: Sequence[_Part]) -> dict:
+    """What the SavedModel parses from a tf.train.Example: the features of the parts' columns,
+    and so not the weight column (unless a part reads it), which serving needs no more than
+    the labels."""
+    return fc.make_parse_example_spec([c for part in parts for c in part.columns])
 
 
 def _combined(linear_feature_columns, linear_optimizer, dnn_feature_columns, dnn_optimizer,

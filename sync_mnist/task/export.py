@@ -5,9 +5,14 @@ on the chief), builds a fresh graph of the model function in PREDICT mode on no 
 the weights into it and saves that graph. Nothing of the cluster goes in: no ps device
 strings, no sync queues or accumulators, no optimizer slots, no counters.
 
-Signature `serving_default`: the inputs of the model's serving_input_fn (without one, the
-features as the training data has them), and the outputs of its ModelSpec's predictions (the
-built-in models' signature: tools/inference.py, which reads it).
+The signatures are the PREDICT ModelSpec's export_outputs, as the Estimator exported them
+(export_lib.build_all_signature_defs): a PredictOutput takes the inputs of the model's
+serving_input_fn (without one, the features as the training data has them) and answers its
+tensors; a ClassificationOutput or a RegressionOutput takes serialized tf.train.Examples, and
+so is exported only when the serving input is one string tensor (api.parsing_serving_input_fn),
+as TensorFlow Serving's Classify and Regress APIs need. Without export_outputs: one signature,
+`serving_default`, of the predictions. A default signature that could not be exported is the
+predictions' PredictOutput instead, so that every SavedModel has one.
 
 Loaded in TensorFlow 2, with no import of this package:
   model = tf.saved_model.load(DIR)
@@ -16,6 +21,7 @@ Loaded in TensorFlow 2, with no import of this package:
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -28,8 +34,9 @@ from sync_mnist import api
 from sync_mnist.core import checkpoints, placement
 
 tf1 = tf.compat.v1
+log = logging.getLogger(__name__)
 
-SIGNATURE = "serving_default"
+SIGNATURE = api.DEFAULT_SERVING_KEY
 
 
 class _Serving:
@@ -42,7 +49,37 @@ class _Serving:
             inputs, features = model.serving_input_fn(dict(params))
         spec = placement.build(model.model_fn, features, None, api.ModeKeys.PREDICT, params,
                                num_ps=1, ps_job=None).spec
-        self.inputs, self.outputs = inputs, dict(spec.predictions)
+        self.signatures = signature_defs(inputs, spec.export_outputs, spec.predictions)
+
+
+def signature_defs(inputs: dict, export_outputs: dict, predictions: dict) -> dict:
+    """{signature name: SignatureDef} of the export outputs, from the serving input's tensors.
+
+    A classification or regression signature takes serialized tf.train.Examples (its input
+    "inputs"): one string tensor. With any other serving input it is left out, with a warning,
+    as the Estimator left it out; the default signature is then the predictions'.
+    """
+    values = list(inputs.values())
+    examples = values[0] if len(values) == 1 and isinstance(values[0], tf.Tensor) and \
+        values[0].dtype == tf.string else None
+    signatures, left_out = {}, []
+    for name, output in export_outputs.items():
+        if isinstance(output, api.PredictOutput):
+            signatures[name] = tf1.saved_model.predict_signature_def(inputs, dict(output.outputs))
+        elif examples is None:
+            left_out.append(name)
+        elif isinstance(output, api.ClassificationOutput):
+            signatures[name] = tf1.saved_model.classification_signature_def(
+                examples, output.classes, output.scores)
+        else:
+            signatures[name] = tf1.saved_model.regression_signature_def(examples, output.value)
+    if left_out:
+        log.warning("the SavedModel has no signature %s: a classification or regression "
+                    "signature takes serialized tf.train.Examples, and the serving input is %s",
+                    ", ".join(left_out), ", ".join(inputs))
+    if SIGNATURE not in signatures:
+        signatures[SIGNATURE] = tf1.saved_model.predict_signature_def(inputs, dict(predictions))
+    return signatures
 
 
 def variable_names(model: api.Model, params: dict, example: tuple) -> list[str]:
@@ -116,7 +153,6 @@ def _write(model: api.Model, params: dict, example: tuple, weights: dict[str, np
             builder = tf1.saved_model.Builder(str(partial))
             builder.add_meta_graph_and_variables(
                 sess, [tf1.saved_model.SERVING], clear_devices=True, strip_default_attrs=True,
-                signature_def_map={SIGNATURE: tf1.saved_model.predict_signature_def(
-                    inputs=serving.inputs, outputs=serving.outputs)},
+                signature_def_map=serving.signatures,
                 main_op=tf1.tables_initializer() if tables else None)
             builder.save()

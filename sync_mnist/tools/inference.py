@@ -1,4 +1,5 @@
-"""Using a trained model: evaluate it on the test digits, classify PNG files.
+"""Using a trained MNIST model: evaluate it on the test digits, classify PNG files (any
+model's SavedModel on JSON lines or TFRecords: serving.py).
 
 This runs in TensorFlow 2's eager mode and loads the SavedModel with tf.saved_model.load, as
 anyone outside this package would; it needs no cluster. The model's interface is export.py's.
@@ -14,12 +15,11 @@ import numpy as np
 import tensorflow as tf
 
 from sync_mnist.models import data
-from sync_mnist.tools import png
-from sync_mnist.task import preflight
-from sync_mnist.core.config import ConfigError
+from sync_mnist.tools import png, serving
 from sync_mnist.models import mnist
 from sync_mnist.task.export import SIGNATURE
 from sync_mnist.tools.png import ImageError
+from sync_mnist.tools.serving import ModelError
 
 # The signature the built-in MNIST models' SavedModel serves (models/mnist.py):
 #   images         uint8 [None, 28, 28]: pixels 0-255 as in MNIST (a white digit on black)
@@ -35,27 +35,17 @@ BATCH = 1000  # images per call of the model
 Model = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
-class ModelError(Exception):
-    """The model directory is missing or holds no model of this interface; names the path."""
-
-
 def load_model(model_dir: Path) -> Model:
     """Loads a SavedModel written by export.py.
 
     Returns:
       A function: uint8 images [n, 28, 28] -> (probabilities float32 [n, 10], classes int64 [n]).
+
+    Raises:
+      ModelError: the directory is missing, holds no SavedModel, or not one of this interface.
     """
     model_dir = Path(model_dir)
-    try:
-        preflight.check_model_dir(model_dir)
-    except ConfigError as e:
-        raise ModelError(str(e)) from None
-    try:
-        loaded = tf.saved_model.load(str(model_dir))
-    except (OSError, ValueError, tf.errors.OpError) as e:
-        raise ModelError(f"{model_dir}: the SavedModel cannot be loaded: "
-                         f"{str(e).strip().splitlines()[0]}") from None
-    signature = loaded.signatures.get(SIGNATURE)
+    signature = serving.load(model_dir).signatures.get(SIGNATURE)
     spec = signature.structured_input_signature[1].get(INPUT) if signature else None
     if spec is None or spec.dtype != tf.uint8 or spec.shape.as_list() != [None, IMAGE_SIZE,
                                                                            IMAGE_SIZE]:

@@ -112,16 +112,20 @@ def test_wide_and_deep_trains_synchronously_with_two_optimizers_and_the_estimato
     names = {name for name, _ in tf.train.list_variables(str(logdir))}
     assert not {n for n in names if n.startswith("linear/") and "Adagrad" in n}
     assert not {n for n in names if n.startswith("dnn/") and "Ftrl" in n}
-    # The SavedModel answers with the Estimator's predictions, from the features as the
-    # training data has them.
+    # The SavedModel answers with the Estimator's predictions, from serialized tf.Examples
+    # (its signatures: tests/inprocess/test_serving.py).
     features, _ = _data(3, 3)
+    examples = [tf.train.Example(features=tf.train.Features(feature={
+        "x": tf.train.Feature(float_list=tf.train.FloatList(value=x)),
+        "color": tf.train.Feature(bytes_list=tf.train.BytesList(value=[c[0].encode()]))}))
+        .SerializeToString() for x, c in zip(features["x"], features["color"])]
     with tf.Graph().as_default(), tf1.Session() as sess:
         meta = tf1.saved_model.loader.load(sess, [tf1.saved_model.SERVING],
                                            str(tmp_path / "export"))
-        signature = meta.signature_def["serving_default"]
+        signature = meta.signature_def["predict"]
         tensor = tf1.saved_model.utils.get_tensor_from_tensor_info
         answer = sess.run({k: tensor(info) for k, info in signature.outputs.items()},
-                          {tensor(info): features[k] for k, info in signature.inputs.items()})
+                          {tensor(signature.inputs["examples"]): examples})
     assert sorted(answer) == ["all_class_ids", "all_classes", "class_ids", "classes", "logistic",
                               "logits", "probabilities"]
     assert answer["classes"][:, 0].tolist() == [str(c).encode() for c in answer["class_ids"][:, 0]]
