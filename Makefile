@@ -17,7 +17,7 @@ JOBS   ?= 4
 #   test-cluster:   tests/cluster, whole clusters through the real command line
 # Not in `make test`, and run by .ci/run after it, in this order: `make test-convergence`
 # (tests/convergence), models trained to near their planted truth, and the MLP on the complete
-# MNIST with its SavedModel's scores (about 1 minute); `make
+# MNIST with its SavedModel's scores (about 3 minutes); `make
 # test-recovery` (tests/recovery), clusters with faults injected (tasks killed, frozen or
 # preempted, a ps that never answers, a full disk, the chaos soak stopped), which wait out
 # timeouts and restarts (about 4 minutes); `make test-slurm`

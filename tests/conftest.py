@@ -12,7 +12,7 @@ The tiers are the directories below this one, chosen by what a test starts:
               4 minutes)
   convergence/ models trained to near their planted truth, or the MLP on the complete MNIST
               and its SavedModel's scores, in-process or through the real command line
-              (`make test-convergence`; about 1 minute)
+              (`make test-convergence`; about 3 minutes)
   soak/       long cluster runs (`make soak`)
   network/    clusters on the testbed's namespaces, a link partitioned; the launcher with
               no namespace of its own (`make test-network`, root; about 2 minutes)
