@@ -25,6 +25,7 @@ import time
 
 import tensorflow as tf
 
+from sync_mnist.core.cluster import server_config
 from sync_mnist.core.config import first_line
 from sync_mnist.core.shard import DataError
 
@@ -76,7 +77,7 @@ class Stream:
             self._start = tf1.placeholder(tf.int64, [], name="input_start")
             _check_element(dataset, what)
             cardinality = dataset.cardinality()
-        self._sess = tf1.Session(graph=graph)
+        self._sess = input_session(graph)
         if _read(self._sess, cardinality, None, f"{what}: making its dataset") == \
                 tf.data.INFINITE_CARDINALITY:
             raise DataError(f"{what}'s dataset repeats without end: drop its .repeat(); the "
@@ -220,7 +221,7 @@ class WholeInput:
             iterator = tf1.data.make_initializable_iterator(
                 dataset.batch(batch_size).prefetch(PREFETCH_BATCHES))
             self._init, self._next = iterator.initializer, iterator.get_next()
-        self._sess = tf1.Session(graph=graph)
+        self._sess = input_session(graph)
         if _read(self._sess, cardinality, None, f"{what}: making its dataset") == \
                 tf.data.INFINITE_CARDINALITY:
             raise DataError(f"{what}'s dataset repeats without end: an evaluation reads it "
@@ -234,6 +235,20 @@ class WholeInput:
 
     def close(self) -> None:
         self._sess.close()
+
+
+def input_session(graph: tf.Graph) -> tf1.Session:
+    """The local session an input is read in, with thread pools of its own that do not spin.
+
+    A worker shares the cores with the other tasks (the server's pools do not spin either:
+    cluster.server_config); a session's default pools spin for work before they sleep, and
+    the input's, woken a few times a batch, spun in the worker's CPU profile (perf, 2 workers
+    and a ps on 2 cores: docs/sparse.md).
+    """
+    config = server_config()
+    # Its own pools: the process's shared one takes the options of whichever session came first.
+    config.use_per_session_threads = True
+    return tf1.Session(graph=graph, config=config)
 
 
 def files_read(graph: tf.Graph, sess: tf1.Session, dataset: tf.data.Dataset) -> list[str]:
