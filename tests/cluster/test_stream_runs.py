@@ -84,7 +84,7 @@ def test_bad_records_are_bad_input_in_one_line_naming_the_file(tmp_path, damage,
     errors = [x for x in lines if x.startswith("error: ")]
     assert len(errors) == 1 and "Traceback (most recent call last):" not in lines, lines
     assert re.fullmatch(r"error: train_input_fn: reading (the first batch of worker 1's files|"
-                        r"batch \d+ of worker 1's input): " + line.format(file=re.escape(
+                        r"batch(es \d+ to)? \d+ of worker 1's input): " + line.format(file=re.escape(
                             str(bad))), errors[0]), errors[0]
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import stream_model
 from sync_mnist.core.shard import DataError
-from sync_mnist.core.stream import Stream
+from sync_mnist.core.stream import Stream, group_size
 
 tf1 = tf.compat.v1
 
@@ -94,6 +94,46 @@ def test_a_stream_without_end_and_other_shapes_are_refused(tmp_path):
             ({"x": np.zeros((5, 2), np.float32)}, np.zeros(5, np.int64))))
 
 
+def test_batches_of_fixed_shapes_are_read_sixteen_a_run_of_the_input_session(tmp_path):
+    """A run of the input's session costs about 0.3 ms, whatever it brings (core/stream.py)."""
+    files = stream_model.write(tmp_path, [100])
+    stream = _stream(files, num_workers=1, batch_size=2)
+    runs, run = [], stream._sess.run
+    stream._sess.run = lambda *args, **kwargs: runs.append(1) or run(*args, **kwargs)
+    ids = _ids(stream)
+    assert sum(ids, []) == list(range(100))
+    assert len(runs) == 4  # batches 16-31, 32-47, the two left, the end (0-15: when made)
+    assert group_size(tf.data.Dataset.from_tensors(({"x": tf.zeros([784])}, 0)).element_spec,
+                      100) == 3  # of 1 MiB at most: 100 examples of 3,140 bytes a batch
+
+
+def test_a_dataset_of_unbatched_blocks_is_cut_into_batches_whole(tmp_path):
+    """Examples parsed a block at a time (batch, parse, unbatch: the tf.data guide's
+    vectorized parsing) are cut into batches with one copy, not passed one by one, where
+    they are cut by file; by record, they are."""
+    def make(paths):
+        parse = {k: tf.io.FixedLenFeature(v.shape, v.dtype)
+                 for k, v in stream_model._FEATURES.items()}
+        return lambda: tf.data.TFRecordDataset([str(f) for f in paths]).batch(3).map(
+            lambda r: tf.io.parse_example(r, parse)).map(
+            lambda e: ({"id": e["id"], "x": e["x"]}, e["label"])).unbatch()
+
+    files = stream_model.write(tmp_path / "four", [12, 8, 12, 9])
+    by_file = [_stream(files, index=i, make=make(files)) for i in (0, 1)]
+    plain = [_stream(files, index=i) for i in (0, 1)]
+    assert [_ids(s) for s in by_file] == [_ids(s) for s in plain]
+    assert sum(_ids(by_file[1]), []) == [*range(12, 20), *range(32, 40)]
+    assert _rebatched(by_file[0]) and not _rebatched(plain[0])
+    one = stream_model.write(tmp_path / "one", [20])
+    by_record = _stream(one, index=1, batch_size=2, make=make(one))
+    assert by_record.sharding == "by record" and not _rebatched(by_record)
+    assert sum(_ids(by_record), []) == list(range(1, 20, 2))
+
+
+def _rebatched(stream: Stream) -> bool:
+    return any(op.type.startswith("RebatchDataset") for op in stream._graph.get_operations())
+
+
 def test_variable_length_features_come_as_sparse_values(tmp_path):
     def make():
         ids = tf.ragged.constant([[1], [2, 3], [4, 5, 6], [7]], tf.int64).to_sparse()
@@ -112,7 +152,7 @@ def _corrupt(path, at: int) -> None:
 
 
 def _csv_stream(tmp_path, lines: list[str]) -> Stream:
-    (tmp_path / "a.csv").write_text("1,0.5,1\n" * 8)
+    (tmp_path / "a.csv").write_text("1,0.5,1\n" * 40)  # past the first 16 batches of 2
     (tmp_path / "b.csv").write_text("".join(line + "\n" for line in lines))
     files = [str(tmp_path / "a.csv"), str(tmp_path / "b.csv")]
     return _stream([], num_workers=1, batch_size=2, make=lambda: tf.data.TextLineDataset(
@@ -131,15 +171,17 @@ def test_a_corrupt_record_is_bad_data_before_training_naming_its_file(tmp_path):
 
 
 def test_bad_data_met_mid_stream_names_the_file_and_how_far_it_was_read(tmp_path):
-    files = stream_model.write(tmp_path, [8, 8])
+    files = stream_model.write(tmp_path, [40, 40])
     files[1].write_bytes(files[1].read_bytes()[:-30])  # its last record cut short
-    stream = _stream(files, num_workers=1, batch_size=2)
+    stream = _stream(files, num_workers=1, batch_size=2)  # read 16 batches at a time
     with pytest.raises(DataError) as raised:
-        for step in range(8):
+        for step in range(40):
             stream.batch(step)
-    assert "DataLossError: truncated record at" in str(raised.value)
+    assert step == 31  # the batch after which batches 32-47 are read ahead
+    assert "reading batches 32 to 47 of worker 0's input: DataLossError: truncated record " \
+           "at" in str(raised.value)
     assert str(raised.value).endswith(
-        f"(in {files[1]}, after 7 of its examples came through the pipeline)")
+        f"(in {files[1]}, after 39 of its examples came through the pipeline)")
 
 
 @pytest.mark.parametrize("line, error", [
@@ -148,7 +190,7 @@ def test_bad_data_met_mid_stream_names_the_file_and_how_far_it_was_read(tmp_path
 def test_a_text_line_that_does_not_parse_is_bad_data_naming_the_file(tmp_path, line, error):
     stream = _csv_stream(tmp_path, ["2,0.5,0", "3,0.5,1", line, "4,0.5,0"])
     with pytest.raises(DataError) as raised:
-        for step in range(8):
+        for step in range(40):
             stream.batch(step)
     assert f"InvalidArgumentError: {error}" in str(raised.value)
     assert str(raised.value).endswith(
