@@ -96,7 +96,7 @@ class Stream:
         policy = None
         self.sharding = "by the input function (input_context)"
         if not sharded:
-            by_file = all(self._first_batch(self._cut(dataset, FILE, k, num_workers), k)
+            by_file = all(self._first_batch(_cut(self._graph, dataset, FILE, k, num_workers), k)
                           for k in range(num_workers))
             policy = FILE if by_file else DATA
             self.sharding = "by file" if by_file else "by record"
@@ -105,10 +105,10 @@ class Stream:
         with graph.as_default():
             blocks = _unbatched(dataset) if policy is not DATA else None
             if blocks is not None:  # examples cut from blocks: cut into batches, not one by one
-                batches = self._cut(blocks, policy, index, num_workers).rebatch(
+                batches = _cut(self._graph, blocks, policy, index, num_workers).rebatch(
                     batch_size, drop_remainder=True)
             else:
-                batches = self._cut(dataset, policy, index, num_workers).batch(
+                batches = _cut(self._graph, dataset, policy, index, num_workers).batch(
                     batch_size, drop_remainder=True)
             batches = batches.repeat(epochs).skip(self._start)
             if self._group > 1:
@@ -124,17 +124,6 @@ class Stream:
                             f"worker {index} of {num_workers} (sharded {self.sharding}; " + (
                                 f"it reads {len(files)} files)" if files else
                                 "it reads no file that exists: does its pattern match any?)"))
-
-    def _cut(self, dataset, policy, index: int, num_workers: int) -> tf.data.Dataset:
-        if policy is None:
-            return dataset
-        from tensorflow.python.data.experimental.ops import distribute
-
-        with self._graph.as_default():
-            options = tf.data.Options()
-            options.experimental_distribute.auto_shard_policy = policy
-            return distribute._AutoShardDataset(  # what MultiWorkerMirroredStrategy uses
-                dataset.with_options(options), num_workers, index, num_workers)
 
     def _first_batch(self, dataset, worker: int) -> bool:
         """Whether `dataset`, cut by file for `worker`, gives a full batch (False: it cannot be
@@ -207,40 +196,56 @@ class Stream:
         except DataError as e:
             if isinstance(e.__cause__, _BAD_DATA) and not any(
                     m in str(e) for m in _NOT_BY_FILE):
-                raise DataError(f"{e}{self._locate(str(e))}") from e.__cause__
+                raise DataError(f"{e}{_locate(self._graph, self._sess, self._dataset, str(e))}") \
+                    from e.__cause__
             raise
-
-    def _locate(self, message: str) -> str:
-        """Where the bad data is: the file (the k-th that the dataset reads, read alone through
-        the user's own pipeline, cut by file) and how many examples it gave first. Only where
-        TensorFlow's line does not name it already, and for at most LOCATE_SECS of reading."""
-        files = files_read(self._graph, self._sess, self._dataset)
-        if not files or any(f in message for f in files):
-            return ""
-        deadline = time.monotonic() + LOCATE_SECS
-        for k, name in enumerate(files):
-            with self._graph.as_default():
-                iterator = tf1.data.make_initializable_iterator(
-                    self._cut(self._dataset, FILE, k, len(files)))
-                element = iterator.get_next()
-            read = 0
-            try:
-                self._sess.run(iterator.initializer)
-                while time.monotonic() < deadline:
-                    self._sess.run(element)
-                    read += 1
-            except tf.errors.OutOfRangeError:
-                continue
-            except _BAD_DATA:
-                return f" (in {name}, after {read} of its examples came through the pipeline)"
-            except tf.errors.OpError:  # the pipeline cannot be read file by file
-                return ""
-            break
-        return (f" (in one of the {len(files)} files it reads; not found within "
-                f"{LOCATE_SECS:g} s of reading them one by one)")
 
     def close(self) -> None:
         self._sess.close()
+
+
+def _cut(graph: tf.Graph, dataset, policy, index: int, num_workers: int) -> tf.data.Dataset:
+    """Worker `index`'s share of `dataset` by tf.data's auto-sharding `policy` (None: all)."""
+    if policy is None:
+        return dataset
+    from tensorflow.python.data.experimental.ops import distribute
+
+    with graph.as_default():
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = policy
+        return distribute._AutoShardDataset(  # what MultiWorkerMirroredStrategy uses
+            dataset.with_options(options), num_workers, index, num_workers)
+
+
+def _locate(graph: tf.Graph, sess: tf1.Session, dataset: tf.data.Dataset,
+            message: str) -> str:
+    """Where the bad data is: the file (the k-th that the dataset reads, read alone through
+    the user's own pipeline, cut by file) and how many examples it gave first. Only where
+    TensorFlow's line does not name it already, and for at most LOCATE_SECS of reading."""
+    files = files_read(graph, sess, dataset)
+    if not files or any(f in message for f in files):
+        return ""
+    deadline = time.monotonic() + LOCATE_SECS
+    for k, name in enumerate(files):
+        with graph.as_default():
+            iterator = tf1.data.make_initializable_iterator(
+                _cut(graph, dataset, FILE, k, len(files)))
+            element = iterator.get_next()
+        read = 0
+        try:
+            sess.run(iterator.initializer)
+            while time.monotonic() < deadline:
+                sess.run(element)
+                read += 1
+        except tf.errors.OutOfRangeError:
+            continue
+        except _BAD_DATA:
+            return f" (in {name}, after {read} of its examples came through the pipeline)"
+        except tf.errors.OpError:  # the pipeline cannot be read file by file
+            return ""
+        break
+    return (f" (in one of the {len(files)} files it reads; not found within "
+            f"{LOCATE_SECS:g} s of reading them one by one)")
 
 
 class WholeInput:
