@@ -130,6 +130,32 @@ def test_a_dataset_of_unbatched_blocks_is_cut_into_batches_whole(tmp_path):
     assert sum(_ids(by_record), []) == list(range(1, 20, 2))
 
 
+def test_the_input_is_read_without_tf_data_autotuning(tmp_path):
+    """Autotuning's thread kept a worker's input from closing for 10 to 27 s at the end of a
+    run (core/stream.py's _iterator); every iterator the stream makes has it off."""
+    from tensorflow.core.framework import dataset_options_pb2
+
+    files = stream_model.write(tmp_path, [8, 8])
+    stream = _stream(files, index=1)  # the first batch of each worker's files, then its own
+    made = [op for op in stream._graph.get_operations() if op.type == "MakeIterator"]
+    assert len(made) == 3
+    for op in made:
+        autotune = [dataset_options_pb2.Options.FromString(o.get_attr("serialized_options"))
+                    .autotune_options for o in _upstream(op) if o.type == "OptionsDataset"]
+        assert any(a.HasField("enabled") for a in autotune)
+        assert not any(a.enabled for a in autotune if a.HasField("enabled"))
+
+
+def _upstream(op) -> list:
+    seen, stack = {}, [op]
+    while stack:
+        o = stack.pop()
+        if o.name not in seen:
+            seen[o.name] = o
+            stack.extend(t.op for t in o.inputs)
+    return list(seen.values())
+
+
 def _rebatched(stream: Stream) -> bool:
     return any(op.type.startswith("RebatchDataset") for op in stream._graph.get_operations())
 
