@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 # The run's length when --epochs is given over a stream: not known until the first worker's
 # input ends, which stops the cluster (early_stop.INPUT_ENDED). A bound no run reaches.
 UNTIL_INPUT_ENDS = 2 ** 62
-PREFETCH_BATCHES = 2  # read ahead in the input's own threads, beside the step (of groups)
+PREFETCH = 2  # reads (groups of batches, below) ahead in the input's own threads
 # A run of the input's session costs about 0.3 ms of CPU here, whatever it brings: 3 us a click
 # in batches of 100. So a run brings a group of up to MAX_GROUP batches, of at most GROUP_BYTES
 # (where every feature has a fixed shape: a group is one tensor; else a batch a run).
@@ -113,8 +113,7 @@ class Stream:
             batches = batches.repeat(epochs).skip(self._start)
             if self._group > 1:
                 batches = batches.batch(self._group)
-            iterator = _iterator(
-                batches.prefetch(PREFETCH_BATCHES))
+            iterator = _iterator(batches.prefetch(PREFETCH))
             self._init, self._next = iterator.initializer, iterator.get_next()
         self._seek(0)
         self._built_with = _shapes(self._ahead)  # what the model's placeholders are made from
@@ -259,7 +258,7 @@ class WholeInput:
             _check_element(dataset, what)
             cardinality = dataset.cardinality()
             iterator = _iterator(
-                dataset.batch(batch_size).prefetch(PREFETCH_BATCHES))
+                dataset.batch(batch_size).prefetch(PREFETCH))
             self._init, self._next = iterator.initializer, iterator.get_next()
         self._sess = input_session(graph)
         if _read(self._sess, cardinality, None, f"{what}: making its dataset") == \
