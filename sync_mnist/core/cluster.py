@@ -12,6 +12,7 @@ import collections
 import dataclasses
 import errno
 import json
+import random
 import re
 import socket
 import time
@@ -402,15 +403,49 @@ def wait_reachable(address: str, label: str, timeout: float) -> float:
         time.sleep(0.2)
 
 
+FIRST_FREE_PORT = 20_000  # free_ports draws from here up to the kernel's ephemeral range
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """Ports that are free right now, chosen by the kernel; all held open until all are chosen."""
-    sockets = []
+    """Ports that are free right now, all held open until all are chosen: drawn at random below
+    the kernel's ephemeral range, where it picks the source port of every outgoing connection
+    (and the port of a bind to 0). A port chosen there could be taken by any connection before
+    its task binds it: a worker started 11 s after the launcher chose its port found it in use
+    (make test-recovery, other tests connecting beside it). The kernel's choice where that
+    range leaves no room below it."""
+    low = _ephemeral_low()
+    draw = random.Random()
+    sockets: list[socket.socket] = []
     try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            sockets.append(s)
+        for _ in range(20 * count if low - FIRST_FREE_PORT > 100 * count else 0):
+            if len(sockets) == count:
+                break
+            _bind(sockets, host, draw.randrange(FIRST_FREE_PORT, low))
+        while len(sockets) < count:
+            _bind(sockets, host, 0)
         return [s.getsockname()[1] for s in sockets]
     finally:
         for s in sockets:
             s.close()
+
+
+def _bind(sockets: list, host: str, port: int) -> None:
+    """Appends a socket bound to `port` (0: the kernel's choice) unless it is in use."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind((host, port))
+    except OSError:
+        s.close()
+        if port == 0:
+            raise
+        return
+    sockets.append(s)
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (32768 where it cannot be read)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768

@@ -428,3 +428,14 @@ def test_first_line_of_a_graph_mode_error_is_its_own_message():
     assert first_line(tf.errors.InvalidArgumentError(None, None, "Graph execution error:")) == \
         "Graph execution error:"
     assert first_line(ValueError("one\ntwo")) == "one"
+
+
+def test_free_ports_are_drawn_below_the_kernels_ephemeral_range():
+    """Where no outgoing connection's source port can take one before its task binds it."""
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    ports = cluster.free_ports(6)
+    assert len(set(ports)) == 6, ports
+    assert all(cluster.FIRST_FREE_PORT <= p < low for p in ports), ports
+    for port in ports:  # free: each binds
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", port))
