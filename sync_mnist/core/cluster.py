@@ -414,13 +414,13 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     (make test-recovery, other tests connecting beside it). The kernel's choice where that
     range leaves no room below it."""
     low = _ephemeral_low()
-    draw = random.Random()
+    below = range(FIRST_FREE_PORT, low) if low - FIRST_FREE_PORT > 100 * count else range(0)
     sockets: list[socket.socket] = []
     try:
-        for _ in range(20 * count if low - FIRST_FREE_PORT > 100 * count else 0):
+        for port in random.sample(below, min(len(below), 20 * count)):
             if len(sockets) == count:
                 break
-            _bind(sockets, host, draw.randrange(FIRST_FREE_PORT, low))
+            _bind(sockets, host, port)
         while len(sockets) < count:
             _bind(sockets, host, 0)
         return [s.getsockname()[1] for s in sockets]

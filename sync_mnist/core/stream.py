@@ -128,8 +128,7 @@ class Stream:
         """Whether `dataset`, cut by file for `worker`, gives a full batch (False: it cannot be
         cut so)."""
         with self._graph.as_default():
-            iterator = _iterator(
-                dataset.batch(self._batch_size, drop_remainder=True).take(1))
+            iterator = _iterator(dataset.batch(self._batch_size, drop_remainder=True).take(1))
             first = iterator.get_next()
         where = f"the first batch of worker {worker}'s files"
         try:
@@ -227,8 +226,7 @@ def _locate(graph: tf.Graph, sess: tf1.Session, dataset: tf.data.Dataset,
     deadline = time.monotonic() + LOCATE_SECS
     for k, name in enumerate(files):
         with graph.as_default():
-            iterator = _iterator(
-                _cut(graph, dataset, FILE, k, len(files)))
+            iterator = _iterator(_cut(graph, dataset, FILE, k, len(files)))
             element = iterator.get_next()
         read = 0
         try:
@@ -257,8 +255,7 @@ class WholeInput:
         with graph.as_default():
             _check_element(dataset, what)
             cardinality = dataset.cardinality()
-            iterator = _iterator(
-                dataset.batch(batch_size).prefetch(PREFETCH))
+            iterator = _iterator(dataset.batch(batch_size).prefetch(PREFETCH))
             self._init, self._next = iterator.initializer, iterator.get_next()
         self._sess = input_session(graph)
         if _read(self._sess, cardinality, None, f"{what}: making its dataset") == \
@@ -310,9 +307,9 @@ def _unbatched(dataset: tf.data.Dataset) -> tf.data.Dataset | None:
     block's length; else None. tf.data's rebatch cuts such blocks into batches in one copy, the
     same batches as unbatch().batch() (its documentation), without passing examples one by one:
     the click files' reading cost 2.3 us of CPU a click so, 3.8 unbatched and batched."""
-    if dataset._variant_tensor.op.type != "UnbatchDataset":
-        return None
     blocks = getattr(dataset, "_input_dataset", None)
+    if blocks is None or dataset._variant_tensor.op.type != "UnbatchDataset":
+        return None
     columns = _columns(blocks.element_spec)
     fixed = all(isinstance(c, tf.TensorSpec) and c.shape.rank and c.shape[1:].is_fully_defined()
                 for c in columns)
