@@ -407,12 +407,15 @@ FIRST_FREE_PORT = 20_000  # free_ports draws from here up to the kernel's epheme
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """Ports that are free right now, all held open until all are chosen: drawn at random below
-    the kernel's ephemeral range, where it picks the source port of every outgoing connection
-    (and the port of a bind to 0). A port chosen there could be taken by any connection before
-    its task binds it: a worker started 11 s after the launcher chose its port found it in use
-    (make test-recovery, other tests connecting beside it). The kernel's choice where that
-    range leaves no room below it."""
+    """Ports that are free right now, drawn at random below the kernel's ephemeral range (where
+    it picks the source port of every outgoing connection, and the port of a bind to 0), or by
+    the kernel where that range leaves no room below it.
+
+    Each port is left reserved: its last connection stays in TIME_WAIT for a minute, so that no
+    other free_ports, and no bind to 0, takes it, while a server that sets SO_REUSEADDR (gRPC's
+    do) binds it. Without it, a port could be taken between the choice and the task's bind: a
+    worker started 12 s after the launcher chose its port failed with "Could not start gRPC
+    server" (make test-convergence, other tests choosing ports beside it)."""
     low = _ephemeral_low()
     below = range(FIRST_FREE_PORT, low) if low - FIRST_FREE_PORT > 100 * count else range(0)
     sockets: list[socket.socket] = []
@@ -423,10 +426,23 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             _bind(sockets, host, port)
         while len(sockets) < count:
             _bind(sockets, host, 0)
+        for s in sockets:
+            _leave_in_time_wait(s, host)
         return [s.getsockname()[1] for s in sockets]
     finally:
         for s in sockets:
             s.close()
+
+
+def _leave_in_time_wait(server: socket.socket, host: str) -> None:
+    """Connects to the bound socket and closes the server's side first, which leaves its port
+    in TIME_WAIT (the technique of the ephemeral-port-reserve package)."""
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.listen(1)
+    port = server.getsockname()[1]
+    with socket.create_connection((host or "127.0.0.1", port), timeout=5):
+        accepted, _ = server.accept()
+        accepted.close()
 
 
 def _bind(sockets: list, host: str, port: int) -> None:

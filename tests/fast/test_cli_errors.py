@@ -542,6 +542,7 @@ def test_task_help_states_the_real_defaults(capsys):
 def test_real_command_names_a_port_already_in_use():
     ps, w0, w1, w2 = free_ports(4)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
         held.bind(("127.0.0.1", w1))
         held.listen()
         code, out, err, _ = run_task_process([
@@ -573,6 +574,7 @@ def test_real_command_checks_its_summary_json_before_training(tmp_path):
 def test_real_command_names_a_port_already_in_use_by_a_ps():
     ps, w0, w1 = free_ports(3)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
         held.bind(("127.0.0.1", ps))
         held.listen()
         code, out, err, _ = run_task_process([

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 import socket
 import time
 
@@ -251,14 +252,29 @@ def test_from_tf_config_rejects_unusable_values(text, message):
 
 # ---------------------------------------------------------------------------- ports
 
-def test_free_ports_are_distinct_and_bindable():
+def test_free_ports_are_distinct_and_bindable_by_a_server_as_grpc_makes_it():
     ports = cluster.free_ports(5)
     assert len(ports) == 5
     assert len(set(ports)) == 5
     for port in ports:
         assert 1 <= port <= 65535
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", port))  # OSError if free_ports still held it
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("", port))  # OSError if free_ports still held it
+            s.listen()
+
+
+def test_a_port_free_ports_chose_is_reserved_from_a_second_choice(monkeypatch):
+    """A worker started 12 s after its port was chosen found it taken: each port chosen stays
+    reserved (in TIME_WAIT) for a minute, so the next free_ports, drawing it first, passes it."""
+    first = cluster.free_ports(3)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as plain:
+        with pytest.raises(OSError):
+            plain.bind(("127.0.0.1", first[0]))
+    drawn = random.sample
+    monkeypatch.setattr(cluster.random, "sample", lambda pool, k: first + drawn(pool, k))
+    second = cluster.free_ports(3)
+    assert not set(first) & set(second), (first, second)
 
 
 def test_check_port_free_passes_on_a_free_port():
@@ -269,6 +285,7 @@ def test_check_port_free_passes_on_a_free_port():
 def test_check_port_free_names_a_port_someone_listens_on():
     (port,) = cluster.free_ports(1)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
         held.bind(("127.0.0.1", port))
         held.listen()
         with pytest.raises(ClusterError) as raised:
@@ -296,6 +313,7 @@ def test_check_port_free_accepts_a_port_left_in_time_wait():
 def test_wait_reachable_returns_once_something_listens():
     (port,) = cluster.free_ports(1)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
         held.bind(("127.0.0.1", port))
         held.listen()
         waited = cluster.wait_reachable(f"127.0.0.1:{port}", "ps 0", timeout=5.0)
@@ -436,6 +454,7 @@ def test_free_ports_are_drawn_below_the_kernels_ephemeral_range():
     ports = cluster.free_ports(6)
     assert len(set(ports)) == 6, ports
     assert all(cluster.FIRST_FREE_PORT <= p < low for p in ports), ports
-    for port in ports:  # free: each binds
+    for port in ports:  # free: each binds, as a gRPC server does
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("127.0.0.1", port))

@@ -94,6 +94,7 @@ def test_missing_names_the_workers_the_next_update_waits_for_and_why():
     ports = free_ports(3)
     layout = ClusterLayout(("127.0.0.1:1",), tuple(f"127.0.0.1:{p}" for p in ports))
     with socket.socket() as alive:  # worker 1's server is up; worker 2's port is closed
+        alive.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
         alive.bind(("127.0.0.1", ports[1]))
         alive.listen()
         text = membership.missing([23, 22, 22], 23, layout)

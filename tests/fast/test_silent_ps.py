@@ -55,6 +55,7 @@ def _listening(ports):
     with contextlib.ExitStack() as stack:
         for port in ports:
             server = stack.enter_context(socket.socket())
+            server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
             server.bind(("127.0.0.1", port))
             server.listen()
         yield
