@@ -277,28 +277,30 @@ def cluster_ports(proc) -> list[int]:
 
 def free_run(count: int, within: tuple[int, int] | None = None) -> int:
     """A first port such that it and the next count - 1 are free on this host right now, drawn
-    from `within` (low, high) when given."""
+    from `within` (low, high), by default where free_ports draws; reserved as free_ports
+    leaves its ports."""
     import random
 
-    from sync_mnist.core.cluster import free_ports
+    from sync_mnist.core import cluster
 
+    low, high = within or (cluster.FIRST_FREE_PORT, cluster.ephemeral_low())
     for _ in range(200):
-        base = random.randrange(within[0], within[1] - count) if within else free_ports(1)[0]
-        if base + count > 65535:
-            continue
+        base = random.randrange(low, high - count)
         sockets = []
         try:
             for port in range(base, base + count):
                 s = socket.socket()
                 sockets.append(s)
                 s.bind(("", port))
+            for s in sockets:
+                cluster.reserve(s, "")
             return base
         except OSError:
             continue
         finally:
             for s in sockets:
                 s.close()
-    raise AssertionError(f"found no {count} consecutive free ports {within or ''}")
+    raise AssertionError(f"found no {count} consecutive free ports in {low}-{high}")
 
 
 INSTALL_SECS = 900  # apt-get update and install, bounded

@@ -416,7 +416,7 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     do) binds it. Without it, a port could be taken between the choice and the task's bind: a
     worker started 12 s after the launcher chose its port failed with "Could not start gRPC
     server" (make test-convergence, other tests choosing ports beside it)."""
-    low = _ephemeral_low()
+    low = ephemeral_low()
     below = range(FIRST_FREE_PORT, low) if low - FIRST_FREE_PORT > 100 * count else range(0)
     sockets: list[socket.socket] = []
     try:
@@ -427,16 +427,17 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
         while len(sockets) < count:
             _bind(sockets, host, 0)
         for s in sockets:
-            _leave_in_time_wait(s, host)
+            reserve(s, host)
         return [s.getsockname()[1] for s in sockets]
     finally:
         for s in sockets:
             s.close()
 
 
-def _leave_in_time_wait(server: socket.socket, host: str) -> None:
-    """Connects to the bound socket and closes the server's side first, which leaves its port
-    in TIME_WAIT (the technique of the ephemeral-port-reserve package)."""
+def reserve(server: socket.socket, host: str) -> None:
+    """Leaves the bound socket's port reserved for a minute, as free_ports says: connects to it
+    and closes the server's side first, which leaves the port in TIME_WAIT (the technique of
+    the ephemeral-port-reserve package)."""
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     server.listen(1)
     port = server.getsockname()[1]
@@ -458,7 +459,7 @@ def _bind(sockets: list, host: str, port: int) -> None:
     sockets.append(s)
 
 
-def _ephemeral_low() -> int:
+def ephemeral_low() -> int:
     """The first port of the kernel's ephemeral range (32768 where it cannot be read)."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
