@@ -19,7 +19,8 @@ JOBS   ?= 4
 # (tests/convergence), models trained to near their planted truth, and the MLP on the complete
 # MNIST with its SavedModel's scores (about 3 minutes); `make
 # test-recovery` (tests/recovery), clusters with faults injected (tasks killed, frozen or
-# preempted, a ps that never answers, a full disk, the chaos soak stopped), which wait out
+# preempted, a ps that never answers, a worker that starts late, a full disk or a --logdir
+# the ps does not share, the chaos soak stopped), which wait out
 # timeouts and restarts (about 4 minutes); `make test-slurm`
 # (tests/slurm), the sbatch script under a real Slurm of its own (root; installs slurm-wlm and
 # munge where missing, else skips saying why; a few minutes); `make test-network`

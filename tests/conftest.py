@@ -7,8 +7,8 @@ The tiers are the directories below this one, chosen by what a test starts:
   inprocess/  TensorFlow sessions and servers in the test's own process
   cluster/    tasks and launchers as processes, through the real command line
   recovery/   clusters through the real command line with faults injected: tasks killed,
-              frozen or preempted, a ps that never answers, a full disk, the chaos soak
-              stopped (`make test-recovery`; they wait out timeouts and restarts, about
+              frozen or preempted, a ps that never answers, a worker that starts late, a
+              full disk or a --logdir the ps does not share, the chaos soak stopped (`make test-recovery`; they wait out timeouts and restarts, about
               4 minutes)
   convergence/ models trained to near their planted truth, or the MLP on the complete MNIST
               and its SavedModel's scores, in-process or through the real command line
