@@ -26,7 +26,8 @@ JOBS   ?= 4
 # munge where missing, else skips saying why; a few minutes); `make test-network`
 # (tests/network), a worker partitioned on the testbed's network namespaces, and the
 # launcher's --isolate off and auto where no namespace can be made (root, else skips saying
-# why; about 2 minutes); and `make test-container` (tests/container), the TFJob's image
+# why; about 2 minutes); and `make test-container` (tests/container), the TFJob's pods as
+# processes given the operator's TF_CONFIG, and its image
 # built with podman and its pods run as containers (root; installs podman, runc and mmdebstrap
 # where missing, else skips saying why; keeps only the Debian base's tarball, in
 # build/container; 3 to 5 minutes). `make soak` (tests/soak): long runs, not in CI.

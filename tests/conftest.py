@@ -8,8 +8,8 @@ The tiers are the directories below this one, chosen by what a test starts:
   cluster/    tasks and launchers as processes, through the real command line
   recovery/   clusters through the real command line with faults injected: tasks killed,
               frozen or preempted, a ps that never answers, a worker that starts late, a
-              full disk or a --logdir the ps does not share, the chaos soak stopped (`make test-recovery`; they wait out timeouts and restarts, about
-              4 minutes)
+              full disk or a --logdir the ps does not share, the chaos soak stopped
+              (`make test-recovery`; they wait out timeouts and restarts, about 4 minutes)
   convergence/ models trained to near their planted truth, or the MLP on the complete MNIST
               and its SavedModel's scores, in-process or through the real command line
               (`make test-convergence`; about 3 minutes)
@@ -17,7 +17,8 @@ The tiers are the directories below this one, chosen by what a test starts:
   network/    clusters on the testbed's namespaces, a link partitioned; the launcher with
               no namespace of its own (`make test-network`, root; about 2 minutes)
   slurm/      the sbatch script under a real Slurm of its own (`make test-slurm`)
-  container/  the TFJob's image built with podman, its pods run as containers
+  container/  the TFJob's pods: as processes given the operator's TF_CONFIG, and the image
+              built with podman, its pods run as containers
               (`make test-container`)
 `make test` (and a bare `pytest`, see setup.cfg's testpaths) runs fast, inprocess and cluster.
 The helpers shared across tiers stay here: procs.py (processes and what they leave behind),

@@ -1,7 +1,7 @@
 """A model of the user's own, in a file outside the repository, through the real command line:
 the Estimator-era example after its documented change, and every way a model can be bad input
 (exit 2, one line, the user's traceback below it). The same model file runs as the TFJob's
-pods in tests/cluster/test_tf_config_cluster.py, and with a worker killed and restarted in
+pods in tests/container/test_tf_config_cluster.py, and with a worker killed and restarted in
 tests/recovery/test_model_file_restarts.py.
 
 The model file is the documented example (examples/your_model/my_model.py), copied to the

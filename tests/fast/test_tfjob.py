@@ -1,8 +1,8 @@
 """Kubernetes TFJob: pods that share one command and learn their place from TF_CONFIG alone.
 
 Here, the manifest: validated against the TFJob CRD and the operator's webhook rules, and its
-command a valid task in every pod. tests/cluster/test_tf_config_cluster.py runs those pods as
-processes.
+command a valid task in every pod. tests/container/test_tf_config_cluster.py runs those pods
+as processes.
 """
 
 from __future__ import annotations
