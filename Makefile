@@ -21,7 +21,7 @@ JOBS   ?= 4
 # test-recovery` (tests/recovery), clusters with faults injected (tasks killed, frozen or
 # preempted, a ps that never answers, a worker that starts late, a full disk or a --logdir
 # the ps does not share, the chaos soak stopped), which wait out
-# timeouts and restarts (about 4 minutes); `make test-slurm`
+# timeouts and restarts (6 to 7 minutes); `make test-slurm`
 # (tests/slurm), the sbatch script under a real Slurm of its own (root; installs slurm-wlm and
 # munge where missing, else skips saying why; a few minutes); `make test-network`
 # (tests/network), a worker partitioned on the testbed's network namespaces, and the

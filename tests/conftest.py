@@ -9,7 +9,7 @@ The tiers are the directories below this one, chosen by what a test starts:
   recovery/   clusters through the real command line with faults injected: tasks killed,
               frozen or preempted, a ps that never answers, a worker that starts late, a
               full disk or a --logdir the ps does not share, the chaos soak stopped
-              (`make test-recovery`; they wait out timeouts and restarts, about 4 minutes)
+              (`make test-recovery`; they wait out timeouts and restarts, 6 to 7 minutes)
   convergence/ models trained to near their planted truth, or the MLP on the complete MNIST
               and its SavedModel's scores, in-process or through the real command line
               (`make test-convergence`; about 3 minutes)
