@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import stream_model
+from sync_mnist.core import audit
 from sync_mnist.core.shard import DataError
 from sync_mnist.core.stream import Stream, group_size
 
@@ -141,19 +142,9 @@ def test_the_input_is_read_without_tf_data_autotuning(tmp_path):
     assert len(made) == 3
     for op in made:
         autotune = [dataset_options_pb2.Options.FromString(o.get_attr("serialized_options"))
-                    .autotune_options for o in _upstream(op) if o.type == "OptionsDataset"]
+                    .autotune_options for o in audit.closure([op]) if o.type == "OptionsDataset"]
         assert any(a.HasField("enabled") for a in autotune)
         assert not any(a.enabled for a in autotune if a.HasField("enabled"))
-
-
-def _upstream(op) -> list:
-    seen, stack = {}, [op]
-    while stack:
-        o = stack.pop()
-        if o.name not in seen:
-            seen[o.name] = o
-            stack.extend(t.op for t in o.inputs)
-    return list(seen.values())
 
 
 def _rebatched(stream: Stream) -> bool:
