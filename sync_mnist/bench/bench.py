@@ -328,7 +328,7 @@ def targets(rows: Sequence[Row], baseline_sync2: float | None = None) -> list[st
     return lines
 
 
-def ctr_targets(rows: Sequence[Row]) -> list[str]:
+def ctr_targets(rows: Sequence[Row], samples: Sequence[Sample] = ()) -> list[str]:
     """Issue 36's target, as lines: sync against MultiWorkerMirroredStrategy on the ctr model
     at each worker count from 2 that both ran, examples/s and log-loss side by side. (At 1
     worker MWMS is one process with no all-reduce, a baseline and not the target.)"""
@@ -347,13 +347,14 @@ def ctr_targets(rows: Sequence[Row]) -> list[str]:
                      + (f", planted {sync.planted_log_loss:.4f}"
                         if sync.planted_log_loss is not None else ""))
         lines.append(line)
-    return lines + files_targets(rows)
+    return lines + files_targets(rows, samples)
 
 
-def files_targets(rows: Sequence[Row]) -> list[str]:
+def files_targets(rows: Sequence[Row], samples: Sequence[Sample] = ()) -> list[str]:
     """Issue 44's target, as lines: the ctr model from TFRecord files (sync-files) against the
     same clicks from memory (sync), at each worker count from 2 that both ran, with the spread
-    of the repeats."""
+    of the repeats; given the samples, also each round's ratio (the k-th run of each, which the
+    plan ran one after the other) and their median: the host's drift cancels within a round."""
     by = {(r.setup, r.workers): r for r in rows}
     lines = []
     for n in sorted({r.workers for r in rows if r.workers >= 2}):
@@ -366,7 +367,21 @@ def files_targets(rows: Sequence[Row]) -> list[str]:
             f"files / memory, ctr, {n} workers: {files.examples_per_s / memory.examples_per_s:.2f}x"
             f" ({files.examples_per_s:,.0f} {spread[0]} vs {memory.examples_per_s:,.0f} "
             f"{spread[1]} examples/s, {files.runs} and {memory.runs} runs; target >= 0.95x)")
+        if len(rounds := round_ratios(samples, "sync-files", "sync", n)) > 1:
+            lines[-1] += (f"; round by round {', '.join(f'{r:.2f}x' for r in rounds)}: median "
+                          f"{statistics.median(rounds):.2f}x")
     return lines
+
+
+def round_ratios(samples: Sequence[Sample], setup: str, baseline: str, n: int) -> list[float]:
+    """examples/s of each run of `setup` at n workers over the baseline's run of the same round
+    (the k-th of each); a round where either failed is left out."""
+    def runs(name):
+        return [s for s in samples if s.setup == name and s.workers == n]
+
+    return [a.examples / a.wall_s / (b.examples / b.wall_s)
+            for a, b in zip(runs(setup), runs(baseline))
+            if all(s.error is None and s.updates and s.wall_s for s in (a, b))]
 
 
 def format_table(rows: Sequence[Row]) -> str:
@@ -412,7 +427,7 @@ def to_json(config: BenchConfig, rows: Sequence[Row], samples: Sequence[Sample],
         "config": {**dataclasses.asdict(config), "out": str(config.out), "batch": BATCH},
         "rows": [dataclasses.asdict(r) for r in rows],
         "samples": [dataclasses.asdict(s) for s in samples],
-        "targets": ctr_targets(rows) if config.model == "ctr" else targets(rows),
+        "targets": ctr_targets(rows, samples) if config.model == "ctr" else targets(rows),
         **(extra or {}),
     }
 

@@ -58,3 +58,21 @@ def test_the_target_compares_files_with_memory_with_the_spread():
     assert line == ("files / memory, ctr, 2 workers: 0.95x (19,048 (16,000-20,000) vs 20,000 "
                     "(18,182-22,222) examples/s, 3 and 3 runs; target >= 0.95x)")
     assert line in bench.ctr_targets(bench.summarise(samples))
+
+
+def test_with_the_samples_the_target_gives_each_round_s_ratio_and_their_median():
+    # Round k: the k-th run of each. Files over memory: 1.0/1.0, 1.1/1.25 and 0.9/1.05 of the
+    # memory's seconds over the files' (equal examples): 1.00x, 0.88x, 0.86x; median 0.88x.
+    samples = [_sample("sync", 2, 1.0), _sample("sync-files", 2, 1.0),
+               _sample("sync", 2, 1.1), _sample("sync-files", 2, 1.25),
+               _sample("sync", 2, 0.9), _sample("sync-files", 2, 1.05)]
+    (line,) = bench.files_targets(bench.summarise(samples), samples)
+    assert line.endswith("target >= 0.95x); round by round 1.00x, 0.88x, 0.86x: median 0.88x")
+    assert line in bench.ctr_targets(bench.summarise(samples), samples)
+    # A failed run leaves its round out; one round left is no series.
+    samples[3].error = "worker 1 exited 1"
+    (line,) = bench.files_targets(bench.summarise(samples), samples)
+    assert line.endswith("round by round 1.00x, 0.86x: median 0.93x")
+    samples[1].error = "worker 0 exited 1"
+    (line,) = bench.files_targets(bench.summarise(samples), samples)
+    assert line.endswith("target >= 0.95x)")
