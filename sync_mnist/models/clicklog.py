@@ -85,11 +85,15 @@ TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfr")
 # be empty.
 LABEL_RE, INTEGER_RE, CATEGORY_RE = "[01]", "(-?[0-9]+)?", "([0-9a-fA-F]{8})?"
 LINE_RE = LABEL_RE + f"(\t{INTEGER_RE}){{{INTEGERS}}}" + f"(\t{CATEGORY_RE}){{{CATEGORIES}}}"
-READ_BATCH = 256  # clicks parsed at a time (lines, or blocks), before handed on one by one
+# Clicks parsed at a time (lines, or records of BLOCK): a parse's own cost (the reader's and
+# the parallel map's hand-offs, parse_example's setup) is then a small part of a click's; at
+# 256 a time the click files cost a third more CPU to read. The shuffle still moves blocks of
+# SHUFFLE_BLOCK clicks, cut from the parsed ones.
+PARSE_BATCH = 1024
+SHUFFLE_BLOCK = 256  # clicks the shuffle buffer moves as one, each block's clicks permuted
 # Clicks a TFRecord holds (a file's last record fewer): 128 makes a record's cost a small part
-# of a click's (tf.train.Example's framing and parse setup, once a block), and two of them are
-# the READ_BATCH the TSV reader parses at a time, so shuffling is what it was, the clicks
-# permuted in blocks of 256. Larger blocks would save little more and coarsen the shuffle.
+# of a click's (tf.train.Example's framing, once a block). Larger records would save little
+# more, and a record's clicks are read together.
 BLOCK = 128
 MAX_EVAL_EXAMPLES = 1_000_000  # the evaluation loads its clicks whole (numpy); it reads no more
 CHUNK = 65_536  # clicks generated and written at a time
@@ -281,19 +285,19 @@ def read(files: list[str], fields: int, planted: dict | None, shuffle: int = 0):
     """The clicks of `files` (one format), as a Dataset of single examples: in order, or
     shuffled within a window of about `shuffle` clicks.
 
-    A real log is in time order, so the training clicks are shuffled; a block of READ_BATCH
-    at a time (256 lines, or two records of 128), each block's clicks permuted, the blocks drawn from a buffer of shuffle /
-    READ_BATCH: an example-by-example shuffle buffer cost more CPU than the parsing (4 of
-    the 20 microseconds a click cost on this machine), taken from the training's. The package
-    set the graph's seed (--seed), so every worker and every rerun shuffles alike
-    (core/stream.py)."""
+    The clicks are parsed PARSE_BATCH at a time. A real log is in time order, so the training
+    clicks are shuffled, a block of SHUFFLE_BLOCK at a time, each block's clicks permuted, the
+    blocks drawn from a buffer of shuffle / SHUFFLE_BLOCK: an example-by-example shuffle buffer
+    cost more CPU than the parsing (4 of the 20 microseconds a click cost on this machine),
+    taken from the training's. The package set the graph's seed (--seed), so every worker and
+    every rerun shuffles alike (core/stream.py)."""
     import tensorflow as tf
 
     kind, compression = file_format(files[0])
     reader = tf.data.TFRecordDataset if kind == "tfrecord" else tf.data.TextLineDataset
     parse = _parse_tfrecords if kind == "tfrecord" else _parse_lines
 
-    per = READ_BATCH // BLOCK if kind == "tfrecord" else READ_BATCH  # records a parse
+    per = PARSE_BATCH // BLOCK if kind == "tfrecord" else PARSE_BATCH  # records a parse
 
     def batches(path):  # the file's name and first line's or record's number go with each batch
         return reader(path, compression_type=compression).batch(per).enumerate().map(
@@ -310,7 +314,8 @@ def read(files: list[str], fields: int, planted: dict | None, shuffle: int = 0):
     blocks = tf.data.Dataset.from_tensor_slices(files).flat_map(batches).map(
         example, num_parallel_calls=2, deterministic=True)
     if shuffle:
-        blocks = blocks.shuffle(max(1, shuffle // READ_BATCH)).map(_permuted)
+        blocks = blocks.rebatch(SHUFFLE_BLOCK).shuffle(max(1, shuffle // SHUFFLE_BLOCK)).map(
+            _permuted)
     return blocks.unbatch()
 
 

@@ -91,11 +91,17 @@ def _stream_error(params: dict) -> tuple[str, str]:
     return str(error.value), error.value.__cause__.message
 
 
+# Line LINE of a file of TRAIN_LINES is in the second batch of lines the reader parses; so is
+# record BAD of a file of TFRecords, the second of its batch (TensorFlow's "Index: 1").
+LINE, TRAIN_LINES = clicklog.PARSE_BATCH + 11, clicklog.PARSE_BATCH + 44
+BAD = clicklog.PARSE_BATCH // clicklog.BLOCK + 2
+
+
 def _break_line(directory: Path, edit) -> Path:
-    """Line 267 of the one training file edited: in the second batch the reader parses."""
+    """Line LINE of the one training file edited."""
     path = directory / "train-00000-of-00001.tsv"
     lines = path.read_text().splitlines()
-    lines[266] = "\t".join(edit(lines[266].split("\t")))
+    lines[LINE - 1] = "\t".join(edit(lines[LINE - 1].split("\t")))
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -108,21 +114,22 @@ def _break_line(directory: Path, edit) -> Path:
     (lambda f: f[:16] + ["zz00ff00"] + f[17:], 'field 17 (C3) is `zz00ff00`: not 8 hex'),
 ])
 def test_a_line_not_of_the_format_names_the_file_and_line(tmp_path, edit, message):
-    _write(tmp_path, "tsv", train=300, files=1)
+    _write(tmp_path, "tsv", train=TRAIN_LINES, files=1)
     path = _break_line(tmp_path, edit)
     _, whole = _stream_error(_params(tmp_path))
-    assert f"{path}:267: {message}" in whole
+    assert f"{path}:{LINE}: {message}" in whole
     # The evaluation reads its files itself: one line, the file and the line first.
     params = {**_params(tmp_path), "eval_files": str(path)}
-    with pytest.raises(DataError, match="^" + re.escape(f"the evaluation clicks: {path}:267: {message}")):
+    expected = f"the evaluation clicks: {path}:{LINE}: {message}"
+    with pytest.raises(DataError, match="^" + re.escape(expected)):
         ctr.eval_input_fn(params)
 
 
 def test_a_worker_s_data_error_line_names_the_file_and_line(tmp_path):
-    _write(tmp_path, "tsv", train=300, files=1)
+    _write(tmp_path, "tsv", train=TRAIN_LINES, files=1)
     path = _break_line(tmp_path, lambda f: f[:-1])
     line, _ = _stream_error(_params(tmp_path))
-    assert f"{path}:267: 39 tab-separated fields, not 40" in line
+    assert f"{path}:{LINE}: 39 tab-separated fields, not 40" in line
 
 
 def _block(**columns) -> tf.train.Example:
@@ -150,23 +157,23 @@ def _text_category() -> tf.train.Example:
 
 
 @pytest.mark.parametrize("bad, message", [
-    (lambda: _with(C2=[0x2a, 2 ** 32, 7]), "record 4: not a block of clicks of the format"),
-    (lambda: _with(label=[1, 2, 0]), "record 4: not a block of clicks of the format"),
-    (lambda: _with(C5=[1, 2]), "record 4: column C5 has 2 values, the label 3: a record is a "
+    (lambda: _with(C2=[0x2a, 2 ** 32, 7]), f"record {BAD}: not a block of clicks of the format"),
+    (lambda: _with(label=[1, 2, 0]), f"record {BAD}: not a block of clicks of the format"),
+    (lambda: _with(C5=[1, 2]), f"record {BAD}: column C5 has 2 values, the label 3: a record is a "
                                "block of clicks"),
-    (lambda: _with(label=None), "record 4: column C1 has 3 values, the label 0"),
-    (_one_click_a_record, "record 4: column C3 has 0 values, the label 1: a record is a block "
+    (lambda: _with(label=None), f"record {BAD}: column C1 has 3 values, the label 0"),
+    (_one_click_a_record, f"record {BAD}: column C3 has 0 values, the label 1: a record is a block "
                           "of clicks, each column a value a click (-1 where empty); a click a "
                           "record, its empty fields absent, is the format before 5 December "
                           "2026: write the files again"),
-    (_text_category, "record 4, Key: C2, Index: 1.  Data types don't match. Expected type: "
+    (_text_category, f"record {BAD}, Key: C2, Index: 1.  Data types don't match. Expected type: "
                      "int64, Actual type: string"),
 ])
 def test_a_bad_tfrecord_names_the_file_and_record(tmp_path, bad, message):
-    """Record 4: the second of the second pair of records the reader parses at a time."""
+    """Record BAD: the second of the second batch of records the reader parses."""
     path = tmp_path / "train-00000.tfrecord"
     with tf.io.TFRecordWriter(str(path)) as writer:
-        for record in [_with(), _with(), _with(), bad(), _with()]:
+        for record in [_with()] * (BAD - 1) + [bad(), _with()]:
             writer.write(record.SerializeToString())
     line, whole = _stream_error({**PARAMS, "train_files": str(path), "eval_files": str(path)})
     assert f"{path}: {message}" in whole, whole
