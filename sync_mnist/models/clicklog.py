@@ -85,10 +85,9 @@ TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfr")
 # be empty.
 LABEL_RE, INTEGER_RE, CATEGORY_RE = "[01]", "(-?[0-9]+)?", "([0-9a-fA-F]{8})?"
 LINE_RE = LABEL_RE + f"(\t{INTEGER_RE}){{{INTEGERS}}}" + f"(\t{CATEGORY_RE}){{{CATEGORIES}}}"
-# Clicks parsed at a time (lines, or records of BLOCK): a parse's own cost (the reader's and
-# the parallel map's hand-offs, parse_example's setup) is then a small part of a click's; at
-# 256 a time the click files cost a third more CPU to read. The shuffle still moves blocks of
-# SHUFFLE_BLOCK clicks, cut from the parsed ones.
+# Clicks parsed at a time (lines, or records of BLOCK): a parse costs CPU of its own, whatever
+# its size; at 256 a time, reading the click files cost about 1.5 times as much (docs/sparse.md).
+# The shuffle still moves blocks of SHUFFLE_BLOCK clicks, cut from the parsed ones.
 PARSE_BATCH = 1024
 SHUFFLE_BLOCK = 256  # clicks the shuffle buffer moves as one, each block's clicks permuted
 # Clicks a TFRecord holds (a file's last record fewer): 128 makes a record's cost a small part
