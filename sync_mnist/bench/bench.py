@@ -259,10 +259,10 @@ def summarise(samples: Sequence[Sample]) -> list[Row]:
         groups.setdefault((s.setup, s.workers), []).append(s)
     rows = []
     for (setup, workers), group in groups.items():
-        good = [s for s in group if s.error is None and s.updates and s.wall_s]
+        good = [s for s in group if _measured(s)]
         row = Row(setup, workers, len(good), errors=[s.error for s in group if s.error])
         if good:
-            eps = [s.examples / s.wall_s for s in good]
+            eps = [_examples_per_s(s) for s in good]
             ms = [1000 * s.wall_s / s.updates for s in good]
             row.examples_per_s, row.examples_per_s_min, row.examples_per_s_max = _spread(eps)
             row.ms_per_update, row.ms_per_update_min, row.ms_per_update_max = _spread(ms)
@@ -379,9 +379,17 @@ def round_ratios(samples: Sequence[Sample], setup: str, baseline: str, n: int) -
     def runs(name):
         return [s for s in samples if s.setup == name and s.workers == n]
 
-    return [a.examples / a.wall_s / (b.examples / b.wall_s)
-            for a, b in zip(runs(setup), runs(baseline))
-            if all(s.error is None and s.updates and s.wall_s for s in (a, b))]
+    return [_examples_per_s(a) / _examples_per_s(b)
+            for a, b in zip(runs(setup), runs(baseline)) if _measured(a) and _measured(b)]
+
+
+def _measured(sample: Sample) -> bool:
+    """Whether the run ended well and its window holds updates."""
+    return sample.error is None and bool(sample.updates) and bool(sample.wall_s)
+
+
+def _examples_per_s(sample: Sample) -> float:
+    return sample.examples / sample.wall_s
 
 
 def format_table(rows: Sequence[Row]) -> str:

@@ -160,14 +160,14 @@ def _text_category() -> tf.train.Example:
     (lambda: _with(C2=[0x2a, 2 ** 32, 7]), f"record {BAD}: not a block of clicks of the format"),
     (lambda: _with(label=[1, 2, 0]), f"record {BAD}: not a block of clicks of the format"),
     (lambda: _with(C5=[1, 2]), f"record {BAD}: column C5 has 2 values, the label 3: a record is a "
-                               "block of clicks"),
+                                "block of clicks"),
     (lambda: _with(label=None), f"record {BAD}: column C1 has 3 values, the label 0"),
     (_one_click_a_record, f"record {BAD}: column C3 has 0 values, the label 1: a record is a block "
-                          "of clicks, each column a value a click (-1 where empty); a click a "
-                          "record, its empty fields absent, is the format before 5 December "
-                          "2026: write the files again"),
+                           "of clicks, each column a value a click (-1 where empty); a click a "
+                           "record, its empty fields absent, is the format before 5 December "
+                           "2026: write the files again"),
     (_text_category, f"record {BAD}, Key: C2, Index: 1.  Data types don't match. Expected type: "
-                     "int64, Actual type: string"),
+                      "int64, Actual type: string"),
 ])
 def test_a_bad_tfrecord_names_the_file_and_record(tmp_path, bad, message):
     """Record BAD: the second of the second batch of records the reader parses."""
