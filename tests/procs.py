@@ -102,10 +102,12 @@ class Processes:
             proc.kill()
 
 
-def run_task_process(args: list[str], timeout: float = 60.0, script: str | None = None):
+def run_task_process(args: list[str], timeout: float = 60.0, script: str | None = None,
+                     log_level: str = "3"):
     """Runs `python -m sync_mnist ARGS` (no TF_CONFIG), or `python -c SCRIPT ARGS`, to its end;
-    returns (exit code, stdout, stderr, seconds). Its process group is killed however it ends."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    returns (exit code, stdout, stderr, seconds). Its process group is killed however it ends.
+    `log_level`: TensorFlow's C++ logs it keeps (TF_CPP_MIN_LOG_LEVEL; "0": all)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=log_level)
     env.pop("TF_CONFIG", None)
     started = time.monotonic()
     entry = ["-m", "sync_mnist"] if script is None else ["-c", script]

@@ -97,3 +97,28 @@ def test_an_input_that_reads_no_file_is_bad_input_in_one_line(tmp_path):
     assert [x for x in lines if x.startswith("error: ")] == [
         "error: train_input_fn's dataset has no full batch of 4 examples for worker 1 of 2 "
         "(sharded by record; it reads no file that exists: does its pattern match any?)"], lines
+
+
+# Blocks that are views into larger ones (the input's own rebatch), cut into batches whole.
+_VIEWS = """
+import numpy as np, tensorflow as tf
+from sync_mnist.core.stream import Stream
+graph = tf.Graph()
+with graph.as_default():
+    ids = np.arange(1000)
+    dataset = tf.data.Dataset.from_tensor_slices(({"id": ids}, ids % 2)).batch(64).rebatch(16)
+    stream = Stream(graph, dataset.unbatch(), index=0, num_workers=1, batch_size=10, epochs=1,
+                    sharded=False, what="train_input_fn")
+rebatches = [op for op in graph.get_operations() if op.type.startswith("RebatchDataset")]
+print(len(rebatches), sum((stream.batch(k)[0]["id"].tolist() for k in range(100)), []) == [
+    *range(1000)])
+"""
+
+
+def test_blocks_that_are_views_are_cut_into_batches_without_an_error_logged():
+    """TensorFlow's rebatch logs an error a block ("Tensor RefCount not reliable if buf_ points
+    to a SubBuffer") where a block is a view: the stream copies each block first."""
+    code, out, err, _ = run_task_process([], script=_VIEWS, log_level="0")
+    assert code == 0, err
+    assert out.split() == ["2", "True"]  # the input's rebatch and the stream's; every id once
+    assert "RefCount" not in err, [line for line in err.splitlines() if "RefCount" in line][:3]
