@@ -29,8 +29,9 @@ Every run is timed over a steady window: from worker 0's first progress line to 
 90% of the steps, so start-up, graph registration and the finish are left out. CPU time is
 that of every process of the run over the same window (/proc/<pid>/stat). Start-up is from
 spawning the processes to worker 0 being ready to step; peak RSS is summed over the run's
-processes (getrusage of each child). Each setup is run --repeats times, interleaved, and the
-table shows the median and the min-max spread of the repeats.
+processes (getrusage of each child). Each setup is run --repeats times, interleaved (with
+--files, in the reverse order every other round), and the table shows the median and the
+min-max spread of the repeats.
 
 Exit codes: 0 every run finished; 1 some run failed (its row says why); 2 bad arguments.
 """
@@ -720,13 +721,23 @@ def click_files(config: BenchConfig) -> Path:
     return directory
 
 
+def in_round(pairs: Sequence[tuple[str, int]], repeat: int) -> list[tuple[str, int]]:
+    """The plan's pairs in the order of round `repeat` (from 0). With files, every other round
+    runs each worker count's setups in reverse (memory, files; then files, memory), so that
+    neither side of the files target always runs second, after the other's processes."""
+    if repeat % 2 == 0 or not any(s in FILE_SETUPS for s, _ in pairs):
+        return list(pairs)
+    counts = list(dict.fromkeys(n for _, n in pairs))
+    return [pair for n in counts for pair in reversed([p for p in pairs if p[1] == n])]
+
+
 def run_all(config: BenchConfig) -> list[Sample]:
     samples = []
     pairs = plan(config)
     if any(s in FILE_SETUPS for s, _ in pairs):
         click_files(config)
     for repeat in range(config.repeats):
-        for setup, n in pairs:  # interleaved, so slow drift in the machine's load spreads out
+        for setup, n in in_round(pairs, repeat):  # interleaved: the machine's drift spreads out
             t = time.monotonic()
             sample = run_one(setup, n, config, num_ps=SETUP_PS.get(setup, 1))
             samples.append(sample)
