@@ -212,6 +212,7 @@ class Sample:
     examples: int | None = None  # examples trained in the window
     wall_s: float | None = None  # the window's length
     cpu_s: float | None = None  # CPU of every process of the run over the window
+    ps_cpu_s: float | None = None  # of its ps tasks alone: the same work from memory or files
     startup_s: float | None = None
     peak_rss_mb: float | None = None  # summed over the run's processes
     ps_rss_mb: float | None = None  # the largest ps's peak RSS
@@ -371,7 +372,20 @@ def files_targets(rows: Sequence[Row], samples: Sequence[Sample] = ()) -> list[s
         if len(rounds := round_ratios(samples, "sync-files", "sync", n)) > 1:
             lines[-1] += (f"; round by round {', '.join(f'{r:.2f}x' for r in rounds)}: median "
                           f"{statistics.median(rounds):.2f}x")
+        over = [workers_over_ps(samples, setup, n) for setup in ("sync-files", "sync")]
+        if None not in over:
+            lines[-1] += (f"; the workers' CPU over the ps's (medians): files {over[0]:.3f}, "
+                          f"memory {over[1]:.3f}: {100 * (over[0] / over[1] - 1):+.1f}%")
     return lines
+
+
+def workers_over_ps(samples: Sequence[Sample], setup: str, n: int) -> float | None:
+    """The median over the runs of `setup` at n workers of the workers' CPU over the ps's in
+    the window. The ps does the same work an update from memory or from files, so this ratio
+    cancels the host's speed, which drifts between runs; None without such runs."""
+    ratios = [(s.cpu_s - s.ps_cpu_s) / s.ps_cpu_s for s in samples
+              if s.setup == setup and s.workers == n and _measured(s) and s.ps_cpu_s]
+    return statistics.median(ratios) if ratios else None
 
 
 def round_ratios(samples: Sequence[Sample], setup: str, baseline: str, n: int) -> list[float]:
@@ -590,7 +604,8 @@ def run_one(setup: str, n: int, config: BenchConfig, *, num_ps: int = 1,
     ps, workers = _hosts(n, num_ps, network)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
     procs: list[_Proc] = []
-    ticks: list[tuple[float, int, int, int]] = []  # (time, cpu ticks, step, global_step)
+    # (time, CPU ticks of every process, worker 0's step, global_step, CPU ticks of the ps)
+    ticks: list[tuple[float, int, int, int, int]] = []
     ready: list[float] = []
     lock = threading.Lock()
 
@@ -599,8 +614,10 @@ def run_one(setup: str, n: int, config: BenchConfig, *, num_ps: int = 1,
         match = _STEP_LINE.search(line)
         if match:
             with lock:
-                cpu = sum(p.cpu_ticks() for p in procs)
-                ticks.append((now, cpu, int(match.group(1)), int(match.group(2))))
+                cpu = [(p.name, p.cpu_ticks()) for p in procs]
+                ps = sum(t for name, t in cpu if name.startswith("ps"))
+                ticks.append((now, sum(t for _, t in cpu), int(match.group(1)),
+                              int(match.group(2)), ps))
         elif not ready and _READY_LINE.search(line):
             ready.append(now)
 
@@ -683,7 +700,7 @@ def read_log_loss(lines: Sequence[str]) -> tuple[float | None, float | None]:
     return None, None
 
 
-def fill_window(sample: Sample, ticks: Sequence[tuple[float, int, int, int]], steps: int,
+def fill_window(sample: Sample, ticks: Sequence[tuple[float, int, int, int, int]], steps: int,
                 clock_ticks: int) -> None:
     """Sets the sample's window from worker 0's progress-line readings (pure arithmetic).
 
@@ -703,6 +720,7 @@ def fill_window(sample: Sample, ticks: Sequence[tuple[float, int, int, int]], st
     sample.updates = updates
     sample.wall_s = last[0] - first[0]
     sample.cpu_s = (last[1] - first[1]) / clock_ticks
+    sample.ps_cpu_s = (last[4] - first[4]) / clock_ticks
     sample.examples = updates * examples_per_update(sample.setup, sample.workers)
 
 

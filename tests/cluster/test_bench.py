@@ -54,18 +54,21 @@ def test_bad_arguments_exit_2_naming_the_value(argv, message, capsys):
 
 def test_window_runs_from_the_first_progress_line_to_the_one_at_90_percent():
     sample = Sample("sync", 2)
-    # (time, CPU ticks, worker 0's step, global_step); steps=100, lines every 10
-    ticks = [(10.0 + 0.1 * k, 1000 + 30 * k, 10 * (k + 1), 10 * (k + 1)) for k in range(10)]
+    # (time, CPU ticks, worker 0's step, global_step, the ps's CPU ticks); steps=100, lines
+    # every 10
+    ticks = [(10.0 + 0.1 * k, 1000 + 30 * k, 10 * (k + 1), 10 * (k + 1), 400 + 10 * k)
+             for k in range(10)]
     bench.fill_window(sample, ticks, steps=100, clock_ticks=100)
     assert sample.updates == 90 - 10
     assert sample.wall_s == pytest.approx(0.8)
     assert sample.cpu_s == pytest.approx(8 * 30 / 100)
+    assert sample.ps_cpu_s == pytest.approx(8 * 10 / 100)
     assert sample.examples == 80 * 2 * bench.BATCH  # lockstep: every worker's batch per update
 
 
 def test_async_window_counts_global_steps_and_one_batch_per_update():
     sample = Sample("async", 3)
-    ticks = [(0.0, 0, 10, 25), (1.0, 50, 20, 55), (2.0, 100, 30, 90)]
+    ticks = [(0.0, 0, 10, 25, 0), (1.0, 50, 20, 55, 20), (2.0, 100, 30, 90, 40)]
     bench.fill_window(sample, ticks, steps=30, clock_ticks=100)
     assert (sample.updates, sample.examples) == (55 - 25, 30 * bench.BATCH)
     assert sample.wall_s == 1.0
@@ -73,10 +76,11 @@ def test_async_window_counts_global_steps_and_one_batch_per_update():
 
 def test_a_window_needs_two_lines_and_progress():
     one = Sample("sync", 1)
-    bench.fill_window(one, [(0.0, 0, 10, 10)], steps=100, clock_ticks=100)
+    bench.fill_window(one, [(0.0, 0, 10, 10, 0)], steps=100, clock_ticks=100)
     assert one.error == "only 1 progress lines from worker 0"
     stuck = Sample("sync", 1)
-    bench.fill_window(stuck, [(0.0, 0, 10, 7), (1.0, 5, 20, 7)], steps=100, clock_ticks=100)
+    bench.fill_window(stuck, [(0.0, 0, 10, 7, 0), (1.0, 5, 20, 7, 2)], steps=100,
+                      clock_ticks=100)
     assert stuck.error == "global_step did not advance in the window (7 to 7)"
 
 

@@ -4,6 +4,7 @@ files, and the target line that compares the two (bench.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,18 @@ def test_with_the_samples_the_target_gives_each_round_s_ratio_and_their_median()
     samples[1].error = "worker 0 exited 1"
     (line,) = bench.files_targets(bench.summarise(samples), samples)
     assert line.endswith("target >= 0.95x)")
+
+
+def test_with_the_ps_s_cpu_the_target_gives_the_workers_cpu_over_the_ps_s():
+    # The ps's CPU is the control: files' workers spend 2.1 and 2.3 times the ps's (median 2.2),
+    # memory's 2.0 and 2.0: +10.0%. A run without the ps's CPU (a failed one) is left out.
+    def run(setup, cpu, ps):
+        return dataclasses.replace(_sample(setup, 3, 1.0), cpu_s=cpu, ps_cpu_s=ps)
+
+    samples = [run("sync", 3.0, 1.0), run("sync-files", 3.1, 1.0), run("sync", 6.0, 2.0),
+               run("sync-files", 6.6, 2.0), run("sync-files", 9.0, None)]
+    assert bench.workers_over_ps(samples, "sync-files", 3) == pytest.approx(2.2)
+    (line,) = bench.files_targets(bench.summarise(samples), samples)
+    assert line.endswith("; the workers' CPU over the ps's (medians): files 2.200, memory "
+                         "2.000: +10.0%")
+    assert bench.workers_over_ps(samples, "sync", 2) is None
