@@ -383,19 +383,22 @@ def workers_over_ps(samples: Sequence[Sample], setup: str, n: int) -> float | No
     """The median over the runs of `setup` at n workers of the workers' CPU over the ps's in
     the window. The ps does the same work an update from memory or from files, so this ratio
     cancels the host's speed, which drifts between runs; None without such runs."""
-    ratios = [(s.cpu_s - s.ps_cpu_s) / s.ps_cpu_s for s in samples
-              if s.setup == setup and s.workers == n and _measured(s) and s.ps_cpu_s]
+    ratios = [(s.cpu_s - s.ps_cpu_s) / s.ps_cpu_s for s in _runs(samples, setup, n)
+              if _measured(s) and s.ps_cpu_s]
     return statistics.median(ratios) if ratios else None
 
 
 def round_ratios(samples: Sequence[Sample], setup: str, baseline: str, n: int) -> list[float]:
     """examples/s of each run of `setup` at n workers over the baseline's run of the same round
     (the k-th of each); a round where either failed is left out."""
-    def runs(name):
-        return [s for s in samples if s.setup == name and s.workers == n]
-
     return [_examples_per_s(a) / _examples_per_s(b)
-            for a, b in zip(runs(setup), runs(baseline)) if _measured(a) and _measured(b)]
+            for a, b in zip(_runs(samples, setup, n), _runs(samples, baseline, n))
+            if _measured(a) and _measured(b)]
+
+
+def _runs(samples: Sequence[Sample], setup: str, n: int) -> list[Sample]:
+    """The runs of `setup` at n workers, in the order they ran."""
+    return [s for s in samples if s.setup == setup and s.workers == n]
 
 
 def _measured(sample: Sample) -> bool:
