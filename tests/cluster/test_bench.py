@@ -160,6 +160,7 @@ def test_smallest_real_run_writes_table_and_json(processes, tmp_path):
     (sample,) = record["samples"]
     assert sample["updates"] == 36 - 4  # worker 0's lines at steps 4..40; window ends at 36
     assert sample["cpu_s"] > 0 and sample["peak_rss_mb"] > 50 and sample["startup_s"] > 0
+    assert 0 < sample["ps_cpu_s"] < sample["cpu_s"]  # the ps's share of the run's CPU
     assert row["examples_per_s"] == pytest.approx(
         sample["examples"] / sample["wall_s"])
     assert "sync" in run.output and "examples/s" in run.output

@@ -24,11 +24,18 @@ def test_files_adds_sync_files_right_after_sync_at_each_worker_count():
     assert "sync-files" not in dict(bench.plan(bench.parse_args(["--model", "ctr"])))
 
 
-def test_with_files_every_other_round_runs_each_worker_count_s_setups_in_reverse():
-    pairs = bench.plan(bench.parse_args(["--model", "ctr", "--setups", "sync,sync-files",
-                                         "--workers", "2,3"]))
+def test_with_files_every_other_round_runs_each_worker_count_s_setups_in_reverse(monkeypatch):
+    config = bench.parse_args(["--model", "ctr", "--setups", "sync,sync-files", "--workers",
+                               "2,3", "--repeats", "2"])
+    pairs = bench.plan(config)
     swapped = [("sync-files", 2), ("sync", 2), ("sync-files", 3), ("sync", 3)]
     assert [bench.in_round(pairs, k) for k in range(4)] == [pairs, swapped, pairs, swapped]
+    ran = []  # what run_all runs, in its order
+    monkeypatch.setattr(bench, "click_files", lambda config: None)
+    monkeypatch.setattr(bench, "run_one", lambda setup, n, config, num_ps: ran.append(
+        (setup, n)) or Sample(setup, n, error="not run"))
+    bench.run_all(config)
+    assert ran == pairs + swapped
     assert bench.in_round(pairs[:2], 1) == swapped[:2]
     without = bench.plan(bench.parse_args(["--model", "ctr", "--workers", "2,3"]))
     assert bench.in_round(without, 1) == without  # no files target: the plan's own order
