@@ -44,6 +44,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -729,11 +730,17 @@ def fill_window(sample: Sample, ticks: Sequence[tuple[float, int, int, int, int]
 
 def click_files(config: BenchConfig) -> Path:
     """The click log sync-files reads: the ctr model's 600,000 + 50,000 clicks of seed 0 (what
-    the other rows draw in memory), as TFRecords in 12 files under --out, written once."""
+    the other rows draw in memory), as TFRecords in 12 files under --out, written once, and
+    again where an earlier run wrote them in an earlier format."""
     from sync_mnist.models import clicklog, ctr
 
     directory = config.out / FILES_DIR
-    if not (directory / clicklog.MANIFEST).exists():
+    manifest = directory / clicklog.MANIFEST
+    if manifest.exists() and json.loads(manifest.read_text()).get("features") != list(
+            clicklog.RECORD_KEYS):
+        log.info("%s holds clicks of an earlier format: writing them again", directory)
+        shutil.rmtree(directory)
+    if not manifest.exists():
         log.info("writing the ctr model's clicks as TFRecords into %s, once (about a minute)",
                  directory)
         clicklog.write(directory, {**ctr.PARAMS, "seed": 0}, model="ctr", kind="tfrecord",

@@ -11,17 +11,18 @@ The formats:
   label (0 or 1), 13 integer columns I1-I13, 26 categorical columns C1-C26 of 8 hexadecimal
   digits; any field but the label may be empty. Plain or gzipped (a name ending in .gz).
 - **TFRecord** files of tf.train.Example (.tfrecord, .tfrecord.gz for GZIP), each record a
-  block of up to BLOCK (128) consecutive clicks as Criteo's columns: "label" int64 [n] and
-  "C1"-"C26" int64 [n] each (the 32-bit value the line's 8 hexadecimal digits spell: the
+  block of up to BLOCK (128) consecutive clicks: "label" int64 [n] and "ids" int64 [26 n],
+  each click's C1-C26 in turn (the 32-bit value the line's 8 hexadecimal digits spell: the
   number, not its text), -1 where a field is empty (a list has no absent element). A file's
   last record may hold fewer; a record never spans files. A tf.train.Example costs TensorFlow
   about as much to parse as the clicks it holds, so one a click cost reading twice what the
-  same clicks cost from memory, and a block of them about what memory costs (docs/sparse.md,
-  "Click files"). The integer columns I1-I13 are not written: nothing reads them (the model has
-  no dense input), they would cost a third of the bytes and their parse, and -1 could not
-  mark their empty values (I2 is -1 in Criteo's log). Files of the format before 5 December
-  2026 (a click a record, its empty fields absent) are refused, naming the first record whose
-  column is short: write them again.
+  same clicks cost from memory, and a block of them about what memory costs; the ids in one
+  list cost a worker less CPU than a list a column (docs/sparse.md, "Click files"). The
+  integer columns I1-I13 are not written: nothing reads them (the model has no dense input),
+  they would cost a third of the bytes and their parse, and -1 could not mark their empty
+  values (I2 is -1 in Criteo's log). Files of the formats before 6 December 2026 (a list a
+  column, C1-C26; or a click a record) are refused, naming the first record: write them
+  again.
 
 What is written: exactly ctr.generate's clicks of the same seed (the planted model's), in
 order, cut into --train-files and --eval-files files of consecutive clicks. Field f's id k is
@@ -43,14 +44,14 @@ Reading (train_dataset): the files' names decide the format. The model reads the
 the first `fields` categorical columns (26 for ctr, 8 for SMALL), each the int64 id the model
 hashes (a line's decoded from hexadecimal), an empty one as -1; a line's integer columns are
 checked, not used (the model has no dense input). The training clicks carry no planted
-probability: only the evaluation's metric reads it. Lines are parsed 256 at a time, records
-two blocks at a time (tf.io.parse_example), then handed on one click at a time as the
-package's streamed input takes them (core/stream.py), which cuts them per worker (by file, when
-every worker gets files; else by record, tf.data's DATA sharding of these single clicks, not of
-the blocks) and batches them. A line that is not of the format, a record whose columns are not as long as its
-label (none, a short one: the previous format's), with a label not 0 or 1 or a category not an
-integer from -1 to 2**32 - 1, ends the run with exit 2 and one line naming the file and the
-line or record (the record, not the click in it).
+probability: only the evaluation's metric reads it. Lines are parsed 1,024 at a time,
+records eight blocks at a time (tf.io.parse_example), then handed on one click at a time as
+the package's streamed input takes them (core/stream.py), which cuts them per worker (by
+file, when every worker gets files; else by record, tf.data's DATA sharding of these single
+clicks, not of the blocks) and batches them. A line that is not of the format, a record whose
+ids are not 26 for each label (none, too few: the earlier formats'), with a label not 0 or 1
+or a category not an integer from -1 to 2**32 - 1, ends the run with exit 2 and one line
+naming the file and the line or record (the record, not the click in it).
 """
 
 from __future__ import annotations
@@ -369,33 +370,31 @@ def _explain_line(path, number, line):
 
 def _parse_tfrecords(path, first, records, fields: int):
     """(ids int64 [n, fields], labels float32 [n]) of serialized tf.train.Examples, each a
-    block of clicks: its columns "label" and C1-C{fields} as long as each other. An assertion
-    (or tf.io.parse_example's error, a column not int64) names the file and the record."""
+    block of clicks: "label" a value a click, "ids" 26 (C1-C26) a click. An assertion (or
+    tf.io.parse_example's error, a feature not int64) names the file and the record."""
     import tensorflow as tf
 
     numbers = first + tf.range(tf.size(records, out_type=tf.int64))
     names = tf.strings.join([path, ": record ", tf.strings.as_string(numbers)])
-    keys = ("label", *CATEGORY_NAMES[:fields])
-    spec = {k: tf.io.RaggedFeature(tf.int64, row_splits_dtype=tf.int64) for k in keys}
+    spec = {k: tf.io.RaggedFeature(tf.int64, row_splits_dtype=tf.int64) for k in RECORD_KEYS}
     block = tf.io.parse_example(records, spec, example_names=names)
-    lengths = tf.stack([block[k].row_lengths() for k in keys])  # [1 + fields, records]
-    even = tf.equal(lengths, lengths[:1])
+    clicks, ids_given = block["label"].row_lengths(), block["ids"].row_lengths()
+    even = tf.equal(ids_given, CATEGORIES * clicks)
     fine = tf.reduce_all(even)
 
     def uneven():
-        record = tf.argmin(tf.cast(tf.reduce_all(even, axis=0), tf.int32), output_type=tf.int32)
-        column = tf.argmin(tf.cast(even[:, record], tf.int32), output_type=tf.int32)
+        record = tf.argmin(tf.cast(even, tf.int32), output_type=tf.int32)
         return tf.strings.join([
-            names[record], ": column ", tf.gather(tf.constant(keys), column), " has ",
-            tf.strings.as_string(lengths[column, record]), " values, the label ",
-            tf.strings.as_string(lengths[0, record]), ": a record is a block of clicks, each "
-            "column a value a click (-1 where empty); a click a record, its empty fields "
-            "absent, is the format before 5 December 2026: write the files again"])
+            names[record], ": ids has ", tf.strings.as_string(ids_given[record]), " values, "
+            f"not {CATEGORIES} for each of its ", tf.strings.as_string(clicks[record]),
+            " labels: a record is a block of clicks, its label a value a click and its ids 26 "
+            "a click (C1-C26, -1 where empty); records of a list a column (C1-C26) are of a "
+            "format before 6 December 2026: write the files again"])
 
     message = tf.cond(fine, lambda: tf.constant(""), uneven)
     with tf.control_dependencies([tf.debugging.Assert(fine, [message], summarize=1)]):
         label = tf.identity(block["label"].values)
-        ids = tf.stack([block[k].values for k in keys[1:]], axis=1)
+        ids = tf.reshape(block["ids"].values, [-1, CATEGORIES])[:, :fields]
     ok = tf.logical_and(tf.reduce_all((ids >= -1) & (ids < 2 ** 32), axis=1),
                         tf.logical_or(tf.equal(label, 0), tf.equal(label, 1)))
     valid = tf.reduce_all(ok)
@@ -537,14 +536,14 @@ def _varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return out, ends
 
 
-RECORD_COLUMNS = ("label", *CATEGORY_NAMES)  # a TFRecord's columns: no integer columns
+RECORD_KEYS = ("label", "ids")  # a TFRecord's features: no integer columns
 
 
 def _table(clicks, params: dict) -> np.ndarray:
-    """int64 [n, 27]: a chunk's columns as a TFRecord holds them, the label and C1-C26, -1
+    """int64 [n, 27]: a chunk's clicks as a TFRecord holds them, the label and C1-C26, -1
     where a field is empty (its empty id, or a field the model has not)."""
     n = len(clicks.labels)
-    table = np.full((n, len(RECORD_COLUMNS)), -1, np.int64)
+    table = np.full((n, 1 + CATEGORIES), -1, np.int64)
     table[:, 0] = clicks.labels > 0
     fields = params["fields"]
     empty = np.array(empty_ids(fields, params["vocabulary"]))
@@ -553,20 +552,20 @@ def _table(clicks, params: dict) -> np.ndarray:
 
 
 def _block_records(table: np.ndarray) -> list[bytes]:
-    """Serialized tf.train.Examples of `table`'s rows, BLOCK at a time (the last fewer): each
-    column's values one packed Int64List, put together from the varints numpy writes, a
-    fraction of a microsecond a click (tests/fast/test_click_files.py parses them back with
-    TensorFlow)."""
+    """Serialized tf.train.Examples of `table`'s rows, BLOCK at a time (the last fewer): the
+    labels one packed Int64List, the ids another (C1-C26 of a click, then of the next), put
+    together from the varints numpy writes, a fraction of a microsecond a click
+    (tests/fast/test_click_files.py parses them back with TensorFlow)."""
     n = len(table)
-    columns = [_varints(table[:, c]) for c in range(table.shape[1])]
-    keys = [_field(1, name.encode()) for name in RECORD_COLUMNS]
+    columns = [(_varints(table[:, 0]), 1), (_varints(table[:, 1:].reshape(-1)), CATEGORIES)]
+    keys = [_field(1, name.encode()) for name in RECORD_KEYS]
     records = []
     for start in range(0, n, BLOCK):
         stop = min(start + BLOCK, n)
         parts = []
-        for key, (data, ends) in zip(keys, columns):
-            begin = ends[start - 1] if start else 0
-            packed = _field(1, data[begin:ends[stop - 1]].tobytes())  # Int64List, packed
+        for key, ((data, ends), width) in zip(keys, columns):
+            begin = ends[start * width - 1] if start else 0
+            packed = _field(1, data[begin:ends[stop * width - 1]].tobytes())  # Int64List
             parts.append(_field(1, key + _field(2, _field(3, packed))))  # a Features entry
         records.append(_field(1, b"".join(parts)))  # Example.features
     return records
@@ -577,7 +576,7 @@ class _Writer:
 
     def __init__(self, path: Path, kind: str, compress: bool):
         self.kind, self.path = kind, path
-        self._pending = np.zeros((0, len(RECORD_COLUMNS)), np.int64)  # under a block's clicks
+        self._pending = np.zeros((0, 1 + CATEGORIES), np.int64)  # under a block's clicks
         if kind == "tfrecord":
             import tensorflow as tf
 
@@ -587,7 +586,7 @@ class _Writer:
             self._file = gzip.open(path, "wb", compresslevel=6) if compress else open(path, "wb")
 
     def write(self, chunk) -> None:
-        """A chunk of the file: bytes of TSV, or a table of TFRecord columns (_table), written
+        """A chunk of the file: bytes of TSV, or a table of a TFRecord's clicks (_table), written
         BLOCK clicks a record, the rest kept for the next chunk, or the file's last record."""
         if self.kind == "tfrecord":
             table = np.concatenate([self._pending, chunk])
@@ -670,6 +669,7 @@ def write(out: Path, params: dict, *, model: str, kind: str, compress: bool,
         raise DataError(f"{out} already holds click files ({', '.join(old[:3])}"
                         f"{', ...' if len(old) > 3 else ''}): give an empty directory")
     manifest = {"format": kind, "compression": "gzip" if compress else None,
+                **({"features": list(RECORD_KEYS)} if kind == "tfrecord" else {}),
                 "planted": planted_model(params, model),
                 TRAIN: write_part(out, params, 0, train_examples, train_files, kind, compress),
                 EVAL: write_part(out, params, 1, eval_examples, eval_files, kind, compress)}

@@ -137,11 +137,21 @@ def _block(**columns) -> tf.train.Example:
         k: tf.train.Feature(int64_list=tf.train.Int64List(value=v)) for k, v in columns.items()}))
 
 
-GOOD = {"label": [1, 0, 1], **{f"C{f + 1}": [0x2a, -1, 7] for f in range(PARAMS["fields"])}}
+def _ids(*clicks) -> list[int]:
+    """A record's "ids" of clicks each given as one value for all its 26 fields."""
+    return [value for click in clicks for value in [click] * 26]
+
+
+GOOD = {"label": [1, 0, 1], "ids": _ids(0x2a, -1, 7)}
 
 
 def _with(**changes) -> tf.train.Example:
     return _block(**{k: v for k, v in {**GOOD, **changes}.items() if v is not None})
+
+
+def _a_column_a_field() -> tf.train.Example:
+    """A record of the format before 6 December 2026: C1-C26 a list each."""
+    return _block(label=[1, 0, 1], **{f"C{f + 1}": [0x2a, -1, 7] for f in range(26)})
 
 
 def _one_click_a_record() -> tf.train.Example:
@@ -149,25 +159,31 @@ def _one_click_a_record() -> tf.train.Example:
     return _block(label=[1], **{f"C{f + 1}": [5] for f in range(PARAMS["fields"]) if f != 2})
 
 
-def _text_category() -> tf.train.Example:
+def _text_ids() -> tf.train.Example:
     text = _with()
-    del text.features.feature["C2"].int64_list.value[:]
-    text.features.feature["C2"].bytes_list.value.extend([b"0000002a"] * 3)  # the line's hex
+    del text.features.feature["ids"].int64_list.value[:]
+    text.features.feature["ids"].bytes_list.value.extend([b"0000002a"] * 78)  # the line's hex
     return text
 
 
+FORMAT = ("a record is a block of clicks, its label a value a click and its ids 26 a click "
+          "(C1-C26, -1 where empty); records of a list a column (C1-C26) are of a format before "
+          "6 December 2026: write the files again")
+
+
 @pytest.mark.parametrize("bad, message", [
-    (lambda: _with(C2=[0x2a, 2 ** 32, 7]), f"record {BAD}: not a block of clicks of the format"),
+    (lambda: _with(ids=[0x2a, 2 ** 32] + _ids(0x2a, -1, 7)[2:]),
+     f"record {BAD}: not a block of clicks of the format"),
     (lambda: _with(label=[1, 2, 0]), f"record {BAD}: not a block of clicks of the format"),
-    (lambda: _with(C5=[1, 2]), f"record {BAD}: column C5 has 2 values, the label 3: a record is a "
-                                "block of clicks"),
-    (lambda: _with(label=None), f"record {BAD}: column C1 has 3 values, the label 0"),
-    (_one_click_a_record, f"record {BAD}: column C3 has 0 values, the label 1: a record is a block "
-                           "of clicks, each column a value a click (-1 where empty); a click a "
-                           "record, its empty fields absent, is the format before 5 December "
-                           "2026: write the files again"),
-    (_text_category, f"record {BAD}, Key: C2, Index: 1.  Data types don't match. Expected type: "
-                      "int64, Actual type: string"),
+    (lambda: _with(ids=_ids(1, 2)), f"record {BAD}: ids has 52 values, not 26 for each of its 3 "
+                                    f"labels: {FORMAT}"),
+    (lambda: _with(label=None), f"record {BAD}: ids has 78 values, not 26 for each of its 0 "
+                                "labels"),
+    (_a_column_a_field, f"record {BAD}: ids has 0 values, not 26 for each of its 3 labels: "
+                        f"{FORMAT}"),
+    (_one_click_a_record, f"record {BAD}: ids has 0 values, not 26 for each of its 1 labels"),
+    (_text_ids, f"record {BAD}, Key: ids, Index: 1.  Data types don't match. Expected type: "
+                "int64, Actual type: string"),
 ])
 def test_a_bad_tfrecord_names_the_file_and_record(tmp_path, bad, message):
     """Record BAD: the second of the second batch of records the reader parses."""
@@ -184,13 +200,12 @@ def test_a_bad_tfrecord_names_the_file_and_record(tmp_path, bad, message):
 
 
 def test_blocks_of_any_length_read_as_their_clicks(tmp_path):
-    """A record of no click, of one, and a record's columns beyond the model's fields: the
-    reader reads the label and C1-C8 (SMALL's), in order."""
+    """A record of no click, of one, and ids beyond the model's fields: the reader reads the
+    label and C1-C8 (SMALL's) of each click, in order."""
     path = tmp_path / "train-00000.tfrecord"
     fields = PARAMS["fields"]
     with tf.io.TFRecordWriter(str(path)) as writer:
-        for record in [_with(), _block(), _block(label=[0], **{f"C{f + 1}": [f] for f in
-                                                                range(26)}), _with()]:
+        for record in [_with(), _block(), _block(label=[0], ids=list(range(26))), _with()]:
             writer.write(record.SerializeToString())
     features, labels = _read({**PARAMS, "train_files": str(path), "eval_files": str(path)})
     assert labels.tolist() == [1, 0, 1, 0, 1, 0, 1]
