@@ -26,12 +26,13 @@ ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
 class Proc:
     """A child process whose combined output is collected line by line as it arrives."""
 
-    def __init__(self, argv: list[str], name: str):
+    def __init__(self, argv: list[str], name: str, env: dict | None = None):
         self.name = name
         self.lines: list[str] = []
         self._changed = threading.Condition()
         self.popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, text=True, env=ENV, cwd=ROOT,
+                                      stdin=subprocess.DEVNULL, text=True, env={**ENV, **(env or {})},
+                                      cwd=ROOT,
                                       start_new_session=True)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -85,8 +86,8 @@ class Processes:
     def __init__(self):
         self.procs: list[Proc] = []
 
-    def start(self, argv: list[str], name: str) -> Proc:
-        proc = Proc(argv, name)
+    def start(self, argv: list[str], name: str, env: dict | None = None) -> Proc:
+        proc = Proc(argv, name, env)
         self.procs.append(proc)
         return proc
 
@@ -94,8 +95,9 @@ class Processes:
         return self.start([sys.executable, "-m", "sync_mnist", "--role", role,
                            "--index", str(index), *args], f"{role} {index}")
 
-    def launcher(self, *args: str) -> Proc:
-        return self.start([str(ROOT / "bin" / "sync-mnist-cluster"), *args], "launcher")
+    def launcher(self, *args: str, env: dict | None = None) -> Proc:
+        """The launcher of `args`; `env`: variables to set or change in its environment."""
+        return self.start([str(ROOT / "bin" / "sync-mnist-cluster"), *args], "launcher", env)
 
     def kill_all(self) -> None:
         for proc in self.procs:

@@ -52,13 +52,13 @@ def main(argv: list[str] | None = None) -> int:
                         datefmt="%H:%M:%S")
     ps_hosts = [h for h in args.ps_hosts.split(",") if h]
     worker_hosts = [h for h in args.worker_hosts.split(",") if h]
+    from sync_mnist.core import tfcompat
+
     if args.role == "mwms" and args.model == "ctr":
         run_mwms_ctr(args, worker_hosts)
     elif args.role == "mwms":
         run_mwms(args, worker_hosts)
     else:
-        from sync_mnist.core import tfcompat
-
         tfcompat.graph_mode(verbose=False)
         if args.role == "floor-ps":
             run_floor_ps(ps_hosts, worker_hosts)
@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             run_floor_worker(args, ps_hosts, worker_hosts)
         else:
             run_single(args)
+    tfcompat.remove_autograph_files()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -5,7 +5,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import warnings
+
+# The modules TensorFlow's autograph writes converted functions into: files in the temporary
+# directory (tensorflow/python/autograph/pyct/loader.py), each a module of sys.modules.
+AUTOGRAPH_MODULES = "__autograph_generated_file"
 
 
 def graph_mode(verbose: bool) -> None:
@@ -51,3 +56,19 @@ def _stderr_silenced():
     finally:
         os.dup2(saved, 2)
         os.close(saved)
+
+
+def remove_autograph_files() -> None:
+    """Removes the files of the functions autograph converted in this process (the input
+    functions' maps, say). TensorFlow removes them at exit, which a task's os._exit skips: a
+    run left a file a function in the temporary directory, hundreds a day."""
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if name.startswith(AUTOGRAPH_MODULES) and path:
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+            except OSError as e:  # the task's end goes on: its exit code says how it ended
+                logging.getLogger("sync_mnist").warning("could not remove %s: %s", path,
+                                                         e.strerror or e)

@@ -34,6 +34,7 @@ import time
 
 from sync_mnist.core import cluster as cluster_lib
 from sync_mnist.core import config as config_lib
+from sync_mnist.core import tfcompat
 from sync_mnist.tools import inference_cli, plot_cli
 from sync_mnist.task import options, preemption
 from sync_mnist.core.config import TaskConfig
@@ -90,8 +91,6 @@ def task_in_cluster(args: argparse.Namespace, parser: argparse.ArgumentParser
         num_ps = cluster_lib.DEFAULT_NUM_PS if args.ps is None else args.ps
         if num_ps < 1:
             raise config_lib.ConfigError(f"--ps {num_ps}: a cluster needs at least one ps task")
-        from sync_mnist.core import tfcompat
-
         options.before_tensorflow(args.verbose)  # from_slurm's hostlist parser imports TensorFlow
         tfcompat.graph_mode(args.verbose)
         return cluster_lib.from_slurm(
@@ -203,8 +202,6 @@ def _task(config: TaskConfig, verbose: bool):
 
 def _load_tensorflow(verbose: bool) -> bool:
     """Imports TensorFlow in graph mode; False if stopped while it loads."""
-    from sync_mnist.core import tfcompat
-
     try:
         tfcompat.graph_mode(verbose)
         # Imported only now: they import TensorFlow, which must see the log settings first.
@@ -323,6 +320,7 @@ def _finish(config: TaskConfig, result, code: int) -> int:
             code = code or config_lib.EXIT_FAILED
     # The gRPC server has no clean shutdown in TF2; leave without running its destructor,
     # which can block, once everything this task owes anyone has been sent and written.
+    tfcompat.remove_autograph_files()  # what leaving skips of TensorFlow's own cleanup
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
