@@ -31,8 +31,8 @@ class Proc:
         self.lines: list[str] = []
         self._changed = threading.Condition()
         self.popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, text=True, env={**ENV, **(env or {})},
-                                      cwd=ROOT,
+                                      stdin=subprocess.DEVNULL, text=True,
+                                      env={**ENV, **(env or {})}, cwd=ROOT,
                                       start_new_session=True)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
