@@ -88,9 +88,8 @@ LABEL_RE, INTEGER_RE, CATEGORY_RE = "[01]", "(-?[0-9]+)?", "([0-9a-fA-F]{8})?"
 LINE_RE = LABEL_RE + f"(\t{INTEGER_RE}){{{INTEGERS}}}" + f"(\t{CATEGORY_RE}){{{CATEGORIES}}}"
 # Clicks parsed at a time (lines, or records of BLOCK): a parse costs CPU of its own, whatever
 # its size; at 256 a time, reading the click files cost about 1.5 times as much (docs/sparse.md).
-# The shuffle still moves blocks of SHUFFLE_BLOCK clicks, cut from the parsed ones.
+# The shuffle moves these parsed blocks whole, each block's clicks permuted.
 PARSE_BATCH = 1024
-SHUFFLE_BLOCK = 256  # clicks the shuffle buffer moves as one, each block's clicks permuted
 # Clicks a TFRecord holds (a file's last record fewer): 128 makes a record's cost a small part
 # of a click's (tf.train.Example's framing, once a block). Larger records would save little
 # more, and a record's clicks are read together.
@@ -232,7 +231,8 @@ def train_dataset(params: dict):
     """The training clicks as a tf.data.Dataset of single examples ({ids}, label): what
     ctr.train_input_fn returns."""
     files = click_files(params)
-    return read(files.train, params["fields"], None, shuffle=params.get("shuffle_buffer") or 0)
+    return read(files.train, params["fields"], None, shuffle=params.get("shuffle_buffer") or 0,
+                seed=params.get("seed", 0))
 
 
 def eval_arrays(params: dict) -> tuple[dict, np.ndarray]:
@@ -281,16 +281,18 @@ def _message(error) -> str:
     return re.sub(r"^assertion failed: \[(.*)\]$", r"\1", line)
 
 
-def read(files: list[str], fields: int, planted: dict | None, shuffle: int = 0):
+def read(files: list[str], fields: int, planted: dict | None, shuffle: int = 0, seed: int = 0):
     """The clicks of `files` (one format), as a Dataset of single examples: in order, or
     shuffled within a window of about `shuffle` clicks.
 
     The clicks are parsed PARSE_BATCH at a time. A real log is in time order, so the training
-    clicks are shuffled, a block of SHUFFLE_BLOCK at a time, each block's clicks permuted, the
-    blocks drawn from a buffer of shuffle / SHUFFLE_BLOCK: an example-by-example shuffle buffer
-    cost more CPU than the parsing (4 of the 20 microseconds a click cost on this machine),
-    taken from the training's. The package set the graph's seed (--seed), so every worker and
-    every rerun shuffles alike (core/stream.py)."""
+    clicks are shuffled a parsed block at a time: each block's clicks permuted, the blocks drawn
+    from a buffer of shuffle / PARSE_BATCH. An example-by-example shuffle buffer cost more CPU
+    than the parsing (4 of the 20 microseconds a click cost on this machine), and cutting the
+    parsed blocks into blocks of 256 to shuffle made reading cost over a quarter more (1.33
+    against 1.04 us a click, in one process): CPU taken from the training's. Every worker and every rerun shuffles alike: a block's order is a function of
+    `seed` (--seed), its file and its first line or record, and the buffer draws from the
+    graph's seed, which the package set (core/stream.py)."""
     import tensorflow as tf
 
     kind, compression = file_format(files[0])
@@ -305,6 +307,8 @@ def read(files: list[str], fields: int, planted: dict | None, shuffle: int = 0):
 
     def example(path, first, records):
         ids, labels = parse(path, first, records, fields)
+        if shuffle:
+            ids, labels = _permuted((ids, labels), _block_seed(seed, path, first))
         features = {"ids": ids}
         if planted is not None:
             features["planted_probability"] = _planted_probability(ids, planted)
@@ -314,17 +318,26 @@ def read(files: list[str], fields: int, planted: dict | None, shuffle: int = 0):
     blocks = tf.data.Dataset.from_tensor_slices(files).flat_map(batches).map(
         example, num_parallel_calls=2, deterministic=True)
     if shuffle:
-        blocks = blocks.rebatch(SHUFFLE_BLOCK).shuffle(max(1, shuffle // SHUFFLE_BLOCK)).map(
-            _permuted)
+        blocks = blocks.shuffle(max(1, shuffle // PARSE_BATCH))
     return blocks.unbatch()
 
 
-def _permuted(features: dict, labels):
-    """A block of clicks in a random order."""
+def _block_seed(seed: int, path, first):
+    """The stateless seed of the block of `path` that begins at line or record `first`."""
     import tensorflow as tf
 
-    order = tf.random.shuffle(tf.range(tf.shape(labels)[0]))
-    return {k: tf.gather(v, order) for k, v in features.items()}, tf.gather(labels, order)
+    key = tf.random.experimental.stateless_fold_in(
+        tf.constant([seed, 0], tf.int64), tf.strings.to_hash_bucket_fast(path, 2 ** 62))
+    return tf.random.experimental.stateless_fold_in(key, first)
+
+
+def _permuted(columns: tuple, seed):
+    """The tensors of `columns`, their rows in one random order drawn from `seed` (stateless:
+    the same whichever of the parallel parses draws it, and whenever)."""
+    import tensorflow as tf
+
+    order = tf.random.experimental.stateless_shuffle(tf.range(tf.shape(columns[-1])[0]), seed)
+    return tuple(tf.gather(c, order) for c in columns)
 
 
 def _parse_lines(path, first, lines, fields: int):

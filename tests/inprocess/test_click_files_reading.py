@@ -69,6 +69,31 @@ def test_the_files_hold_the_clicks_a_run_draws_in_memory(tmp_path, kind, compres
     assert json.loads((tmp_path / "clicks.json").read_text()) == manifest
 
 
+@pytest.mark.parametrize("kind", ["tsv", "tfrecord"])
+def test_the_training_clicks_are_shuffled_alike_on_a_rerun_and_anew_by_seed(tmp_path, kind):
+    """Sync: a restarted worker's stream must be the one it left, so a shuffle is a function
+    of the seed alone; each click is read once."""
+    _write(tmp_path, kind, train=3000)
+    files = sorted(str(p) for p in tmp_path.glob("train-*"))
+
+    def clicks(seed: int) -> list[tuple]:
+        graph = tf.Graph()
+        with graph.as_default():
+            tf1.set_random_seed(seed)  # the package sets the input graph's (core/stream.py)
+            dataset = clicklog.read(files, PARAMS["fields"], None, shuffle=2048, seed=seed)
+            following = tf1.data.make_one_shot_iterator(dataset.batch(10_000)).get_next()
+        with tf1.Session(graph=graph) as sess:
+            features, labels = sess.run(following)
+        return [(*ids, label) for ids, label in zip(features[ctr.IDS].tolist(), labels)]
+
+    first, again, other = clicks(0), clicks(0), clicks(1)
+    features, labels = _read(_params(tmp_path))
+    in_order = [(*ids, label) for ids, label in zip(features[ctr.IDS].tolist(), labels)]
+    assert first == again
+    assert sorted(first) == sorted(other) == sorted(in_order)
+    assert first != other and first != in_order
+
+
 def test_hexadecimal_ids_decode_over_the_whole_32_bit_range():
     values = ["00000000", "0000002a", "68fd1e64", "FFFFFFFF", "7fffffff", ""]
     with tf.Graph().as_default(), tf1.Session() as sess:
