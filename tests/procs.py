@@ -1,7 +1,9 @@
 """Processes for tests that go through the real command line.
 
 Every process gets its own process group; `Processes.kill_all` (called from a fixture's
-finally) kills each group, so a failing test leaves nothing behind.
+finally) kills each group, so a failing test leaves nothing behind. Nor in the temporary
+directory: the processes get one of their own (TMPDIR), removed with them, since a task a test
+kills cannot remove its own files there (autograph's converted functions).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -85,9 +88,10 @@ class Proc:
 class Processes:
     def __init__(self):
         self.procs: list[Proc] = []
+        self.tmpdir = tempfile.mkdtemp(prefix="sync-mnist-test-")
 
     def start(self, argv: list[str], name: str, env: dict | None = None) -> Proc:
-        proc = Proc(argv, name, env)
+        proc = Proc(argv, name, {"TMPDIR": self.tmpdir, **(env or {})})
         self.procs.append(proc)
         return proc
 
@@ -102,6 +106,7 @@ class Processes:
     def kill_all(self) -> None:
         for proc in self.procs:
             proc.kill()
+        shutil.rmtree(self.tmpdir)
 
 
 def run_task_process(args: list[str], timeout: float = 60.0, script: str | None = None,
