@@ -290,9 +290,10 @@ def read(files: list[str], fields: int, planted: dict | None, shuffle: int = 0, 
     from a buffer of shuffle / PARSE_BATCH. An example-by-example shuffle buffer cost more CPU
     than the parsing (4 of the 20 microseconds a click cost on this machine), and cutting the
     parsed blocks into blocks of 256 to shuffle made reading cost over a quarter more (1.33
-    against 1.04 us a click, in one process): CPU taken from the training's. Every worker and every rerun shuffles alike: a block's order is a function of
-    `seed` (--seed), its file and its first line or record, and the buffer draws from the
-    graph's seed, which the package set (core/stream.py)."""
+    against 1.04 us a click, in one process): CPU taken from the training's. Every worker and
+    every rerun shuffles alike: a block's order is a function of `seed` (--seed), its file and
+    its first line or record, and the buffer draws from the graph's seed, which the package
+    set (core/stream.py)."""
     import tensorflow as tf
 
     kind, compression = file_format(files[0])
