@@ -10,6 +10,8 @@ directory and copies this file there (place()), as a user keeps a model beside i
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 from pathlib import Path
 
@@ -68,6 +70,24 @@ def train_input_fn(params):
     return tf.data.TFRecordDataset(_files()).map(_parse)
 
 
+def tf_config_input_fn(params):
+    """An Estimator-era input function: it cuts its files by TF_CONFIG itself, as TF 1.x
+    programs did (the chief counted as a worker), then interleaves, parses and shuffles."""
+    config = json.loads(os.environ["TF_CONFIG"])
+    kind, index = config["task"]["type"], config["task"]["index"]
+    num_workers = len(config["cluster"].get("chief", [])) + len(config["cluster"]["worker"])
+    index += len(config["cluster"].get("chief", [])) if kind == "worker" else 0
+    files = tf.data.Dataset.list_files(str(Path(__file__).parent / "*.tfrecord"), shuffle=False)
+    return (files.shard(num_workers, index)
+            .interleave(tf.data.TFRecordDataset, cycle_length=2)
+            .map(_parse).shuffle(64))
+
+
+def ignores_context_input_fn(params, input_context=None):
+    """Takes an input_context and ignores it: every worker reads every file."""
+    return tf.data.TFRecordDataset(_files()).map(_parse)
+
+
 def eval_input_fn(params):
     """The first 64 examples of the training files, streamed as the training input is."""
     return tf.data.TFRecordDataset(_files()).map(_parse).take(64)
@@ -90,6 +110,8 @@ def model_fn(features, labels, mode, params):
 
 
 MODEL = sm.Model(model_fn, train_input_fn, eval_input_fn)
+TF_CONFIG_CUT = sm.Model(model_fn, tf_config_input_fn, eval_input_fn)
+IGNORES_CONTEXT = sm.Model(model_fn, ignores_context_input_fn, eval_input_fn)
 
 
 def uses(checkpoint: str, num_workers: int) -> np.ndarray:

@@ -30,6 +30,8 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # a task crashed, or the launcher saw a task fail
 EXIT_USAGE = 2  # bad input: flags, cluster layout, TF_CONFIG, Slurm, data files, ports in use
 EXIT_NOT_SYNCHRONOUS = 3  # training ran to the end, but the counters show it was not synchronous
+# training ran to the end, but the data verdict shows an example given to two workers or to none
+EXIT_DATA_NOT_COVERED = 4
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT), or the launcher stopping its tasks after a failure
 # SIGTERM or SIGUSR1 (preemption.py): the cluster stopped on one update and, with --logdir,
 # saved it; a rerun resumes there. 128 + SIGTERM, retried as every eviction is.
@@ -43,6 +45,8 @@ EXIT_MEANINGS = {
     EXIT_USAGE: "bad input",
     EXIT_NOT_SYNCHRONOUS: "training ran to the end, but the counters show it was not "
                           "synchronous",
+    EXIT_DATA_NOT_COVERED: "training ran to the end, but the data verdict shows an example "
+                           "given to two workers or to none",
     EXIT_INTERRUPTED: "interrupted",
     EXIT_PREEMPTED: "preempted: stopped on one update, saved with --logdir; rerun to resume",
     EXIT_TIMEOUT: "a bounded wait expired: a peer is missing, dead or stuck",

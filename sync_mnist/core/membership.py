@@ -8,6 +8,8 @@ ends with the ps that holds them, so a resumed run or a restarted ps starts them
     another cluster size stops at once with both values named, instead of spoiling the run.
   * `last_push[w]`: the local step of worker w's last push. It tells a restarted worker
     whether its predecessor's gradient is already waiting, and a stalled task who is missing.
+  * `plans[w]`: what worker w reads of its input (coverage.Plan, JSON), written when it takes
+    its place: the data verdict judges them together at the finish.
   * `finished[w]`: RUNNING, LOST or FINISHED. Each worker marks itself FINISHED after its last
     step; the chief marks LOST a worker whose server is gone or that has not pushed for
     --timeout. The finish barrier opens when no worker is RUNNING, and a ps exits once every
@@ -49,11 +51,14 @@ class Membership(NamedTuple):
     mark_worker: tf.Placeholder  # int32 [1]: the worker to mark
     mark_value: tf.Placeholder  # int64 [1]: LOST or FINISHED
     mark: tf.Tensor  # finished[mark_worker] = max(itself, mark_value)
+    plans: tf.Variable  # string [workers]: each worker's reading plan, JSON ("" until written)
+    plan: tf.Placeholder  # string [1]: this worker's
+    write_plan: tf.Tensor  # plans[mark_worker] = plan
 
     @property
     def transient(self) -> list[tf.Variable]:
         """The variables a checkpoint must not hold."""
-        return [self.published, self.last_push, self.finished]
+        return [self.published, self.last_push, self.finished, self.plans]
 
 
 def build_membership(num_workers: int, settings: dict) -> Membership:
@@ -74,7 +79,12 @@ def build_membership(num_workers: int, settings: dict) -> Membership:
         mark = tf1.scatter_max(finished, worker, value)
         ready = tf1.is_variable_initialized(published)
         ready.mark_used()  # only the non-chief workers run it; no warning in the chief's graph
-    return Membership(published, ready, last_push, finished, worker, value, mark)
+        plans = tf1.get_variable("plans", initializer=tf.fill([num_workers], ""),
+                                 trainable=False)
+        plan = tf1.placeholder(tf.string, [1], name="plan")
+        write_plan = tf1.scatter_update(plans, worker, plan)
+    return Membership(published, ready, last_push, finished, worker, value, mark, plans, plan,
+                      write_plan)
 
 
 def settings(config: TaskConfig, model: dict | None = None) -> dict:
@@ -128,15 +138,24 @@ def warm_start_settings(warm: WarmStart | None) -> dict:
             "warm_start_map": [f"{name}={prev}" for name, prev in warm.prev_names]}
 
 
-def model_settings(params: dict | None, fingerprint: list[str] | None) -> dict:
-    """The model's part of the settings: its params, and its variables as 'name shape dtype'
-    (placement.fingerprint)."""
-    return {"model_params": params, "model_variables": fingerprint}
+def model_settings(params: dict | None, fingerprint: list[str] | None,
+                   input_cut: str | None = None) -> dict:
+    """The model's part of the settings: its params, its variables as 'name shape dtype'
+    (placement.fingerprint), and how its input is cut (coverage.Plan.cut).
+
+    Sync: every worker's input must be cut alike: a worker that cuts by file beside one that
+    cuts by record, or one whose input cuts itself beside one the package cuts, would read
+    some examples twice and others never."""
+    return {"model_params": params, "model_variables": fingerprint,
+            # (a task that reads no input of the package's, the question's, compares none)
+            **({"input_cut": input_cut} if input_cut is not None else {})}
 
 
 def _describe(key: str, value) -> str:
     if key == "model_params":
         return f"model params {_value(value)}"
+    if key == "input_cut":
+        return f"its input cut {_value(value)}"
     if key == "workers":
         return f"{value} worker{'s' if value != 1 else ''} in --worker-hosts"
     if key == "ps":

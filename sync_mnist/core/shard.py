@@ -1,12 +1,15 @@
 """A worker's shard of in-memory training data, and the error bad data raises.
 
 Sync: every worker cuts the same permutation into equal parts, so every worker runs the same
-number of batches and no example is in two shards. This module imports only numpy.
+number of batches and no example is in two shards. This module imports only numpy (and
+coverage.py, pure).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from sync_mnist.core import coverage
 
 
 class DataError(Exception):
@@ -73,6 +76,10 @@ class Shard:
             )
         self._index = index
         self._seed = seed
+        # For the data verdict: one source, the examples given, cut in num_workers parts.
+        self.plan = coverage.Plan("in memory, by the package",
+                                  {f"<the {n:,} examples of its input function>":
+                                   (index, num_workers)})
         self._batch_size = batch_size
         partition = np.random.default_rng(seed).permutation(n)
         self._indices = partition[index * size : (index + 1) * size]

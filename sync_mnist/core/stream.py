@@ -26,9 +26,11 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from typing import NamedTuple
 
 import tensorflow as tf
 
+from sync_mnist.core import coverage
 from sync_mnist.core.cluster import server_config
 from sync_mnist.core.config import first_line
 from sync_mnist.core.shard import DataError
@@ -55,9 +57,14 @@ FILE, DATA = tf.data.experimental.AutoShardPolicy.FILE, tf.data.experimental.Aut
 
 
 # Dataset ops whose first input is a list of file names (the readers' own, or the slices a
-# reader's flat_map or interleave takes them from).
+# reader's flat_map or interleave takes them from), and ops that read records (a reader, or a
+# flat_map or interleave of readers): a .shard() before any of them cuts file names.
 _LISTS_FILES = ("TensorSliceDataset", "TFRecordDatasetV2", "TFRecordDataset", "TextLineDataset",
                 "CSVDatasetV2", "FixedLengthRecordDatasetV2")
+_READS = ("TFRecordDatasetV2", "TFRecordDataset", "TextLineDataset", "CSVDatasetV2",
+          "FixedLengthRecordDatasetV2", "FlatMapDataset", "InterleaveDataset",
+          "ParallelInterleaveDatasetV2", "ParallelInterleaveDatasetV3",
+          "ParallelInterleaveDatasetV4", "LegacyParallelInterleaveDatasetV2")
 LOCATE_SECS = 60.0  # of reading, to find which file holds bad data
 
 
@@ -68,10 +75,12 @@ def is_dataset(value) -> bool:
 class Stream:
     """Worker `index` of `num_workers`: its batches of `dataset`, built in `graph`.
 
-    `dataset` yields single examples `(features, labels)`. Unless `sharded` (the input function
-    took an `input_context` and cut its own share), it is cut here: by file where every worker's
-    files give it at least one batch, else by record (tf.data's FILE, or DATA, auto-sharding;
-    every worker decides alike, from the same files). `epochs`: passes over the shard, None to
+    `dataset` yields single examples `(features, labels)`. Where it cuts itself with a
+    .shard() (of the cluster's numbers, else DataError), or is `sharded` (the input function
+    took an `input_context`), it is not cut again; else it is cut here: by file where every
+    worker's files give it at least one batch, else by record (tf.data's FILE, or DATA,
+    auto-sharding; every worker decides alike, from the same files). `plan` says what this
+    worker reads, for the data verdict (coverage.py). `epochs`: passes over the shard, None to
     repeat it without end (--train-steps). Raises DataError for a dataset that cannot be
     trained on.
     """
@@ -93,13 +102,20 @@ class Stream:
                 tf.data.INFINITE_CARDINALITY:
             raise DataError(f"{what}'s dataset repeats without end: drop its .repeat(); the "
                             "package repeats it (--epochs, --train-steps)")
-        policy = None
-        self.sharding = "by the input function (input_context)"
-        if not sharded:
+        policy, own = None, _own_cut(dataset, self._run, what, index, num_workers)
+        # Sync: a dataset that cuts itself (a .shard() of the cluster's numbers) is never cut
+        # again: a second cut would leave most examples unused, and every worker unaware.
+        if own is not None:
+            self.sharding = f"by {'file' if own.by_file else 'record'}, by the input " \
+                            "function's .shard()"
+        elif sharded:
+            self.sharding = "by the input function (input_context)"
+        else:
             by_file = all(self._first_batch(_cut(self._graph, dataset, FILE, k, num_workers), k)
                           for k in range(num_workers))
             policy = FILE if by_file else DATA
-            self.sharding = "by file" if by_file else "by record"
+            self.sharding = f"by {'file' if by_file else 'record'}, by the package"
+        self.plan = _plan(self, policy, own, index, num_workers)
         # Sync: whole batches only, so that every update averages equal batches; the
         # remainder of each pass is left unused, as Shard drops it.
         with graph.as_default():
@@ -354,27 +370,92 @@ def _split(group) -> list:
     return [(features[j], labels[j]) for j in range(len(labels))]
 
 
-def files_read(graph: tf.Graph, sess: tf1.Session, dataset: tf.data.Dataset) -> list[str]:
-    """The files `dataset` reads, in its order, where its graph lists them (a reader's list of
-    file names, or the files a pattern matched); [] where it does not."""
+def _own_cut(dataset: tf.data.Dataset, run, what: str, index: int,
+             num_workers: int) -> _OwnCut | None:
+    """The .shard() `dataset` cuts itself with, checked against the cluster; None where it has
+    none. Raises DataError for a cut that is not this worker's of this cluster. `run` is the
+    stream's session's (Stream._run)."""
+    ops = [op for op in _upstream(dataset) if op.type == "ShardDataset"]
+    if not ops:
+        return None
+    numbers = run([[op.inputs[1], op.inputs[2]] for op in ops],
+                  where="the numbers of its .shard()")
+    for op, (shards, shard) in zip(ops, numbers):
+        if (int(shards), int(shard)) != (num_workers, index):
+            raise DataError(
+                f"{what}'s dataset cuts itself with .shard({int(shards)}, "
+                f"{int(shard)}) ({op.name}), but this is worker {index} of {num_workers}: "
+                f"cut with .shard({num_workers}, {index}) (input_context's "
+                "num_input_pipelines and input_pipeline_id, or TF_CONFIG of this "
+                "cluster), or drop the .shard() and the package cuts it")
+    op = ops[-1]  # the first cut the data meets: the file names', where it cuts them
+    return _OwnCut(op, not any(o.type in _READS for o in _upstream_of(op)))
+
+def _plan(stream: Stream, policy, own: _OwnCut | None, index: int, n: int) -> coverage.Plan:
+    """What `stream` reads of its input, for the data verdict (coverage.py)."""
+    lists = _file_lists(stream._graph, stream._sess, stream._dataset)
+    listed = tuple(dict.fromkeys(f for names in lists for f in names))
+    records = (f"<the records of its {len(listed)} files, in its order>" if listed else
+               f"<the records of {stream._what}'s dataset, in its order>")
+    if policy is FILE:  # tf.data cuts every list of file names: worker k reads k, k + n, ..
+        return coverage.Plan(stream.sharding, {f: coverage.WHOLE for names in lists
+                                               for f in names[index::n]}, listed)
+    if policy is DATA or own is not None and not own.by_file:
+        return coverage.Plan(stream.sharding, {records: (index, n)})
+    if own is not None:  # the file names this worker's .shard() lets through, in a pass
+        with stream._graph.as_default():
+            iterator = _iterator(tf.data.experimental.from_variant(
+                own.op.outputs[0], tf.TensorSpec([], tf.string)))
+            name = iterator.get_next()
+        stream._run(iterator.initializer, where="its file names")
+        mine = []
+        while (value := stream._run(name, where="its file names")) is not None:
+            mine.append(value.decode())
+        return coverage.Plan(stream.sharding, dict.fromkeys(mine, coverage.WHOLE), listed)
+    # input_context, and no cut the package can see: every file it lists, read whole
+    return coverage.Plan(stream.sharding, dict.fromkeys(listed, coverage.WHOLE), listed)
+
+
+class _OwnCut(NamedTuple):
+    op: tf.Operation  # the dataset's ShardDataset
+    by_file: bool  # it cuts the file names, before any reader
+
+
+def _upstream(dataset: tf.data.Dataset) -> list[tf.Operation]:
+    """The ops `dataset`'s graph is made of, itself first (not inside its functions)."""
+    return _upstream_of(dataset._variant_tensor.op)
+
+
+def _upstream_of(first: tf.Operation) -> list[tf.Operation]:
+    ops, seen, stack = [], set(), [first]
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        ops.append(op)
+        stack.extend(t.op for t in op.inputs)
+    return ops
+
+
+def _file_lists(graph: tf.Graph, sess: tf1.Session, dataset: tf.data.Dataset) -> list[list[str]]:
+    """The lists of file names `dataset`'s graph holds (each reader's, or the files a pattern
+    matched), each in its order, keeping only files that exist; [] where it holds none."""
     with graph.as_default():
-        names, seen, stack = [], set(), [dataset._variant_tensor.op]
-        while stack:
-            op = stack.pop()
-            if op.name in seen:
-                continue
-            seen.add(op.name)
-            stack.extend(t.op for t in op.inputs)
-            if op.type in _LISTS_FILES and op.inputs and op.inputs[0].dtype == tf.string:
-                names.append(op.inputs[0])
+        names = [op.inputs[0] for op in _upstream(dataset) if op.type in _LISTS_FILES
+                 and op.inputs and op.inputs[0].dtype == tf.string]
     try:
         values = sess.run(names)
     except tf.errors.OpError:  # a pattern that matches nothing, say: the caller's error says so
         return []
-    files = []
-    for value in values:
-        files += [f.decode() for f in value.reshape(-1) if tf.io.gfile.exists(f.decode())]
-    return list(dict.fromkeys(files))
+    return [[f.decode() for f in value.reshape(-1) if tf.io.gfile.exists(f.decode())]
+            for value in values]
+
+
+def files_read(graph: tf.Graph, sess: tf1.Session, dataset: tf.data.Dataset) -> list[str]:
+    """The files `dataset` reads, in its order, where its graph lists them (a reader's list of
+    file names, or the files a pattern matched); [] where it does not."""
+    return list(dict.fromkeys(f for names in _file_lists(graph, sess, dataset) for f in names))
 
 
 def _read(sess: tf1.Session, fetch, feed, where: str):

@@ -391,8 +391,7 @@ def _exit_code(tasks: list[_Task], results: list[report.TaskResult], summary: di
     failures = [r.exit_code for t, r in zip(tasks, results)
                 if not t.stopped and not t.lost and not t.spent
                 and r.exit_code not in _ENDS]
-    if failed is not None and failed.proc.returncode in (config_lib.EXIT_OK,
-                                                         config_lib.EXIT_NOT_SYNCHRONOUS):
+    if failed is not None and failed.proc.returncode in _VERIFIED_OR_NOT:
         failures.append(config_lib.EXIT_FAILED)  # it ended before the chief even started
     if failures:
         # Sync: when every failure was a bounded wait (a peer missing, dead or stuck), so is
@@ -401,6 +400,8 @@ def _exit_code(tasks: list[_Task], results: list[report.TaskResult], summary: di
             else config_lib.EXIT_FAILED
     if train.mode == "sync" and not summary["synchronous"]:
         return config_lib.EXIT_NOT_SYNCHRONOUS
+    if summary["data_covered"] is False:
+        return config_lib.EXIT_DATA_NOT_COVERED
     if any(r.exit_code == config_lib.EXIT_PREEMPTED for r in results):
         return config_lib.EXIT_PREEMPTED  # the whole cluster stopped on one update
     return config_lib.EXIT_OK
@@ -416,7 +417,9 @@ def _usage_reason(task: _Task, results: list[report.TaskResult]) -> str:
 
 # A task's exits that end its part of the run: verified, not synchronous, or preempted (the
 # cluster stopped on one update, which every task does alike).
-_ENDS = (config_lib.EXIT_OK, config_lib.EXIT_NOT_SYNCHRONOUS, config_lib.EXIT_PREEMPTED)
+_VERIFIED_OR_NOT = (config_lib.EXIT_OK, config_lib.EXIT_NOT_SYNCHRONOUS,
+                    config_lib.EXIT_DATA_NOT_COVERED)  # a task that read its verdicts
+_ENDS = (*_VERIFIED_OR_NOT, config_lib.EXIT_PREEMPTED)
 # Exits that a restart cannot mend: bad input, and a run that ended.
 _FINAL_EXITS = (config_lib.EXIT_USAGE, *_ENDS)
 
@@ -586,8 +589,8 @@ def _chief_ended_ok(tasks: list[_Task]) -> bool:
 def _verdict_read(tasks: list[_Task]) -> bool:
     """Whether a worker has read its verdict, past the finish barrier: it logged it, or ended
     with it."""
-    return any(t.role == "worker" and (t.verdict_at is not None or t.poll() in (
-        config_lib.EXIT_OK, config_lib.EXIT_NOT_SYNCHRONOUS)) for t in tasks)
+    return any(t.role == "worker" and (t.verdict_at is not None or t.poll() in _VERIFIED_OR_NOT)
+               for t in tasks)
 
 
 def _spare_left(tasks: list[_Task], task: _Task, spare: int) -> bool:

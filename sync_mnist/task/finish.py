@@ -9,7 +9,7 @@ import logging
 
 import tensorflow as tf
 
-from sync_mnist.core import early_stop, membership, bounded
+from sync_mnist.core import bounded, coverage, early_stop, membership
 from sync_mnist.core import verdict as verdict_lib
 from sync_mnist.core.config import PeerLost, TaskTimeout, first_line
 from sync_mnist.core.sessions import EMPTIED, SideSession
@@ -29,6 +29,7 @@ class Finished:
     stop_step: int  # the update the cluster stopped on (0: none; early_stop.py)
     preempted: bool  # the stop was a preemption's
     verdict: verdict_lib.Verdict
+    data: coverage.DataVerdict  # whether each example went to exactly one worker
     # A stop where the first worker's input ended: whether this worker's input had examples
     # the run did not use (None: the run did not stop so).
     input_left: bool | None = None
@@ -52,6 +53,7 @@ def finish(w: Worker, side: SideSession) -> Finished:
             g.members, index=config.index, cluster=config.cluster, timeout=train.timeout,
             log=log)
         counters = verdict_lib.Counters.read(side, g.state, options=w.bounded)
+        plans = side.run(g.members.plans, options=w.bounded)
         stop_step, reason = (int(v) for v in side.run(
             [g.stop_vars.stop_step, g.stop_vars.reason], options=w.bounded))
     end = w.target
@@ -62,6 +64,9 @@ def finish(w: Worker, side: SideSession) -> Finished:
         counters, mode=train.mode, target_steps=end, replicas_to_aggregate=w.aggregate,
         lost=lost) if train.proof else verdict_lib.Verdict(
         None, None, "not verified: --bench-no-proof left the counters out")
+    data = coverage.judge([coverage.Plan.from_json(p) if p else None for p in plans],
+                          counters.accepted, train.batch_size) if train.proof else \
+        coverage.DataVerdict(None, "not verified: --bench-no-proof left the counters out")
     preempted = reason == early_stop.PREEMPTED
     input_left = None
     if reason == early_stop.INPUT_ENDED:
@@ -71,7 +76,7 @@ def finish(w: Worker, side: SideSession) -> Finished:
                     w.target, f"the chief saves it to {train.logdir}; rerun with the "
                     "same --logdir to resume there" if train.logdir else
                     "no --logdir: nothing is saved, a rerun starts over")
-    return Finished(counters, lost, stop_step, preempted, verdict, input_left)
+    return Finished(counters, lost, stop_step, preempted, verdict, data, input_left)
 
 
 def _report_input_end(w: Worker, stop_step: int) -> bool:

@@ -6,6 +6,7 @@ Lines that exist only because training is distributed and synchronous carry a `#
 
 from __future__ import annotations
 
+import logging
 from typing import NamedTuple
 
 import tensorflow as tf
@@ -17,6 +18,7 @@ from sync_mnist.core.config import TaskConfig
 from sync_mnist.task import inputs
 
 tf1 = tf.compat.v1
+log = logging.getLogger(__name__)
 
 
 class WorkerGraph(NamedTuple):
@@ -47,12 +49,13 @@ class WorkerGraph(NamedTuple):
 
 
 def build_graph(config: TaskConfig, model: api.Model, example: tuple, num_tokens: int = 0,
-                target: int | None = None) -> WorkerGraph:
+                target: int | None = None, input_cut: str | None = None) -> WorkerGraph:
     """This worker's graph: variables on the ps tasks, computation on this worker.
 
     `example` is a batch (features, labels) of the shard, for the placeholders' dtypes and
     shapes. num_tokens is 0 for the fixed setup; question.py passes -1, the stock default.
-    The model's params and variables are published by the chief and compared by the others.
+    The model's params and variables, and how the input is cut (`input_cut`), are published by
+    the chief and compared by the others.
     `target` (the run's length: updates in sync mode, local steps per worker in async mode)
     sets how long the learning rate takes to decay with --lr-decay cosine.
     """
@@ -60,7 +63,8 @@ def build_graph(config: TaskConfig, model: api.Model, example: tuple, num_tokens
     train, params = config.train, inputs.model_params(config, model)
     features, labels = placement.placeholders(*example)
     recorded = placement.record(model.model_fn, features, labels, api.ModeKeys.TRAIN, params)
-    model_settings = membership.model_settings(params, placement.fingerprint(recorded))
+    model_settings = membership.model_settings(params, placement.fingerprint(recorded),
+                                               input_cut)
     shared = protocol.build_shared(config, model_settings)  # Sync: first, as all tasks
     # Sync: between-graph replication. Variables go onto the ps tasks (the model's, cut into
     # one slice per ps: placement.py); every other op stays on this worker.
@@ -82,9 +86,8 @@ def build_graph(config: TaskConfig, model: api.Model, example: tuple, num_tokens
         # (moving statistics) are averaged over the workers once per update (audit.py).
         audit.check_step([spec.loss, *spec.train_metrics.values()], built.ops)
         state_deltas = audit.state_deltas(built.update_ops, built.ops, built.state)
-        optimizer = spec.optimizer or optimizers.make_optimizer(
-            train.optimizer, train.learning_rate, decay_steps=decay_steps,
-            global_step=shared.state.global_step)
+        optimizer = spec.optimizer or _command_line_optimizer(train, decay_steps, target,
+                                                              shared.state.global_step)
         # Sync: each update may latch the stop, asked for by --target-accuracy or a preempted
         # task (early_stop.py).
         latch = (lambda new_step: early_stop.latch(shared.stop, new_step, target)) \
@@ -101,3 +104,15 @@ def build_graph(config: TaskConfig, model: api.Model, example: tuple, num_tokens
     return WorkerGraph(features, labels, spec, model_settings, shared.state, training,
                        shared.members, report_done, shared.stop, stop,
                        tuple(r.name for r in recorded))
+
+
+def _command_line_optimizer(train, decay_steps: int | None, target: int | None,
+                            global_step: tf.Variable) -> tf1.train.Optimizer:
+    """The optimizer --optimizer, --learning-rate and --lr-decay make, for a model function
+    that brings none of its own (a model's own optimizer the flags never touch)."""
+    if train.lr_decay == "cosine" and target == stream.UNTIL_INPUT_ENDS:
+        log.warning("--lr-decay cosine needs the run's length, which with --epochs over a "
+                    "streamed input is known only when the input ends: the optimizer the "
+                    "command line makes keeps --learning-rate (give --train-steps to decay)")
+    return optimizers.make_optimizer(train.optimizer, train.learning_rate,
+                                     decay_steps=decay_steps, global_step=global_step)

@@ -108,17 +108,13 @@ def load_shard(config: TaskConfig, model: api.Model):
         value = call_input_fn("train_input_fn", model.train_input_fn, params, context)
     source = models.data_name(train.model, train.data_options) or train.model
     if stream_lib.is_dataset(value):
-        if train.lr_decay == "cosine" and not train.train_steps:
-            log.warning("--lr-decay cosine needs the run's length, which with --epochs over a "
-                        "streamed input is known only when the input ends: the optimizer the "
-                        "command line makes keeps --learning-rate (give --train-steps to decay)")
         stream = stream_lib.Stream(graph, value, index=i, num_workers=n,
                                    batch_size=train.batch_size, epochs=train.epochs,
                                    sharded=takes_input_context(model.train_input_fn),
                                    what="train_input_fn")
         log.info("dataset %s: streamed, sharded %s; %s", source, stream.sharding,
-                 f"{train.epochs} pass(es) over my shard, until the first worker's input "
-                 "ends" if train.epochs else "repeated for --train-steps")
+                 f"up to {train.epochs} pass(es) over my shard, until the first worker's "
+                 "input ends" if train.epochs else "repeated for --train-steps")
         return (stream, train.train_steps or stream_lib.UNTIL_INPUT_ENDS,
                 f"{source}: streamed")
     features, labels = check_arrays("train_input_fn", value)

@@ -108,6 +108,11 @@ def _take_position(w: Worker, side: SideSession, status: sessions.SessionStatus,
     """Where this worker starts: (start step, local steps planned, rejoined), from global_step,
     or its predecessor's token after a rejoin."""
     config, train, g = w.config, w.config.train, w.g
+    # Sync: what this worker reads of its input, for the data verdict (coverage.py); a
+    # restarted worker writes it again, the same.
+    side.run(g.members.write_plan, {g.members.mark_worker: [config.index],
+                                    g.members.plan: [w.shard.plan.to_json()]},
+             options=w.bounded)
     if status.model == "continued":
         # A chief restarted into a running cluster: the settings are its predecessor's.
         membership.check_agreement(mine, side.run(g.members.published, options=w.bounded),

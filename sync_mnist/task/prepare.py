@@ -78,7 +78,7 @@ def prepare(config: TaskConfig, model: api.Model, server=None) -> Worker:
     if server is None:
         server = config.cluster.server("worker", config.index)
     tf_config = sessions.session_config(config.cluster.device_filters("worker", config.index))
-    built = make_graph(config, model, params, example, target)
+    built = make_graph(config, model, params, example, target, shard.plan.cut)
     return Worker(config, model, params, shard, example, target, description, started, server,
                   tf_config, *built)
 
@@ -92,8 +92,9 @@ class BuiltGraph(NamedTuple):
 
 
 def make_graph(config: TaskConfig, model: api.Model, params: dict, example: tuple,
-               target: int) -> BuiltGraph:
-    """The worker's graph, and what the chief's --logdir gives it (no server needed)."""
+               target: int, input_cut: str | None = None) -> BuiltGraph:
+    """The worker's graph, and what the chief's --logdir gives it (no server needed).
+    `input_cut`: how the worker's input is cut (the shard's plan), compared with the chief's."""
     train = config.train
     logdir = train.logdir if config.is_chief else None
     if config.is_chief and not train.logdir:
@@ -102,7 +103,7 @@ def make_graph(config: TaskConfig, model: api.Model, params: dict, example: tupl
     graph = tf.Graph()
     with graph.as_default():
         tf1.set_random_seed(train.seed)
-        g = build_graph(config, model, example, target=target)
+        g = build_graph(config, model, example, target=target, input_cut=input_cut)
         if train.eval_every:
             evaluation.check_accuracy_metric(model, params, example)
         restore = None

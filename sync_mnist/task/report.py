@@ -33,6 +33,10 @@ class TaskResult:
     repeat_updates: int | None = None
     synchronous: bool | None = None
     verdict: str | None = None
+    # The data verdict (core/coverage.py): whether each example of the input went to exactly one
+    # worker (None: not proved), and its line.
+    data_covered: bool | None = None
+    data_verdict: str | None = None
     test_accuracy: float | None = None  # chief only
     test_loss: float | None = None  # chief only: mean loss on the evaluation data
     test_metrics: dict | None = None  # chief only: every eval_metric_ops value of the model
@@ -110,11 +114,14 @@ class TaskResult:
 
 def exit_code_for(result: TaskResult) -> int:
     """0 when the run did what its mode promises; 3 when sync training was not synchronous;
-    143 when a preemption stopped it before its end."""
+    4 when the data verdict found an example given to two workers or to none; 143 when a
+    preemption stopped it before its end."""
     if result.exit_code != config_lib.EXIT_OK:
         return result.exit_code
     if result.mode == "sync" and result.synchronous is False:
         return config_lib.EXIT_NOT_SYNCHRONOUS
+    if result.data_covered is False:
+        return config_lib.EXIT_DATA_NOT_COVERED
     if result.preempted_at is not None:
         return config_lib.EXIT_PREEMPTED
     return config_lib.EXIT_OK
@@ -179,7 +186,7 @@ def _fmt(value, spec: str = "") -> str:
 # The cluster record's keys that come straight from the latest counter reading, and from the
 # chief's own record (None where there is none).
 _READING_KEYS = ("global_step", "target_steps", "contributions", "pushed", "dropped", "verdict",
-                 "solo_updates", "repeat_updates")
+                 "solo_updates", "repeat_updates", "data_covered", "data_verdict")
 _CHIEF_KEYS = ("mode", "test_accuracy", "test_loss", "test_metrics", "dataset",
                "dataset_description", "model",
                # time to accuracy: the chief's evaluations, and when the target was reached
@@ -260,7 +267,12 @@ def closing_lines(s: dict) -> str:
             f"model={s['model']}{'' if s['dataset'] is None else ' dataset=' + s['dataset']} "
             f"examples_per_sec={s['examples_per_sec']:.0f} wall={s['wall_s']:.1f} s "
             f"ready_lag={lag} exit_lag={exit_lag}\n{metrics_line(s)}"
-            f"verification: {verdict}{target_line(s)}{preempted_line(s)}")
+            f"verification: {verdict}{data_line(s)}{target_line(s)}{preempted_line(s)}")
+
+
+def data_line(s: dict) -> str:
+    """The data verdict's closing line, where the run read one."""
+    return f"\ndata: {s['data_verdict']}" if s.get("data_verdict") else ""
 
 
 def metrics_line(s: dict) -> str:

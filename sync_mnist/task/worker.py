@@ -65,6 +65,7 @@ def run_worker(config: TaskConfig, *, model: api.Model | None = None, server=Non
     if write_error is not None:  # raised only now, once the ps are not held up by it
         raise write_error
     log.info("verdict: %s", finished.verdict.line)
+    log.info("data: %s", finished.data.line)
     return _result(w, joined, trained, finished, chief, evaluated, done_reported)
 
 
@@ -99,6 +100,7 @@ def _result(w: Worker, joined: Joined, trained: Trained, finished: Finished,
     result.record_counters(finished.counters)
     result.lost = finished.lost
     result.synchronous, result.verdict = finished.verdict.synchronous, finished.verdict.line
+    result.data_covered, result.data_verdict = finished.data.covered, finished.data.line
     if chief:
         result.test_metrics = chief.test_metrics
         if chief.evaluations and not finished.preempted:

@@ -6,15 +6,16 @@ counts each example's uses in the model itself)."""
 from __future__ import annotations
 
 import re
+import sys
 
 import tensorflow as tf
 
 import pytest
 
 import stream_model
-from procs import processes_mentioning, read_json, run_task_process
+from procs import operator_tf_config, processes_mentioning, read_json, run_task_process
 from sync_mnist.core.cluster import free_ports
-from sync_mnist.core.config import EXIT_OK, EXIT_USAGE
+from sync_mnist.core.config import EXIT_DATA_NOT_COVERED, EXIT_OK, EXIT_USAGE
 
 BOUND = 240  # seconds a small cluster run may take on a loaded 2-core machine
 
@@ -100,7 +101,7 @@ def test_an_input_that_reads_no_file_is_bad_input_in_one_line(tmp_path):
     assert code == EXIT_USAGE, lines
     assert [x for x in lines if x.startswith("error: ")] == [
         "error: train_input_fn's dataset has no full batch of 4 examples for worker 1 of 2 "
-        "(sharded by record; it reads no file that exists: does its pattern match any?)"], lines
+        "(sharded by record, by the package; it reads no file that exists: does its pattern match any?)"], lines
 
 
 # Blocks that are views into larger ones (the input's own rebatch), cut into batches whole.
@@ -126,3 +127,61 @@ def test_blocks_that_are_views_are_cut_into_batches_without_an_error_logged():
     assert code == 0, err
     assert out.split() == ["2", "True"]  # the input's rebatch and the stream's; every id once
     assert "RefCount" not in err, [line for line in err.splitlines() if "RefCount" in line][:3]
+
+
+def test_an_input_that_cuts_its_files_by_tf_config_uses_each_example_once_as_a_tfjob(
+        processes, tmp_path):
+    """Issue 55: an Estimator-era input function that cuts its files by TF_CONFIG itself, run
+    as a TFJob runs it (one `sync-mnist` a task, TF_CONFIG alone): not cut again, every example
+    used once a pass, and the data verdict says so."""
+    spec = stream_model.place(tmp_path / "data", [8] * 6)  # ids 0-47: 2 files a worker
+    spec = spec.replace(":MODEL", ":TF_CONFIG_CUT")
+    ports = iter(free_ports(4))
+    cluster = {"worker": [f"127.0.0.1:{next(ports)}" for _ in range(3)],
+               "ps": [f"127.0.0.1:{next(ports)}"]}
+    logdir = tmp_path / "logdir"
+    command = [sys.executable, "-m", "sync_mnist", "--model", spec, "--epochs", "2",
+               "--batch-size", "4", "--timeout", "60", "--logdir", str(logdir)]
+    pods = {f"{job}-{i}": processes.start(
+        ["env", f"TF_CONFIG={operator_tf_config(cluster, job, i)}", *command, "--summary-json",
+         str(tmp_path / f"{job}-{i}.json")], f"{job}-{i}")
+        for job, count in (("worker", 3), ("ps", 1)) for i in range(count)}
+    for name, pod in pods.items():
+        assert pod.wait(BOUND) == EXIT_OK, pod.output
+    pods["worker-2"].wait_for_line(r"\[worker 2\] dataset .*: streamed, sharded by file, by "
+                                   r"the input function's \.shard\(\); up to 2 pass\(es\) over "
+                                   r"my shard, until the first worker's input ends", 1)
+    workers = [read_json(tmp_path / f"worker-{i}.json") for i in range(3)]
+    for record in workers:  # 16 examples a worker a pass: 4 batches, 2 passes
+        assert record["synchronous"] is True and record["contributions"] == [8, 8, 8]
+        assert record["data_covered"] is True
+        assert record["data_verdict"] == (
+            "each of 6 files read whole by exactly one worker, covered once (cut by file, by "
+            "the input function's .shard()); 96 examples used in applied updates (32, 32, 32 a "
+            "worker)")
+    pods["worker-0"].wait_for_line(r"\[worker 0\] data: each of 6 files read whole", 1)
+    uses = stream_model.uses(tf.train.latest_checkpoint(str(logdir)), 3)
+    assert uses[:48].tolist() == [2] * 48 and uses[48:].sum() == 0
+
+
+def test_an_input_that_ignores_its_input_context_ends_not_covered_naming_files_and_workers(
+        processes, tmp_path):
+    """Every worker reads every file: trained to the end, synchronous, but the data verdict
+    names the files and the workers, and the run exits 4, not 0."""
+    spec = stream_model.place(tmp_path / "data", [8, 8]).replace(":MODEL", ":IGNORES_CONTEXT")
+    summary = tmp_path / "cluster.json"
+    launcher = processes.launcher(
+        "--model", spec, "--base-port", "0", "--isolate", "off", "--workers", "2",
+        "--epochs", "1", "--batch-size", "4", "--timeout", "60", "--summary-json", str(summary))
+    assert launcher.wait(BOUND) == EXIT_DATA_NOT_COVERED, launcher.output
+    line = ("NOT covered once: 2 files read by worker 0 (whole), worker 1 (whole) "
+            "(part-000.tfrecord, part-001.tfrecord) (cut by the input function "
+            "(input_context)); 32 examples used in applied updates (16, 16 a worker)")
+    launcher.wait_for_line("^data: " + re.escape(line) + "$", 1)
+    launcher.wait_for_line(r"^exit code 4 \(training ran to the end, but the data verdict shows "
+                           r"an example given to two workers or to none\)$", 1)
+    record = read_json(summary)
+    assert record["synchronous"] is True and record["contributions"] == [4, 4]
+    assert record["data_covered"] is False and record["data_verdict"] == line
+    assert [t["exit_code"] for t in record["tasks"] if t["role"] == "worker"] == \
+        [EXIT_DATA_NOT_COVERED] * 2

@@ -33,7 +33,8 @@ def test_piped_output_is_plain_lines_with_every_tasks_progress(runs):
     # Every worker's progress lines are there, one per --log-every steps, then the verdict.
     for w in range(3):
         assert f"[worker {w}] step={STEPS} global_step={STEPS}/{STEPS} " in output
-    assert output.splitlines()[-2:] == [f"verification: {record['verdict']}",
+    assert output.splitlines()[-3:] == [f"verification: {record['verdict']}",
+                                        f"data: {record['data_verdict']}",
                                         "exit code 0 (done; in sync mode, verified synchronous)"]
 
 

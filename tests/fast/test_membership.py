@@ -112,7 +112,7 @@ def test_the_chief_finishes_without_a_backup_silent_for_the_timeout(monkeypatch)
     when it has not pushed for --timeout, which is also the chief's own bound at the barrier:
     the barrier must open on the mark, not time out."""
     n = 3
-    m = membership.Membership(*(object() for _ in range(7)))
+    m = membership.Membership(*(object() for _ in range(10)))
     finished = [membership.RUNNING, membership.FINISHED, membership.RUNNING]
     last_push = [40, 40, 38]
 
@@ -139,7 +139,7 @@ def test_the_chief_finishes_without_a_backup_silent_for_the_timeout(monkeypatch)
 ])
 def test_a_probe_that_only_times_out_does_not_declare_a_finishing_worker_lost(
         monkeypatch, why, lost_expected):
-    m = membership.Membership(*(object() for _ in range(7)))
+    m = membership.Membership(*(object() for _ in range(10)))
     finished = [membership.RUNNING, membership.FINISHED, membership.RUNNING]
     reads = []
 
@@ -162,3 +162,20 @@ def test_a_probe_that_only_times_out_does_not_declare_a_finishing_worker_lost(
                                      log=logging.getLogger("test"))
     assert lost == lost_expected
     assert finished[2] == (membership.LOST if lost_expected else membership.FINISHED)
+
+
+def test_a_worker_whose_input_is_cut_otherwise_than_the_chief_s_is_refused_naming_both():
+    """Cut by file beside cut by record (its files differ), or cut by its own .shard() beside
+    cut by the package, some examples would be read twice and others never (issue 55)."""
+    def cut(how: str, index: int) -> dict:
+        config = _config("--role", "worker", "--index", str(index), *HOSTS3)
+        return membership.settings(config, membership.model_settings({}, [], how))
+
+    chief = cut("by file, by the package", 0)
+    membership.check_agreement(cut("by file, by the package", 1), json.dumps(chief),
+                               me="worker 1", restarted_chief=False)
+    with pytest.raises(ConfigError) as raised:
+        membership.check_agreement(cut("by file, by the input function's .shard()", 2),
+                                   json.dumps(chief), me="worker 2", restarted_chief=False)
+    assert str(raised.value) == ("worker 2 has its input cut by file, by the input function's "
+                                 ".shard() but the chief has by file, by the package")

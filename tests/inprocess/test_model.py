@@ -223,8 +223,9 @@ def test_the_update_runs_on_the_ps_alone_and_the_sync_state_on_ps_0():
         (update,) = g.training.optimizer.get_chief_queue_runner().enqueue_ops
     # Everything the counting, the progress lines and the finish read is on one ps, so none of
     # it costs a run on each ps; a round-robin dealt the counters over both.
-    # (14 since the stop's fifth scalar, input_ended_at: core/stream.py.)
-    assert len(shared) == 14 and set(shared.values()) == {"/job:ps/task:0"}, shared
+    # (14 since the stop's fifth scalar, input_ended_at: core/stream.py; 15 with the workers'
+    # reading plans, membership.py.)
+    assert len(shared) == 15 and set(shared.values()) == {"/job:ps/task:0"}, shared
     # The chief's update (with the cosine rate) needs nothing from the chief's own device.
     on_workers = {op.name for op in _ancestors(update) if "/job:worker" in op.device}
     assert on_workers == set(), sorted(on_workers)
@@ -333,3 +334,30 @@ def worker_graph(config, model):
     from sync_mnist.task.graph import build_graph
 
     return build_graph(config, model, EXAMPLE, target=10)
+
+
+@pytest.mark.parametrize("own_optimizer", [False, True])
+def test_the_cosine_warning_of_a_run_of_unknown_length_is_for_the_command_line_s_optimizer(
+        own_optimizer, caplog):
+    """--lr-decay cosine over a stream with --epochs: the optimizer the flags make cannot decay
+    (the length is unknown), and says so; a model's own optimizer the flags never touch."""
+    import dataclasses
+
+    from sync_mnist.core import stream
+    from sync_mnist.core.cluster import ClusterLayout
+    from sync_mnist.core.config import TaskConfig, TrainConfig
+    from sync_mnist.task.graph import build_graph
+
+    def model_fn(features, labels, mode, params):
+        spec = mlp.MODEL.model_fn(features, labels, mode, params)
+        return dataclasses.replace(spec, optimizer=tf1.train.AdamOptimizer(0.001)) \
+            if own_optimizer else spec
+
+    config = TaskConfig(role="worker", index=0, train=TrainConfig(epochs=1, lr_decay="cosine"),
+                        cluster=ClusterLayout(("p0:1",), ("w0:1", "w1:1")))
+    with tf.Graph().as_default():
+        build_graph(config, dataclasses.replace(mlp.MODEL, model_fn=model_fn), EXAMPLE,
+                    target=stream.UNTIL_INPUT_ENDS)
+    warned = [r for r in caplog.records if "--lr-decay cosine needs the run's length" in
+              r.getMessage()]
+    assert len(warned) == (0 if own_optimizer else 1)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import stream_model
-from sync_mnist.core import audit
+from sync_mnist.core import audit, coverage
 from sync_mnist.core.shard import DataError
 from sync_mnist.core.stream import Stream, group_size
 
@@ -20,7 +20,7 @@ tf1 = tf.compat.v1
 
 
 def _stream(files, *, index=0, num_workers=2, batch_size=4, epochs=1, shuffle=False,
-            make=None) -> Stream:
+            make=None, sharded=False) -> Stream:
     graph = tf.Graph()
     with graph.as_default():
         tf1.set_random_seed(7)
@@ -29,7 +29,7 @@ def _stream(files, *, index=0, num_workers=2, batch_size=4, epochs=1, shuffle=Fa
         if shuffle:
             dataset = dataset.shuffle(16)
     return Stream(graph, dataset, index=index, num_workers=num_workers, batch_size=batch_size,
-                  epochs=epochs, sharded=False, what="train_input_fn")
+                  epochs=epochs, sharded=sharded, what="train_input_fn")
 
 
 def _ids(stream: Stream, start: int = 0) -> list[list[int]]:
@@ -45,18 +45,74 @@ def _ids(stream: Stream, start: int = 0) -> list[list[int]]:
 def test_at_least_as_many_files_as_workers_are_cut_by_file(tmp_path):
     files = stream_model.write(tmp_path, [12, 8, 12, 9])  # ids 0-11, 12-19, 20-31, 32-40
     first, second = _stream(files, index=0), _stream(files, index=1)
-    assert first.sharding == second.sharding == "by file"
+    assert first.sharding == second.sharding == "by file, by the package"
     # Worker 0 reads files 0 and 2, worker 1 files 1 and 3 (its last id, 40, is the remainder).
     assert sum(_ids(first), []) == [*range(0, 12), *range(20, 32)]
     assert sum(_ids(second), []) == [*range(12, 20), *range(32, 40)]
+    # What each says it reads, for the data verdict: the files it did read, whole.
+    names = [str(f) for f in files]
+    assert first.plan.reads == {names[0]: (0, 1), names[2]: (0, 1)}
+    assert second.plan.reads == {names[1]: (0, 1), names[3]: (0, 1)}
+    assert first.plan.listed == second.plan.listed == tuple(names)
+    assert coverage.judge([first.plan, second.plan], [3, 3], 4).covered is True
 
 
 def test_fewer_files_than_workers_are_cut_by_record(tmp_path):
     files = stream_model.write(tmp_path, [20])
     streams = [_stream(files, index=i, num_workers=2, batch_size=2) for i in (0, 1)]
-    assert {s.sharding for s in streams} == {"by record"}
+    assert {s.sharding for s in streams} == {"by record, by the package"}
     assert sum(_ids(streams[0]), []) == list(range(0, 20, 2))
     assert sum(_ids(streams[1]), []) == list(range(1, 20, 2))
+    records = "<the records of its 1 files, in its order>"
+    assert [s.plan.reads for s in streams] == [{records: (0, 2)}, {records: (1, 2)}]
+    assert coverage.judge([s.plan for s in streams], [5, 5], 2).covered is True
+
+
+def _listed_and_cut(files, index, num_workers, *, shuffled=True):
+    """An Estimator-era input: the file names listed, shuffled, and cut by a .shard() of its
+    own (by TF_CONFIG, say), then read two at a time."""
+    pattern = str(files[0].parent / "*.tfrecord")
+    return lambda: tf.data.Dataset.list_files(pattern, shuffle=shuffled, seed=3).shard(
+        num_workers, index).interleave(tf.data.TFRecordDataset, cycle_length=2).map(
+        stream_model._parse)
+
+
+def test_an_input_that_cuts_its_files_itself_is_not_cut_again(tmp_path):
+    """Cut by file twice, a worker would read a quarter of the data (issue 55): a .shard() of
+    the cluster's numbers is the cut, and the plan names the files it lets through."""
+    files = stream_model.write(tmp_path, [8, 8, 8, 8, 8, 8])  # ids 0-47, 8 a file
+    streams = [_stream(files, index=i, num_workers=3, make=_listed_and_cut(files, i, 3))
+               for i in range(3)]
+    assert {s.sharding for s in streams} == {"by file, by the input function's .shard()"}
+    used = [sorted(sum(_ids(s), [])) for s in streams]
+    assert sorted(sum(used, [])) == list(range(48))  # every example, each once
+    for stream, ids in zip(streams, used):  # and each worker's are those of the files it names
+        assert sorted(stream.plan.reads) == sorted(
+            str(files[i // 8]) for i in ids[::8])
+    assert coverage.judge([s.plan for s in streams], [4, 4, 4], 4).covered is True
+
+
+def test_a_shard_of_other_numbers_than_the_cluster_s_is_refused_naming_it(tmp_path):
+    files = stream_model.write(tmp_path, [8, 8, 8, 8])
+    with pytest.raises(DataError, match=r"train_input_fn's dataset cuts itself with "
+                       r"\.shard\(4, 1\) \(ShardDataset\), but this is worker 1 of 3: cut with "
+                       r"\.shard\(3, 1\)"):
+        _stream(files, index=1, num_workers=3, make=_listed_and_cut(files, 1, 4))
+    with pytest.raises(DataError, match=r"\.shard\(3, 0\) .*but this is worker 2 of 3"):
+        _stream(files, index=2, num_workers=3, make=_listed_and_cut(files, 0, 3))
+
+
+def test_an_input_that_takes_input_context_and_reads_every_file_is_found_out(tmp_path):
+    """input_context taken and ignored: every worker reads every file whole, which the data
+    verdict names, file by file."""
+    files = stream_model.write(tmp_path, [8, 8])
+    streams = [_stream(files, index=i, sharded=True) for i in (0, 1)]
+    assert {s.sharding for s in streams} == {"by the input function (input_context)"}
+    assert [sum(_ids(s), []) for s in streams] == [list(range(16))] * 2
+    verdict = coverage.judge([s.plan for s in streams], [4, 4], 4)
+    assert verdict.covered is False
+    assert verdict.line.startswith("NOT covered once: 2 files read by worker 0 (whole), worker 1 "
+                                   "(whole) (part-000.tfrecord, part-001.tfrecord)")
 
 
 def test_a_batch_is_a_pure_function_of_its_step_through_a_restart(tmp_path):
@@ -127,7 +183,7 @@ def test_a_dataset_of_unbatched_blocks_is_cut_into_batches_whole(tmp_path):
     assert all(_rebatched(s) for s in by_file)
     one = stream_model.write(tmp_path / "one", [20])
     by_record = _stream(one, index=1, batch_size=2, make=make(one))
-    assert by_record.sharding == "by record" and not _rebatched(by_record)
+    assert by_record.sharding == "by record, by the package" and not _rebatched(by_record)
     assert sum(_ids(by_record), []) == list(range(1, 20, 2))
 
 

@@ -1,0 +1,55 @@
+"""core/coverage.py: the data verdict's arithmetic, from the workers' plans and the ps's
+accepted counters alone."""
+
+from __future__ import annotations
+
+from sync_mnist.core.coverage import WHOLE, Plan, judge
+
+CUT = "by file, by the package"
+
+
+def test_files_each_read_whole_by_one_worker_are_covered_once():
+    plans = [Plan(CUT, {"/d/f0": WHOLE, "/d/f2": WHOLE}, ("/d/f0", "/d/f1", "/d/f2", "/d/f3")),
+             Plan(CUT, {"/d/f1": WHOLE, "/d/f3": WHOLE}, ("/d/f0", "/d/f1", "/d/f2", "/d/f3"))]
+    verdict = judge(plans, [7, 5], 10)
+    assert verdict.covered is True
+    assert verdict.line == ("each of 4 files read whole by exactly one worker, covered once (cut "
+                            "by file, by the package); 120 examples used in applied updates "
+                            "(70, 50 a worker)")
+
+
+def test_a_file_read_twice_and_files_read_by_none_are_named_with_their_workers():
+    listed = tuple(f"/d/f{i}" for i in range(6))
+    plans = [Plan(CUT, {"/d/f0": WHOLE}, listed), Plan(CUT, {"/d/f0": WHOLE}, listed)]
+    verdict = judge(plans, [1, 1], 4)
+    assert verdict.covered is False
+    assert verdict.line == ("NOT covered once: 1 file read by worker 0 (whole), worker 1 (whole) "
+                            "(f0); 5 files read by no worker (f1, f2, f3 and 2 more) (cut by "
+                            "file, by the package); 8 examples used in applied updates (4, 4 a "
+                            "worker)")
+
+
+def test_parts_cover_a_source_only_when_they_are_every_part_of_one_cut_once():
+    rows = "<the 600 examples of its input function>"
+    assert judge([Plan("m", {rows: (0, 2)}), Plan("m", {rows: (1, 2)})], [1, 1], 1).covered
+    for parts in ([(0, 2), (0, 2)], [(0, 3), (1, 3)], [(0, 2), (1, 3)], [WHOLE, (1, 2)]):
+        verdict = judge([Plan("m", {rows: p}) for p in parts], [1, 1], 1)
+        assert verdict.covered is False, parts
+        assert verdict.line.startswith("NOT covered once: 1 input read by worker 0 ("), parts
+
+
+def test_workers_that_cut_differently_or_did_not_say_are_not_covered_or_not_proved():
+    mixed = judge([Plan(CUT, {"f": WHOLE}), Plan("by record, by the package", {"<r>": (1, 2)})],
+                  [2, 2], 1)
+    assert mixed.covered is False and mixed.line.startswith(
+        "NOT covered once: the workers cut their input differently (worker 0: by file, by the "
+        "package; worker 1: by record, by the package)")
+    assert judge([Plan(CUT, {"f": WHOLE}), None], [1, 1], 1).line.startswith(
+        "not proved: worker 1 published no reading plan")
+    unseen = judge([Plan("by the input function (input_context)", {})] * 2, [1, 1], 1)
+    assert unseen.covered is None and "cuts its data where the package cannot see" in unseen.line
+
+
+def test_a_plan_reads_back_as_it_was_written():
+    plan = Plan(CUT, {"/d/f0": WHOLE, "<r>": (2, 3)}, ("/d/f0",))
+    assert Plan.from_json(plan.to_json()) == plan
