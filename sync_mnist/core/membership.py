@@ -18,6 +18,7 @@ ends with the ps that holds them, so a resumed run or a restarted ps starts them
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import socket
@@ -209,6 +210,15 @@ def probe(address: str) -> str | None:
         return f"{address} {NO_ANSWER}"
     except (OSError, ValueError) as e:
         return f"{address}{_UNREACHABLE}({getattr(e, 'strerror', None) or e})"
+
+
+def silent_workers(cluster: cluster_lib.ClusterLayout) -> dict[int, str]:
+    """The workers whose server does not answer now, {index: probe's why}; probed at once, so
+    that many silent hosts cost one PROBE_SECS, not one each."""
+    hosts = cluster.worker_hosts
+    with concurrent.futures.ThreadPoolExecutor(min(len(hosts), 32)) as pool:
+        whys = list(pool.map(probe, hosts))
+    return {w: why for w, why in enumerate(whys) if why}
 
 
 CUT_OFF = ("nor does this worker reach any other task of the cluster: its own network is the "

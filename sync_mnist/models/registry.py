@@ -65,6 +65,12 @@ def _load_file(spec: str, path: Path):
     if loader_spec is None:
         raise ConfigError(f"--model {spec!r}: {path} cannot be loaded as Python")
     module = importlib.util.module_from_spec(loader_spec)
+    # As `python FILE` would: a module beside the file imports, wherever the task started
+    # (`python -m sync_mnist`, as the launcher starts it, puts the working directory first, and
+    # the `sync-mnist` script its own). Left there, for a model function that imports later.
+    beside = str(path.resolve().parent)
+    if beside not in sys.path:
+        sys.path.insert(0, beside)
     sys.modules[module_name] = module
     try:
         loader_spec.loader.exec_module(module)

@@ -5,7 +5,9 @@ every worker enqueues its index there when it has finished, and the ps exits onc
 drained one entry per worker, not counting workers the chief declared lost. While it waits, a
 watchdog bounds the wait: if global_step has not moved and no worker has reported done for
 --timeout seconds (and a few more, so that the workers speak first), the ps gives up and says
-why, naming the workers the next update is missing.
+why, naming the workers the next update is missing. Before any worker has initialised the
+model, it waits the start-up bound (START_SECS + --timeout) and then names the workers whose
+servers do not answer: all of them when every worker exited at start.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class _Watch:
         self.checked = False  # whether the chief's settings have been compared with ours
         self.counters: verdict_lib.Counters | None = None
         self.last_step, self.last_progress = None, time.monotonic()
+        self.initialised = False  # whether any read of ps 0 has found the model initialised
 
     def wait_for_the_other_ps(self) -> None:
         # Sync: the first run creates the session, which waits without end for every ps; a
@@ -126,6 +129,7 @@ class _Watch:
                                    with_published=not self.checked)
             self._check_the_chiefs_settings(reading)
             if reading:
+                self.initialised = True
                 self.lost = [w for w, mark in enumerate(reading.finished)
                              if mark == membership.LOST]
             self._watchdog(reading)
@@ -179,7 +183,9 @@ class _Watch:
         # who know more, speak first, and a worker restarted within --timeout finds its ps.
         if idle > config.train.timeout + (
                 START_SECS if step is None else config.train.restart_grace):
-            seen = "no worker has initialised the model" if step is None else (
+            if not self.initialised:
+                raise TaskTimeout(self._never_initialised())
+            seen = "global_step unread: ps 0 did not answer" if step is None else (
                 f"global_step stuck at {step}")
             missing = []
             if reading and len(done | set(lost)) == 0:
@@ -190,6 +196,25 @@ class _Watch:
                 f"ps {config.index}: no progress for {idle:.0f} s ({seen}; workers done: "
                 f"{sorted(done) or 'none'} of {config.cluster.num_workers}"
                 f"{'; lost: ' + str(lost) if lost else ''})", missing=missing)
+
+    def _never_initialised(self) -> str:
+        """The watchdog's message when no worker has initialised the model since this ps
+        started: whose server answers. A worker that exited at start (its model failed to
+        import, say) and one not started yet look alike from here: neither answers."""
+        config = self.config
+        bound = (f"the start-up bound, {START_SECS + config.train.timeout:g} s ({START_SECS:g} s "
+                 f"+ --timeout {config.train.timeout:g} s)")
+        silent = membership.silent_workers(config.cluster)
+        named = "; ".join(f"worker {w}: {why}" for w, why in silent.items())
+        if len(silent) == config.cluster.num_workers:
+            return (f"ps {config.index}: no worker joined within {bound}: the model was never "
+                    f"initialised, and no worker's server answers ({named}); each exited at "
+                    "start or never started")
+        answer = [w for w in range(config.cluster.num_workers) if w not in silent]
+        return (f"ps {config.index}: the model was not initialised within {bound}; the "
+                f"servers of worker{'s' if len(answer) > 1 else ''} "
+                f"{', '.join(map(str, answer))} answer"
+                f"{'; silent: ' + named if named else ''}")
 
 
 def _final_counters(sess, state: sync.SharedState, options) -> verdict_lib.Counters | None:

@@ -129,6 +129,28 @@ def test_a_model_that_breaks_the_contract_is_exit_2_with_one_line(tmp_path, chan
     assert lines[-1] == errors[0]  # nothing after it: no traceback of the package's own
 
 
+def test_the_task_command_imports_a_module_beside_the_model_file(tmp_path):
+    # The helper's value reaches the task: its labels are one row short, which the task names
+    # (exit 2, before it waits for anyone); without the helper, ModuleNotFoundError instead.
+    # The task starts in the repository (procs.py), not in the file's directory.
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "label_rows.py").write_text("LABEL_ROWS = 2999\n")
+    path = tmp_path / "models" / "my_model.py"
+    text = YOUR_MODEL.read_text()
+    for old, new in (("import sync_mnist.api as sm\n",
+                      "import sync_mnist.api as sm\nfrom label_rows import LABEL_ROWS\n"),
+                     ("return _data(params, 3000, seed=1)",
+                      "return _data(params, 3000, seed=1)[0], _data(params, LABEL_ROWS, "
+                      "seed=1)[1]")):
+        assert old in text
+        text = text.replace(old, new, 1)
+    path.write_text(text)
+    code, lines = _worker_alone(tmp_path, f"{path}:MODEL")
+    assert code == EXIT_USAGE, lines
+    assert [line for line in lines if line.startswith("error:")] == [
+        "error: train_input_fn returned 3000 rows of features but 2999 labels"], lines
+
+
 def test_a_worker_with_another_version_of_the_model_exits_2_naming_the_difference(
         processes, tmp_path):
     first = your_model_file(tmp_path)

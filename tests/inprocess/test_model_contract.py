@@ -8,6 +8,7 @@ tests/cluster/test_your_model.py.
 
 from __future__ import annotations
 
+import sys
 import textwrap
 import types
 
@@ -203,6 +204,22 @@ def test_a_built_in_name_a_module_and_a_file_resolve(tmp_path):
     path = tmp_path / "mine.py"
     path.write_text("from sync_mnist.models.mlp import MODEL as MINE\n")
     assert registry.resolve(f"{path}:MINE") is mlp.MODEL
+
+
+def test_a_model_file_imports_a_module_beside_it_from_any_working_directory(tmp_path,
+                                                                           monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the file's directory goes in it
+    (tmp_path / "models").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    (tmp_path / "models" / "issue55_beside.py").write_text(
+        "from sync_mnist.models.mlp import MODEL\n")
+    path = tmp_path / "models" / "mine.py"
+    path.write_text("from issue55_beside import MODEL as MINE\n")
+    try:
+        assert registry.resolve(f"{path}:MINE") is mlp.MODEL
+    finally:
+        sys.modules.pop("issue55_beside", None)
 
 
 @pytest.mark.parametrize("spec, line", [

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
+import time
 
 import pytest
 import tensorflow as tf
@@ -145,3 +147,66 @@ def test_a_poll_cut_short_is_not_an_answer_from_the_other_ps(monkeypatch):
     with pytest.raises(TaskTimeout, match=r"^ps 0: waited 0.2 s for the other ps "
                                           r"\(127.0.0.1:2\) to answer; it did not answer$"):
         _watch(_Cut(cut=10**9), timeout=0.2).wait_for_the_other_ps()
+
+
+@contextlib.contextmanager
+def _workers(listening: list[bool]):
+    """Worker addresses on held ports: a server that answers where `listening`, else a port
+    bound and not listening (refused), which no other test's server can take meanwhile."""
+    with contextlib.ExitStack() as stack:
+        addresses = []
+        for answers in listening:
+            held = stack.enter_context(socket.socket())
+            held.bind(("127.0.0.1", 0))
+            if answers:
+                held.listen()
+            addresses.append(f"127.0.0.1:{held.getsockname()[1]}")
+        yield tuple(addresses)
+
+
+def _watch_past_the_start_up_bound(monkeypatch, workers: tuple[str, ...]):
+    monkeypatch.setattr(ps, "START_SECS", 3.0)
+    config = TaskConfig(role="ps", index=0, cluster=ClusterLayout(("127.0.0.1:1",), workers),
+                        train=TrainConfig(train_steps=1, timeout=2.0))
+    watch = ps._Watch(config, sess=None, shared=None, waiting=None, take_done=None,
+                      preempt=None)
+    watch.last_progress = time.monotonic() - 5.5  # 3 s + --timeout 2 s, and a little more
+    return watch
+
+
+def test_a_ps_that_no_worker_joined_says_so_at_the_start_up_bound(monkeypatch):
+    # Every worker exited at start (its model failed to import, say): the ps said only "no
+    # progress (no worker has initialised the model)", naming no one.
+    with _workers([False, False]) as workers:
+        watch = _watch_past_the_start_up_bound(monkeypatch, workers)
+        watch.last_progress += 3.0  # within the bound: no word yet
+        watch._watchdog(None)
+        watch.last_progress -= 3.0
+        with pytest.raises(TaskTimeout) as raised:
+            watch._watchdog(None)
+    assert str(raised.value) == (
+        "ps 0: no worker joined within the start-up bound, 5 s (3 s + --timeout 2 s): the "
+        "model was never initialised, and no worker's server answers (worker 0: nothing "
+        f"listens at {workers[0]}; worker 1: nothing listens at {workers[1]}); each exited "
+        "at start or never started")
+
+
+def test_a_ps_names_the_workers_that_answer_when_the_chief_never_initialised(monkeypatch):
+    with _workers([False, True]) as workers:
+        watch = _watch_past_the_start_up_bound(monkeypatch, workers)
+        with pytest.raises(TaskTimeout) as raised:
+            watch._watchdog(None)
+    assert str(raised.value) == (
+        "ps 0: the model was not initialised within the start-up bound, 5 s (3 s + --timeout "
+        f"2 s); the servers of worker 1 answer; silent: worker 0: nothing listens at "
+        f"{workers[0]}")
+
+
+def test_a_ps_that_saw_the_model_once_does_not_say_no_worker_joined(monkeypatch):
+    with _workers([False, False]) as workers:
+        watch = _watch_past_the_start_up_bound(monkeypatch, workers)
+        watch.initialised = True  # ps 0 answered a read once; now it does not
+        with pytest.raises(TaskTimeout, match=r"^ps 0: no progress for \d+ s \(global_step "
+                                              r"unread: ps 0 did not answer; workers done: "
+                                              r"none of 2\)$"):
+            watch._watchdog(None)
