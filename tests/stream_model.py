@@ -109,7 +109,29 @@ def model_fn(features, labels, mode, params):
         "accuracy": tf1.metrics.accuracy(labels, predictions["classes"])})
 
 
+def adam_model_fn(features, labels, mode, params):
+    """The same, its weights trained by Adam; the count still by SGD at rate 1, in a scope of
+    its own (one optimizer a scope: api.ModelSpec)."""
+    with tf1.variable_scope("counting"):
+        count = tf1.get_variable("count", [MAX_IDS], tf.float32, tf1.zeros_initializer())
+    with tf1.variable_scope("model"):
+        logits = tf.matmul(features["x"], tf1.get_variable("w", [2, 2], tf.float32,
+                                                           tf1.zeros_initializer()))
+    predictions = {"classes": tf.argmax(logits, 1)}
+    if mode == sm.ModeKeys.PREDICT:
+        return sm.ModelSpec(mode, predictions=predictions)
+    loss = tf1.losses.sparse_softmax_cross_entropy(labels, logits)
+    if mode == sm.ModeKeys.TRAIN:
+        used = tf.reduce_sum(tf.gather(count, features["id"]))
+        return sm.ModelSpec(mode, loss=loss - used, optimizer={
+            "counting": tf1.train.GradientDescentOptimizer(1.0),
+            "model": tf1.train.AdamOptimizer(0.01)})
+    return sm.ModelSpec(mode, loss=loss, eval_metric_ops={
+        "accuracy": tf1.metrics.accuracy(labels, predictions["classes"])})
+
+
 MODEL = sm.Model(model_fn, train_input_fn, eval_input_fn)
+ADAM = sm.Model(adam_model_fn, train_input_fn, eval_input_fn)
 TF_CONFIG_CUT = sm.Model(model_fn, tf_config_input_fn, eval_input_fn)
 IGNORES_CONTEXT = sm.Model(model_fn, ignores_context_input_fn, eval_input_fn)
 

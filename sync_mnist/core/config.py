@@ -61,6 +61,7 @@ START_SECS = 120.0
 # and reads 0 ms as no deadline at all, so less than 1 ms would leave every wait unbounded.
 # The longest wait, the launcher's 2 x --timeout + a minute, must stay within what Python's
 # thread waits accept (threading.TIMEOUT_MAX, about 9.2e9 s on Linux).
+MAX_COUNTED_IDS = 100_000_000  # --count-examples-ids: 400 MB on ps 0 at most
 MIN_TIMEOUT_SECS = 0.001
 MAX_TIMEOUT_SECS = 1e9
 
@@ -216,6 +217,11 @@ class TrainConfig:
     # The model initialised from another run's checkpoint or SavedModel, where this run has
     # no checkpoint of its own yet (the chief reads it); None: initialised afresh.
     warm_start: WarmStart | None = None
+    # --count-examples FEATURE: an int64 id feature of the training data; the ps counts each
+    # id's uses in applied updates (sync.example_uses), for the data verdict. Ids run from 0
+    # below count_examples_ids, a float32 a possible id on ps 0 (4 MB a million).
+    count_examples: str | None = None
+    count_examples_ids: int = 1_000_000
 
     def __post_init__(self) -> None:
         if (self.train_steps is None) == (self.epochs is None):
@@ -253,6 +259,21 @@ class TrainConfig:
             raise ConfigError("--warm-start-from applies to --setup fixed only, not to the "
                               "question's replay")
         self._check_time_to_accuracy()
+        self._check_count_examples()
+
+    def _check_count_examples(self) -> None:
+        ids = self.count_examples_ids
+        if not 1 <= ids <= MAX_COUNTED_IDS:
+            raise ConfigError(f"--count-examples-ids must be 1-{MAX_COUNTED_IDS:,} (a float32 "
+                              f"on ps 0 for each), got {ids}")
+        if self.count_examples is None:
+            return
+        if not self.count_examples:
+            raise ConfigError("--count-examples must name a feature, got an empty name")
+        if self.mode != "sync" or self.setup != "fixed" or not self.proof:
+            raise ConfigError(f"--count-examples {self.count_examples} counts uses in the "
+                              "synchronous updates: it needs --mode sync, --setup fixed and "
+                              "the proof counters")
 
     def _check_time_to_accuracy(self) -> None:
         a = self.target_accuracy

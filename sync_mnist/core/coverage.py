@@ -10,6 +10,11 @@ worker's input lists it, is not covered; nor is one read whole by two workers.
 
 The examples each worker used are the ps's: `accepted[w]` batches of `batch_size`, each fed one
 applied update (the gradient verdict proves no update took a batch twice).
+
+With --count-examples, the ps also counts each id's uses in the applied updates (sync.py's
+example_uses), whatever the optimizer, and `judge_ids` checks them: as many uses as examples
+used (no use uncounted, none counted twice), and with --epochs E no id used more than E times.
+The counts are the run's, not a pass's: a worker's pass has no boundary the ps sees.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from __future__ import annotations
 import dataclasses
 import json
 from typing import Sequence
+
+import numpy as np
 
 WHOLE = (0, 1)
 UNSEEN = "its input function cuts its data where the package cannot see (no .shard() in its " \
@@ -82,6 +89,43 @@ def judge(plans: Sequence[Plan | None], accepted: Sequence[int], batch_size: int
             for why, sources in problems.items()) + f" (cut {cut}); {used}")
     return DataVerdict(True, f"each of {_count(list(readers))} {_shared(readers)}, "
                              f"covered once (cut {cut}); {used}")
+
+
+def with_ids(data: DataVerdict, uses: np.ndarray, feature: str, accepted: Sequence[int],
+             batch_size: int, most: int | None) -> DataVerdict:
+    """`data` with the verdict of --count-examples' counts (uses[id]: float, whole numbers)
+    after it: False where they fail, else as `data` was."""
+    ok, line = judge_ids(uses, feature, sum(accepted) * batch_size, most)
+    return DataVerdict(False if not ok else data.covered, f"{data.line}; {line}")
+
+
+def judge_ids(uses: np.ndarray, feature: str, examples: int,
+              most: int | None) -> tuple[bool, str]:
+    """(whether the counts hold, their line): `examples` used in the applied updates, and at
+    most `most` uses an id (--epochs; None: --train-steps, no bound)."""
+    counts = np.rint(np.asarray(uses)).astype(np.int64)
+    used = np.flatnonzero(counts)
+    total = int(counts.sum())
+    times = dict(zip(*(x.tolist() for x in np.unique(counts[used], return_counts=True))))
+    how = (f"each of {len(used):,} used exactly {_times(next(iter(times)))}" if len(times) == 1
+           else f"{len(used):,} used: " + ", ".join(
+               f"{n:,} {_times(t)}" for t, n in sorted(times.items(), reverse=True)))
+    problems = []
+    if total != examples:
+        problems.append(f"{total:,} uses counted for {examples:,} examples used")
+    if most is not None and counts.max(initial=0) > most:
+        over = used[counts[used] > most]
+        problems.append(f"{len(over):,} ids used more than the {_times(most)} of --epochs "
+                        f"{most} (id {', '.join(map(str, over[:3].tolist()))}"
+                        f"{' ...' if len(over) > 3 else ''})")
+    if problems:
+        return False, f"NOT each once a pass: ids of {feature}: {how}; " + "; ".join(problems)
+    return True, (f"ids of {feature}: {how}; {total:,} uses, one for each example used" +
+                  (f", none more than --epochs {most}" if most is not None else ""))
+
+
+def _times(n: int) -> str:
+    return "once" if n == 1 else f"{n} times"
 
 
 def _not_once(parts: dict[int, tuple[int, int]]) -> str | None:

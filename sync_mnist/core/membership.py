@@ -105,6 +105,9 @@ def settings(config: TaskConfig, model: dict | None = None) -> dict:
                       train_steps=train.train_steps, epochs=train.epochs,
                       optimizer=train.optimizer, learning_rate=train.learning_rate,
                       lr_decay=train.lr_decay, wire_dtype=train.wire_dtype,
+                      # Sync: the counted ids' variable and what fills it are the same graph
+                      count_examples=train.count_examples,
+                      count_examples_ids=train.count_examples_ids,
                       seed=train.seed,
                       # Sync: a worker without the target would never read the stop.
                       eval_every=train.eval_every, target_accuracy=train.target_accuracy,

@@ -16,6 +16,16 @@ class DataError(Exception):
     """Data is missing, malformed or inconsistent; the message names the file or value."""
 
 
+def check_ids(ids, feature: str, bound: int, where: str) -> None:
+    """Raises DataError naming an id of --count-examples outside 0 to bound - 1."""
+    ids = np.asarray(ids)
+    outside = ids[(ids < 0) | (ids >= bound)]
+    if outside.size:
+        raise DataError(f"--count-examples {feature}: {where} has id {outside.flat[0]}, outside "
+                        f"0-{bound - 1:,} (--count-examples-ids {bound:,}): number the ids from "
+                        "0, or raise --count-examples-ids")
+
+
 class Shard:
     """Worker `index` of `num_workers`: a disjoint, equal-length slice of the training set.
 

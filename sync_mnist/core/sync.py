@@ -78,6 +78,26 @@ def build_shared_state(num_workers: int, global_step: tf.Variable | None = None)
                            counter("solo_updates"), counter("over_aggregated"))
 
 
+def build_example_uses(num_ids: int) -> tf.Variable:
+    """--count-examples: each id's uses in applied updates, on ps 0 beside the counters. Saved
+    with the model, so a ps restored from a checkpoint has the counts of its updates."""
+    with tf1.device("/job:ps/task:0"), tf1.variable_scope("sync_counters"):
+        return tf1.get_variable("example_uses", [num_ids], tf.float32, tf1.zeros_initializer(),
+                                trainable=False)
+
+
+def example_uses_delta(ids: tf.Tensor, uses: tf.Variable,
+                       replicas: int) -> tuple[tf.IndexedSlices, tf.Variable]:
+    """(d, uses) to push beside the gradients as a state delta, so that the update that averages
+    this push adds 1 to uses[id] for each of the batch's ids: -replicas a use, summed over the
+    pushes and divided by R (_Update._mean), then subtracted (_WithState). Whole numbers all
+    the way, so the counts are exact; a push a restart threw away is never counted, as its
+    gradient is never applied."""
+    ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
+    values = tf.fill(tf.shape(ids), tf.constant(-float(replicas)))
+    return tf.IndexedSlices(values, ids, tf.constant(uses.shape.as_list(), tf.int64)), uses
+
+
 def build_train_op(loss: tf.Tensor, state: SharedState,
                    optimizer: tf1.train.Optimizer | Mapping[str, tf1.train.Optimizer], *,
                    worker_index: int, num_workers: int, replicas_to_aggregate: int,
@@ -466,7 +486,8 @@ class _WithState(_Wrapper):
         for d, s in grads_and_vars:
             if id(s) in self._state:
                 with tf1.colocate_with(s):  # Sync: once per update, the workers' mean of d
-                    moved.append(tf1.assign_sub(s, d))
+                    moved.append(tf1.scatter_sub(s, d.indices, d.values)
+                                 if isinstance(d, tf.IndexedSlices) else tf1.assign_sub(s, d))
         return tf.group(applied, *moved)
 
 

@@ -54,6 +54,7 @@ def finish(w: Worker, side: SideSession) -> Finished:
             log=log)
         counters = verdict_lib.Counters.read(side, g.state, options=w.bounded)
         plans = side.run(g.members.plans, options=w.bounded)
+        uses = None if g.example_uses is None else side.run(g.example_uses, options=w.bounded)
         stop_step, reason = (int(v) for v in side.run(
             [g.stop_vars.stop_step, g.stop_vars.reason], options=w.bounded))
     end = w.target
@@ -67,6 +68,9 @@ def finish(w: Worker, side: SideSession) -> Finished:
     data = coverage.judge([coverage.Plan.from_json(p) if p else None for p in plans],
                           counters.accepted, train.batch_size) if train.proof else \
         coverage.DataVerdict(None, "not verified: --bench-no-proof left the counters out")
+    if uses is not None:
+        data = coverage.with_ids(data, uses, train.count_examples, counters.accepted,
+                                 train.batch_size, train.epochs)
     preempted = reason == early_stop.PREEMPTED
     input_left = None
     if reason == early_stop.INPUT_ENDED:

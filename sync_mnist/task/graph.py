@@ -14,7 +14,7 @@ import tensorflow as tf
 from sync_mnist import api
 from sync_mnist.core import (audit, early_stop, membership, optimizers, placement, protocol,
                              stream, sync)
-from sync_mnist.core.config import TaskConfig
+from sync_mnist.core.config import ConfigError, TaskConfig
 from sync_mnist.task import inputs
 
 tf1 = tf.compat.v1
@@ -37,6 +37,7 @@ class WorkerGraph(NamedTuple):
     # The model function's variables, trainable or not, named as a checkpoint holds them
     # (a variable cut over the ps, whole): what --warm-start-from may initialise.
     model_variables: tuple[str, ...] = ()
+    example_uses: tf.Variable | None = None  # --count-examples: each id's uses (sync.py)
 
     @property
     def transient(self) -> list[tf.Variable]:
@@ -86,6 +87,7 @@ def build_graph(config: TaskConfig, model: api.Model, example: tuple, num_tokens
         # (moving statistics) are averaged over the workers once per update (audit.py).
         audit.check_step([spec.loss, *spec.train_metrics.values()], built.ops)
         state_deltas = audit.state_deltas(built.update_ops, built.ops, built.state)
+        uses = _example_uses(train, features, config.train.aggregate(n), state_deltas)
         optimizer = spec.optimizer or _command_line_optimizer(train, decay_steps, target,
                                                               shared.state.global_step)
         # Sync: each update may latch the stop, asked for by --target-accuracy or a preempted
@@ -103,7 +105,7 @@ def build_graph(config: TaskConfig, model: api.Model, example: tuple, num_tokens
     report_done = tf.group(*[q.enqueue(i) for q in shared.done_queues])
     return WorkerGraph(features, labels, spec, model_settings, shared.state, training,
                        shared.members, report_done, shared.stop, stop,
-                       tuple(r.name for r in recorded))
+                       tuple(r.name for r in recorded), uses)
 
 
 def _command_line_optimizer(train, decay_steps: int | None, target: int | None,
@@ -116,3 +118,29 @@ def _command_line_optimizer(train, decay_steps: int | None, target: int | None,
                     "command line makes keeps --learning-rate (give --train-steps to decay)")
     return optimizers.make_optimizer(train.optimizer, train.learning_rate,
                                      decay_steps=decay_steps, global_step=global_step)
+
+
+def _example_uses(train, features, replicas: int, state_deltas: list) -> tf.Variable | None:
+    """--count-examples: each id's uses, counted by the updates themselves (sync.py), its
+    delta appended to `state_deltas`; None without the option."""
+    if not train.count_examples:
+        return None
+    uses = sync.build_example_uses(train.count_examples_ids)
+    state_deltas.append(sync.example_uses_delta(_ids(features, train.count_examples), uses,
+                                                replicas))
+    return uses
+
+
+def _ids(features, name: str) -> tf.Tensor:
+    """The batch's --count-examples feature: integers, one an example. Raises ConfigError
+    naming the features there are, or the feature's dtype and shape."""
+    columns = features if isinstance(features, dict) else {}
+    if name not in columns:
+        raise ConfigError(f"--count-examples {name}: the training data has no feature {name!r} "
+                          f"(its features: {', '.join(sorted(map(str, columns))) or 'one array, unnamed'})")
+    ids = columns[name]
+    if isinstance(ids, tf.SparseTensor) or not ids.dtype.is_integer or \
+            ids.shape[1:].num_elements() != 1:
+        raise ConfigError(f"--count-examples {name}: the feature is {ids.dtype.name} of shape "
+                          f"{ids.shape}: give an integer id, one an example")
+    return ids

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from sync_mnist.core import early_stop, stream, sync
 from sync_mnist.core.config import TaskTimeout, first_line
+from sync_mnist.core.shard import check_ids
 from sync_mnist.task import preemption, progress_log
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,10 @@ class BatchFeed(tf.compat.v1.train.SessionRunHook):
     def use(self, step: int):
         """The batch of `step` (features, labels), fed to the runs that follow."""
         self.step, self._batch = step, self.w.shard.batch(step)
+        train = self.w.config.train
+        if train.count_examples:
+            check_ids(self._batch[0][train.count_examples], train.count_examples,
+                      train.count_examples_ids, f"batch {step} of worker {self.w.config.index}")
         return self._batch
 
     def after_create_session(self, session, coord) -> None:

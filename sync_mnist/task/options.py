@@ -178,6 +178,13 @@ def _add_protocol_options(g) -> None:
                         "is sent, float32 again where it arrives, rounded to 8 significant "
                         "bits); the variables, the optimizer and the evaluation stay float32 "
                         "(default: float32)")
+    g.add_argument("--count-examples", default=None, metavar="FEATURE",
+                   help="an int64 id feature of the training data (one id an example): the ps "
+                        "counts each id's uses in the applied updates, and the data verdict "
+                        "says whether each was used once a pass; any optimizer (default: none)")
+    g.add_argument("--count-examples-ids", type=whole_number, default=1_000_000, metavar="N",
+                   help="--count-examples' ids run from 0 below N, 4 bytes each on ps 0 (and "
+                        "in each checkpoint); an id outside is exit 2 (default: 1000000)")
 
 
 def whole_number(text: str) -> int:
@@ -204,7 +211,8 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
                        replicas_to_aggregate=args.replicas_to_aggregate, setup=args.setup,
                        proof=not args.bench_no_proof, eval_every=args.eval_every,
                        target_accuracy=args.target_accuracy, wire_dtype=args.wire_dtype,
-                       warm_start=_warm_start(args))
+                       warm_start=_warm_start(args), count_examples=args.count_examples,
+                       count_examples_ids=args.count_examples_ids)
 
 
 def _warm_start(args: argparse.Namespace) -> config_lib.WarmStart | None:

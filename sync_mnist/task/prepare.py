@@ -15,7 +15,7 @@ import tensorflow as tf
 from sync_mnist import api
 from sync_mnist.core import checkpoints, sessions, warm_start
 from sync_mnist.core.config import TaskConfig
-from sync_mnist.core.shard import Shard
+from sync_mnist.core.shard import Shard, check_ids
 from sync_mnist.core.stream import Stream
 from sync_mnist.task import evaluation, inputs, progress_log
 from sync_mnist.task.graph import WorkerGraph, build_graph
@@ -75,6 +75,9 @@ def prepare(config: TaskConfig, model: api.Model, server=None) -> Worker:
     params = inputs.model_params(config, model)
     shard, target, description = inputs.load_shard(config, model)
     example = shard.batch(0)
+    if config.train.count_examples:  # the first batch's ids, before meeting the cluster
+        check_ids(example[0][config.train.count_examples], config.train.count_examples,
+                  config.train.count_examples_ids, f"batch 0 of worker {config.index}")
     if server is None:
         server = config.cluster.server("worker", config.index)
     tf_config = sessions.session_config(config.cluster.device_filters("worker", config.index))

@@ -185,3 +185,38 @@ def test_an_input_that_ignores_its_input_context_ends_not_covered_naming_files_a
     assert record["data_covered"] is False and record["data_verdict"] == line
     assert [t["exit_code"] for t in record["tasks"] if t["role"] == "worker"] == \
         [EXIT_DATA_NOT_COVERED] * 2
+
+
+def test_count_examples_counts_each_id_s_uses_on_the_ps_whatever_the_optimizer(processes,
+                                                                              tmp_path):
+    """--count-examples id with Adam: the ps counts each id's uses in the applied updates; the
+    model's own count (SGD at rate 1 in a scope of its own) agrees, id by id."""
+    spec = stream_model.place(tmp_path / "data", [8] * 4).replace(":MODEL", ":ADAM")
+    logdir, summary = tmp_path / "logdir", tmp_path / "cluster.json"
+    launcher = processes.launcher(
+        "--model", spec, "--base-port", "0", "--isolate", "off", "--workers", "2",
+        "--epochs", "2", "--batch-size", "4", "--timeout", "60", "--logdir", str(logdir),
+        "--summary-json", str(summary), "--count-examples", "id")
+    assert launcher.wait(BOUND) == EXIT_OK, launcher.output
+    record = read_json(summary)
+    assert record["synchronous"] is True and record["contributions"] == [8, 8]
+    assert record["data_covered"] is True
+    assert record["data_verdict"] == (
+        "each of 4 files read whole by exactly one worker, covered once (cut by file, by the "
+        "package); 64 examples used in applied updates (32, 32 a worker); ids of id: each of 32 "
+        "used exactly 2 times; 64 uses, one for each example used, none more than --epochs 2")
+    uses = stream_model.uses(tf.train.latest_checkpoint(str(logdir)), 2)
+    counted = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(logdir))).get_tensor(
+        "sync_counters/example_uses")
+    assert uses[:32].tolist() == [2] * 32 and counted.tolist() == [2.0] * 32 + [0.0] * (
+        len(counted) - 32)
+
+
+def test_an_id_beyond_count_examples_ids_is_bad_input_naming_it(tmp_path):
+    spec = stream_model.place(tmp_path, [10, 10])
+    # Worker 1 reads file 1 (ids 10-19): its batch 0 is ids 10-13.
+    code, lines = _worker_alone(spec, "--count-examples", "id", "--count-examples-ids", "12")
+    assert code == EXIT_USAGE, lines
+    assert [x for x in lines if x.startswith("error: ")] == [
+        "error: --count-examples id: batch 0 of worker 1 has id 12, outside 0-11 "
+        "(--count-examples-ids 12): number the ids from 0, or raise --count-examples-ids"], lines

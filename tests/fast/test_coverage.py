@@ -3,7 +3,12 @@ accepted counters alone."""
 
 from __future__ import annotations
 
-from sync_mnist.core.coverage import WHOLE, Plan, judge
+import re
+
+import numpy as np
+import pytest
+
+from sync_mnist.core.coverage import WHOLE, Plan, judge, judge_ids, with_ids
 
 CUT = "by file, by the package"
 
@@ -53,3 +58,36 @@ def test_workers_that_cut_differently_or_did_not_say_are_not_covered_or_not_prov
 def test_a_plan_reads_back_as_it_was_written():
     plan = Plan(CUT, {"/d/f0": WHOLE, "<r>": (2, 3)}, ("/d/f0",))
     assert Plan.from_json(plan.to_json()) == plan
+
+
+def test_ids_counted_once_for_each_example_used_and_within_the_passes_hold():
+    uses = np.array([2.0, 2.0, 1.0, 0.0, 2.0])
+    ok, line = judge_ids(uses, "id", 7, most=2)
+    assert ok and line == ("ids of id: 4 used: 3 2 times, 1 once; 7 uses, one for each example "
+                           "used, none more than --epochs 2")
+    ok, line = judge_ids(np.array([1.0, 1.0, 0.0]), "id", 2, most=None)
+    assert ok and line == "ids of id: each of 2 used exactly once; 2 uses, one for each example used"
+
+
+def test_ids_used_more_than_the_passes_or_uses_not_counted_are_not_covered():
+    ok, line = judge_ids(np.array([1.0, 2.0, 1.0, 2.0, 2.0, 2.0]), "id", 10, most=1)
+    assert not ok and line == ("NOT each once a pass: ids of id: 6 used: 4 2 times, 2 once; 4 ids "
+                               "used more than the once of --epochs 1 (id 1, 3, 4 ...)")
+    ok, line = judge_ids(np.array([1.0, 1.0]), "id", 3, most=None)
+    assert not ok and line.endswith("; 2 uses counted for 3 examples used")
+    data = with_ids(judge([Plan("m", {"<r>": (0, 1)})], [3], 1), np.array([1.0, 1.0]), "id",
+                    [3], 1, None)
+    assert data.covered is False and data.line.startswith("each of 1 input read whole")
+
+
+def test_count_examples_is_for_synchronous_runs_of_ids_from_zero_within_a_bound():
+    from sync_mnist.core.config import ConfigError, TrainConfig
+
+    assert TrainConfig(epochs=1, count_examples="id").count_examples_ids == 1_000_000
+    for kwargs, message in (({"mode": "async"}, "--count-examples id counts uses in the "
+                             "synchronous updates: it needs --mode sync"),
+                            ({"count_examples_ids": 0}, "--count-examples-ids must be "
+                             "1-100,000,000 (a float32 on ps 0 for each), got 0"),
+                            ({"count_examples": ""}, "--count-examples must name a feature")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            TrainConfig(epochs=1, **{"count_examples": "id", **kwargs})

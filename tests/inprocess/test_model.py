@@ -361,3 +361,16 @@ def test_the_cosine_warning_of_a_run_of_unknown_length_is_for_the_command_line_s
     warned = [r for r in caplog.records if "--lr-decay cosine needs the run's length" in
               r.getMessage()]
     assert len(warned) == (0 if own_optimizer else 1)
+
+
+def test_count_examples_of_a_feature_the_data_has_not_names_what_it_has():
+    from sync_mnist.core.cluster import ClusterLayout
+    from sync_mnist.core.config import ConfigError, TaskConfig, TrainConfig
+    from sync_mnist.task.graph import build_graph
+
+    config = TaskConfig(role="worker", index=0, train=TrainConfig(epochs=1, count_examples="id"),
+                        cluster=ClusterLayout(("p0:1",), ("w0:1", "w1:1")))
+    with tf.Graph().as_default(), pytest.raises(ConfigError) as raised:
+        build_graph(config, mlp.MODEL, EXAMPLE, target=10)
+    assert str(raised.value) == ("--count-examples id: the training data has no feature 'id' "
+                                 "(its features: one array, unnamed)")

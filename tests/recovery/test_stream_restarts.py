@@ -21,11 +21,13 @@ EXAMPLES, UPDATES = sum(SIZES), sum(SIZES) // 2 // 4
 
 
 def _launch(processes, tmp_path, spec: str, run: int, *extra: str):
+    """A run of the model with Adam (its count by SGD), each id's uses counted by the ps."""
     summary = tmp_path / f"cluster-{run}.json"
     launcher = processes.launcher(
-        "--model", spec, "--base-port", "0", "--isolate", "off", "--workers", "2",
-        "--epochs", "1", "--batch-size", "4", "--log-every", "10", "--timeout", "60",
-        "--logdir", str(tmp_path / "logdir"), "--summary-json", str(summary), *extra)
+        "--model", spec.replace(":MODEL", ":ADAM"), "--base-port", "0", "--isolate", "off",
+        "--workers", "2", "--epochs", "1", "--batch-size", "4", "--log-every", "10",
+        "--timeout", "60", "--logdir", str(tmp_path / "logdir"), "--summary-json", str(summary),
+        "--count-examples", "id", *extra)
     return launcher, summary
 
 
@@ -35,10 +37,16 @@ def _signal_worker_1_at_step_30(launcher, signum) -> None:
     os.kill(pid, signum)
 
 
-def _every_example_used_once(tmp_path) -> None:
+def _every_example_used_once(tmp_path, record: dict) -> None:
+    """Counted twice: by the model's own count, and by the ps (--count-examples, whatever the
+    optimizer), which the data verdict reports."""
     uses = stream_model.uses(tf.train.latest_checkpoint(str(tmp_path / "logdir")), 2)
     assert uses[:EXAMPLES].tolist() == [1] * EXAMPLES, {
         "twice": int((uses == 2).sum()), "never": int((uses[:EXAMPLES] == 0).sum())}
+    assert record["data_covered"] is True, record["data_verdict"]
+    assert record["data_verdict"].endswith(
+        f"ids of id: each of {EXAMPLES:,} used exactly once; {EXAMPLES:,} uses, one for each "
+        "example used, none more than --epochs 1"), record["data_verdict"]
 
 
 def test_a_worker_killed_mid_epoch_and_restarted_uses_each_example_once(processes, tmp_path):
@@ -53,7 +61,7 @@ def test_a_worker_killed_mid_epoch_and_restarted_uses_each_example_once(processe
     assert 30 <= start < UPDATES
     record = read_json(summary)
     assert record["synchronous"] is True and record["contributions"] == [UPDATES, UPDATES]
-    _every_example_used_once(tmp_path)
+    _every_example_used_once(tmp_path, record)
     assert processes_mentioning(str(tmp_path)) == []
 
 
@@ -70,7 +78,7 @@ def test_a_preemption_mid_epoch_and_the_rerun_use_each_example_once(processes, t
     launcher.wait_for_line(rf"\[worker 1\] starting my input at batch {stop} \(reading past", 1)
     record = read_json(summary)
     assert record["synchronous"] is True and record["contributions"] == [UPDATES, UPDATES]
-    _every_example_used_once(tmp_path)
+    _every_example_used_once(tmp_path, record)
     assert processes_mentioning(str(tmp_path)) == []
 
 
@@ -88,5 +96,5 @@ def test_the_ps_killed_mid_epoch_and_restored_uses_each_example_once(processes, 
     launcher.wait_for_line(r"ps 0 exited with code -9; restarting it", 1)
     record = read_json(summary)
     assert record["synchronous"] is True and record["contributions"] == [UPDATES, UPDATES]
-    _every_example_used_once(tmp_path)
+    _every_example_used_once(tmp_path, record)
     assert processes_mentioning(str(tmp_path)) == []
