@@ -9,6 +9,8 @@ Adam and batch 100 per worker:
   async         the real cluster, --mode async
   sync          the real cluster, the fixed setup (proof counters on, as users run it)
   sync-files    the same, the ctr model reading its clicks from TFRecord files (--files)
+  sync-count    the same, the ctr model with --count-examples (each click's number counted on
+                the ps: bench/counted.py), named in --setups
   sync-bf16     the same with --wire-dtype bfloat16: every pull and push in half the bytes
   sync-2ps      the same with 2 ps tasks, the model split evenly between them
   sync-noproof  the same without the counters (hidden --bench-no-proof): the price of the proof
@@ -56,12 +58,15 @@ from typing import Sequence
 
 log = logging.getLogger("sync_mnist.bench.bench")
 
-SETUPS = ("floor", "single", "async", "sync", "sync-files", "sync-bf16", "sync-2ps",
-          "sync-noproof", "mwms")
+SETUPS = ("floor", "single", "async", "sync", "sync-files", "sync-count", "sync-bf16",
+          "sync-2ps", "sync-noproof", "mwms")
 SETUP_PS = {"sync-2ps": 2}  # ps tasks of a setup, where not 1
 MODELS = ("mlp", "ctr")
 CTR_SETUPS = ("async", "sync", "sync-2ps", "mwms")  # the rows that run the sparse model
 FILE_SETUPS = ("sync-files",)  # the ctr model from files: with --files, or named in --setups
+COUNT_SETUPS = ("sync-count",)  # the ctr model with --count-examples: named in --setups
+# Compared with sync at each worker count, run back to back with it (in_round, plan)
+PAIRED = FILE_SETUPS + COUNT_SETUPS
 FILES_DIR = "clicks-tfrecord"  # under --out: the click log sync-files reads, written once
 BATCH = 100
 RUN_TIMEOUT_SECS = 240.0  # one run, start to finish; then its processes are killed
@@ -90,8 +95,8 @@ class BenchConfig:
 
 def setups_of(model: str) -> tuple[str, ...]:
     """The setups that can run `model`, in the table's order."""
-    return CTR_SETUPS + FILE_SETUPS if model == "ctr" else tuple(
-        s for s in SETUPS if s not in FILE_SETUPS)
+    return CTR_SETUPS + PAIRED if model == "ctr" else tuple(
+        s for s in SETUPS if s not in PAIRED)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -144,7 +149,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     if args.files and args.model != "ctr":
         p.error("--files is for --model ctr (the click model from TFRecord files)")
     setups = tuple(args.setups.split(",")) if args.setups else tuple(
-        s for s in valid if args.files or s not in FILE_SETUPS)
+        s for s in valid if s not in COUNT_SETUPS and (args.files or s not in FILE_SETUPS))
     unknown = [s for s in setups if s not in SETUPS]
     if unknown:
         p.error(f"--setups: unknown {','.join(unknown)} (choose from {','.join(SETUPS)})")
@@ -193,9 +198,9 @@ def plan(config: BenchConfig) -> list[tuple[str, int]]:
     for setup in (s for s in SETUPS if s in config.setups):
         counts = (1,) if setup == "single" else config.workers
         pairs += [(setup, n) for n in counts]
-    if any(s in FILE_SETUPS for s in config.setups):
-        # From files right after from memory at each worker count: the pairs the target
-        # compares run back to back, under the same load.
+    if any(s in PAIRED for s in config.setups):
+        # From files (or counted) right after from memory at each worker count: the pairs the
+        # targets compare run back to back, under the same load.
         pairs.sort(key=lambda pair: pair[1])
     return pairs
 
@@ -350,33 +355,42 @@ def ctr_targets(rows: Sequence[Row], samples: Sequence[Sample] = ()) -> list[str
                      + (f", planted {sync.planted_log_loss:.4f}"
                         if sync.planted_log_loss is not None else ""))
         lines.append(line)
-    return lines + files_targets(rows, samples)
+    return lines + files_targets(rows, samples) + files_targets(rows, samples, "sync-count")
 
 
-def files_targets(rows: Sequence[Row], samples: Sequence[Sample] = ()) -> list[str]:
-    """Issue 44's target, as lines: the ctr model from TFRecord files (sync-files) against the
-    same clicks from memory (sync), at each worker count from 2 that both ran, with the spread
-    of the repeats; given the samples, also each round's ratio (the k-th run of each, which the
-    plan ran one after the other) and their median: the host's drift cancels within a round."""
+# The paired setups' target lines: what each is, against sync from memory
+_PAIR_NAMES = {"sync-files": ("files / memory", "files", "memory"),
+               "sync-count": ("--count-examples / without", "counted", "not")}
+
+
+def files_targets(rows: Sequence[Row], samples: Sequence[Sample] = (),
+                  setup: str = "sync-files") -> list[str]:
+    """A paired setup's target, as lines: the ctr model from TFRecord files (sync-files, issue
+    44), or with --count-examples (sync-count, issue 55), against sync from memory, at each
+    worker count from 2 that both ran, with the spread of the repeats; given the samples, also
+    each round's ratio (the k-th run of each, which the plan ran one after the other) and
+    their median: the host's drift cancels within a round."""
     by = {(r.setup, r.workers): r for r in rows}
     lines = []
     for n in sorted({r.workers for r in rows if r.workers >= 2}):
-        memory, files = by.get(("sync", n)), by.get(("sync-files", n))
+        memory, files = by.get(("sync", n)), by.get((setup, n))
         if not (memory and files and memory.examples_per_s and files.examples_per_s):
             continue
         spread = [_range(r.examples_per_s_min, r.examples_per_s_max, ",.0f")
                   for r in (files, memory)]
         lines.append(
-            f"files / memory, ctr, {n} workers: {files.examples_per_s / memory.examples_per_s:.2f}x"
+            f"{_PAIR_NAMES[setup][0]}, ctr, {n} workers: "
+            f"{files.examples_per_s / memory.examples_per_s:.2f}x"
             f" ({files.examples_per_s:,.0f} {spread[0]} vs {memory.examples_per_s:,.0f} "
             f"{spread[1]} examples/s, {files.runs} and {memory.runs} runs; target >= 0.95x)")
-        if len(rounds := round_ratios(samples, "sync-files", "sync", n)) > 1:
+        if len(rounds := round_ratios(samples, setup, "sync", n)) > 1:
             lines[-1] += (f"; round by round {', '.join(f'{r:.2f}x' for r in rounds)}: median "
                           f"{statistics.median(rounds):.2f}x")
-        over = [workers_over_ps(samples, setup, n) for setup in ("sync-files", "sync")]
+        over = [workers_over_ps(samples, s, n) for s in (setup, "sync")]
         if None not in over:
-            lines[-1] += (f"; the workers' CPU over the ps's (medians): files {over[0]:.3f}, "
-                          f"memory {over[1]:.3f}: {100 * (over[0] / over[1] - 1):+.1f}%")
+            ours, theirs = _PAIR_NAMES[setup][1:]
+            lines[-1] += (f"; the workers' CPU over the ps's (medians): {ours} {over[0]:.3f}, "
+                          f"{theirs} {over[1]:.3f}: {100 * (over[0] / over[1] - 1):+.1f}%")
     return lines
 
 
@@ -585,6 +599,8 @@ def _task_argvs(setup: str, n: int, ps: list[str], workers: list[str],
                 for i in range(n)]
     extra = {"async": ["--mode", "async"], "sync": [], "sync-2ps": [],
              "sync-files": ["--data-dir", str(config.out / FILES_DIR)],
+             "sync-count": ["--model", "sync_mnist.bench.counted:CTR", "--count-examples",
+                            "example", "--count-examples-ids", "1000000"],
              "sync-bf16": ["--wire-dtype", "bfloat16"],
              "sync-noproof": ["--bench-no-proof"]}[setup]
     data = ["--model", "ctr"] if config.model == "ctr" else ["--dataset", "synthetic"]
@@ -753,7 +769,7 @@ def in_round(pairs: Sequence[tuple[str, int]], repeat: int) -> list[tuple[str, i
     """The plan's pairs in the order of round `repeat` (from 0). With files, every other round
     runs each worker count's setups in reverse (memory, files; then files, memory), so that
     neither side of the files target always runs second, after the other's processes."""
-    if repeat % 2 == 0 or not any(s in FILE_SETUPS for s, _ in pairs):
+    if repeat % 2 == 0 or not any(s in PAIRED for s, _ in pairs):
         return list(pairs)
     counts = list(dict.fromkeys(n for _, n in pairs))
     return [pair for n in counts for pair in reversed([p for p in pairs if p[1] == n])]

@@ -131,3 +131,24 @@ def test_click_files_of_an_earlier_format_are_written_again(tmp_path, monkeypatc
     assert not (directory / "train-00000-of-00012.tfrecord").exists()
     bench.click_files(config)  # the current format: kept
     assert written == [directory]
+
+
+def test_sync_count_runs_the_click_model_counted_beside_sync_when_named():
+    """--setups sync,sync-count: the click model with --count-examples, run right after sync at
+    each worker count, and its target line: the price of counting (issue 55)."""
+    assert "sync-count" not in bench.parse_args(["--model", "ctr"]).setups
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--setups", "sync-count"])  # the mlp has no click numbers
+    config = bench.parse_args(["--model", "ctr", "--setups", "sync,sync-count",
+                               "--workers", "2,3", "--repeats", "2"])
+    assert bench.plan(config) == [("sync", 2), ("sync-count", 2), ("sync", 3),
+                                  ("sync-count", 3)]
+    assert bench.in_round(bench.plan(config), 1)[:2] == [("sync-count", 2), ("sync", 2)]
+    argv = bench._task_argvs("sync-count", 2, ["localhost:1"], ["localhost:2", "localhost:3"],
+                             config)[1][1]
+    assert argv[len(argv) - argv[::-1].index("--model")] == "sync_mnist.bench.counted:CTR"
+    assert argv[argv.index("--count-examples") + 1] == "example"
+    samples = [_sample("sync", 2, 1.0), _sample("sync-count", 2, 1.04)]
+    assert bench.files_targets(bench.summarise(samples), samples, "sync-count") == [
+        "--count-examples / without, ctr, 2 workers: 0.96x (19,231 (19,231-19,231) vs 20,000 "
+        "(20,000-20,000) examples/s, 1 and 1 runs; target >= 0.95x)"]
