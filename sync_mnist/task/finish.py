@@ -13,7 +13,7 @@ from sync_mnist.core import bounded, coverage, early_stop, membership
 from sync_mnist.core import verdict as verdict_lib
 from sync_mnist.core.config import PeerLost, TaskTimeout, first_line
 from sync_mnist.core.sessions import EMPTIED, SideSession
-from sync_mnist.task import waits
+from sync_mnist.task import join, waits
 from sync_mnist.task.prepare import Worker
 
 tf1 = tf.compat.v1
@@ -48,6 +48,7 @@ def finish(w: Worker, side: SideSession) -> Finished:
     # every task reads the same, final counters and so reaches the same verdict.
     with awaiting(w, side)("at the finish (the barrier and the final counters)"), \
             _emptied_is_lost(config.name):
+        join.write_plan(w, side)  # Sync: before the barrier, so every reader finds it
         lost = membership.finish_barrier(
             lambda fetches, feed=None: side.run(fetches, feed, options=w.bounded),
             g.members, index=config.index, cluster=config.cluster, timeout=train.timeout,

@@ -103,16 +103,22 @@ def _monitored_session(w: Worker, status: sessions.SessionStatus, chief_wait: fl
             raise unreadable from None
 
 
+def write_plan(w: Worker, side: SideSession) -> None:
+    """Writes what this worker reads of its input on ps 0, for the data verdict (coverage.py):
+    when it takes its place (a worker the chief later declares lost has one there), and again
+    at the finish (a ps restarted since lost it: plans are not checkpointed)."""
+    g = w.g
+    side.run(g.members.write_plan, {g.members.mark_worker: [w.config.index],
+                                    g.members.plan: [w.plan]},
+             options=w.bounded)
+
+
 def _take_position(w: Worker, side: SideSession, status: sessions.SessionStatus, mine: dict,
                    startup_s: float) -> tuple[int, int, bool]:
     """Where this worker starts: (start step, local steps planned, rejoined), from global_step,
     or its predecessor's token after a rejoin."""
     config, train, g = w.config, w.config.train, w.g
-    # Sync: what this worker reads of its input, for the data verdict (coverage.py); a
-    # restarted worker writes it again, the same.
-    side.run(g.members.write_plan, {g.members.mark_worker: [config.index],
-                                    g.members.plan: [w.shard.plan.to_json()]},
-             options=w.bounded)
+    write_plan(w, side)
     if status.model == "continued":
         # A chief restarted into a running cluster: the settings are its predecessor's.
         membership.check_agreement(mine, side.run(g.members.published, options=w.bounded),

@@ -44,6 +44,7 @@ class Worker:
     restore: checkpoints.Restorable | None  # the checkpoint the chief restores, if any
     writer: progress_log.EventsWriter | None  # the chief's TensorBoard events, with --logdir
     warm: warm_start.Plan | None  # the chief: what it initialises from --warm-start-from
+    plan: str = ""  # what it reads of its input, JSON (coverage.Plan): kept past the shard's end
 
     @property
     def logdir(self) -> Path | None:
@@ -83,7 +84,7 @@ def prepare(config: TaskConfig, model: api.Model, server=None) -> Worker:
     tf_config = sessions.session_config(config.cluster.device_filters("worker", config.index))
     built = make_graph(config, model, params, example, target, shard.plan.cut)
     return Worker(config, model, params, shard, example, target, description, started, server,
-                  tf_config, *built)
+                  tf_config, *built, plan=shard.plan.to_json())
 
 
 class BuiltGraph(NamedTuple):
