@@ -115,8 +115,9 @@ def _finishing_worker():
     config = SimpleNamespace(name="worker 1", index=1, cluster=cluster,
                              train=SimpleNamespace(timeout=5.0, mode="sync", proof=True))
     return SimpleNamespace(config=config, g=SimpleNamespace(members=SimpleNamespace(
-        mark="mark", mark_worker="mark_worker", mark_value="mark_value")),
-        graph=tf.Graph(), bounded=None, target=200)
+        mark="mark", mark_worker="mark_worker", mark_value="mark_value",
+        write_plan="write_plan", plan="plan")),
+        graph=tf.Graph(), bounded=None, target=200, plan="{}")
 
 
 @pytest.mark.parametrize("error", [
