@@ -130,6 +130,14 @@ class Shard:
         """Never: the shard repeats, and the run's length is known (core/stream.py's end)."""
         return False
 
+    def position(self) -> None:
+        """None: a batch is a pure function of its step, found without reading (Stream's has
+        a position to save)."""
+        return None
+
+    def resume_from(self, blobs) -> None:
+        """Nothing to resume: see position()."""
+
     def batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         """Returns the batch for global step `step`: its features (as stored) and labels.
 

@@ -24,7 +24,10 @@ worker waiting for a gradient that will not come.
 from __future__ import annotations
 
 import collections
+import hashlib
+import json
 import logging
+import os
 import time
 from typing import NamedTuple
 
@@ -42,6 +45,10 @@ log = logging.getLogger(__name__)
 # input ends, which stops the cluster (early_stop.INPUT_ENDED). A bound no run reaches.
 UNTIL_INPUT_ENDS = 2 ** 62
 PREFETCH = 2  # reads (groups of batches, below) ahead in the input's own threads
+# Batches between the positions a worker saves (its iterator's state, tf.data's own, at a
+# group's start), kept on ps 0 and in the checkpoints: a restart reads at most about twice this
+# many batches to find its place, wherever it is in its input.
+POSITION_EVERY = 256
 # A run of the input's session costs about 0.3 ms of CPU here, whatever it brings: 3 us a click
 # in batches of 100. So a run brings a group of up to MAX_GROUP batches, of at most GROUP_BYTES
 # (where every feature has a fixed shape: a group is one tensor; else a batch a run).
@@ -102,19 +109,7 @@ class Stream:
                 tf.data.INFINITE_CARDINALITY:
             raise DataError(f"{what}'s dataset repeats without end: drop its .repeat(); the "
                             "package repeats it (--epochs, --train-steps)")
-        policy, own = None, _own_cut(dataset, self._run, what, index, num_workers)
-        # Sync: a dataset that cuts itself (a .shard() of the cluster's numbers) is never cut
-        # again: a second cut would leave most examples unused, and every worker unaware.
-        if own is not None:
-            self.sharding = f"by {'file' if own.by_file else 'record'}, by the input " \
-                            "function's .shard()"
-        elif sharded:
-            self.sharding = "by the input function (input_context)"
-        else:
-            by_file = all(self._first_batch(_cut(self._graph, dataset, FILE, k, num_workers), k)
-                          for k in range(num_workers))
-            policy = FILE if by_file else DATA
-            self.sharding = f"by {'file' if by_file else 'record'}, by the package"
+        policy, own = _decide_cut(self, sharded, index, num_workers)
         self.plan = _plan(self, policy, own, index, num_workers)
         # Sync: whole batches only, so that every update averages equal batches; the
         # remainder of each pass is left unused, as Shard drops it.
@@ -131,29 +126,11 @@ class Stream:
                 batches = batches.batch(self._group)
             iterator = _iterator(batches.prefetch(PREFETCH))
             self._init, self._next = iterator.initializer, iterator.get_next()
+            self._positions = _Positions(iterator, _fingerprint(self, epochs, num_workers))
         self._seek(0)
         self._built_with = _shapes(self._ahead)  # what the model's placeholders are made from
         if self._ahead is None:
-            files = files_read(graph, self._sess, dataset)
-            raise DataError(f"{what}'s dataset has no full batch of {batch_size} examples for "
-                            f"worker {index} of {num_workers} (sharded {self.sharding}; " + (
-                                f"it reads {len(files)} files)" if files else
-                                "it reads no file that exists: does its pattern match any?)"))
-
-    def _first_batch(self, dataset, worker: int) -> bool:
-        """Whether `dataset`, cut by file for `worker`, gives a full batch (False: it cannot be
-        cut so)."""
-        with self._graph.as_default():
-            iterator = _iterator(dataset.batch(self._batch_size, drop_remainder=True).take(1))
-            first = iterator.get_next()
-        where = f"the first batch of worker {worker}'s files"
-        try:
-            self._run(iterator.initializer, where=where)
-            return self._run(first, where=where) is not None
-        except DataError as e:
-            if any(m in first_line(e.__cause__) for m in _NOT_BY_FILE):
-                return False
-            raise
+            raise _no_batch(self, num_workers)
 
     def batch(self, step: int):
         """The batch of `step` (features, labels), as numpy values (a SparseTensorValue where
@@ -180,14 +157,34 @@ class Stream:
         return self._position == step + 1 and self._ahead is None
 
     def _seek(self, step: int) -> None:
-        """Starts the stream at batch `step`: reads and drops the batches before it."""
-        if step:
-            log.info("starting my input at batch %d (reading past the batches before it)", step)
+        """Starts the stream at batch `step`: from the latest saved position at or before it
+        (its iterator's state, then the batches since, read and dropped), else from the start,
+        reading past the batches before it."""
+        saved = self._positions.before(step)
         self._position, self._ahead = step, None
         self._pending.clear()
-        self._read_to = step
-        self._run(self._init, {self._start: step})
+        self._read_to = saved[0] if saved else step
+        self._run(self._init, {self._start: 0 if saved else step})
+        if saved:
+            log.info("starting my input at batch %d: from its position saved at batch %d, "
+                     "reading the %d batches since", step, saved[0], step - saved[0])
+            self._run(self._positions.load, {self._positions.blob: saved[1]},
+                      where=f"the position of batch {saved[0]} of worker {self._index}'s input")
+        elif step:
+            log.info("starting my input at batch %d (reading past the batches before it)", step)
         self._ahead = self._following()
+        # The batch _following returned last is batch read_to - len(pending) - 1.
+        while self._ahead is not None and self._read_to - len(self._pending) - 1 < step:
+            self._ahead = self._following()
+
+    def resume_from(self, blobs) -> None:
+        """Takes the positions saved on the ps (position_blob's, b"" where none), for the seeks
+        that follow: those of another dataset (files changed since, say) are passed over."""
+        self._positions.take(blobs)
+
+    def position(self) -> bytes | None:
+        """A position saved since the last call, to keep on the ps (position_blob), or None."""
+        return self._positions.new()
 
     def _following(self):
         """The batch after those read: the next of the group last read, else of a new group
@@ -201,6 +198,8 @@ class Stream:
                 return None
             self._pending.extend(_split(group) if self._group > 1 else [group])
             self._read_to += len(self._pending)
+            if self._read_to // POSITION_EVERY > self._positions.last // POSITION_EVERY:
+                self._positions.save(self._sess, self._read_to)
         return self._pending.popleft()
 
     def _run(self, fetch, feed=None, where: str | None = None):
@@ -414,6 +413,145 @@ def _plan(stream: Stream, policy, own: _OwnCut | None, index: int, n: int) -> co
         return coverage.Plan(stream.sharding, dict.fromkeys(mine, coverage.WHOLE), listed)
     # input_context, and no cut the package can see: every file it lists, read whole
     return coverage.Plan(stream.sharding, dict.fromkeys(listed, coverage.WHOLE), listed)
+
+
+def _no_batch(stream: Stream, num_workers: int) -> DataError:
+    files = files_read(stream._graph, stream._sess, stream._dataset)
+    return DataError(f"{stream._what}'s dataset has no full batch of {stream._batch_size} "
+                     f"examples for worker {stream._index} of {num_workers} (sharded "
+                     f"{stream.sharding}; " + (f"it reads {len(files)} files)" if files else
+                                               "it reads no file that exists: does its pattern "
+                                               "match any?)"))
+
+
+def _gives_a_batch(stream: Stream, dataset, worker: int) -> bool:
+    """Whether `dataset`, cut by file for `worker`, gives a full batch (False: it cannot be
+    cut so)."""
+    with stream._graph.as_default():
+        iterator = _iterator(dataset.batch(stream._batch_size, drop_remainder=True).take(1))
+        first = iterator.get_next()
+    where = f"the first batch of worker {worker}'s files"
+    try:
+        stream._run(iterator.initializer, where=where)
+        return stream._run(first, where=where) is not None
+    except DataError as e:
+        if any(m in first_line(e.__cause__) for m in _NOT_BY_FILE):
+            return False
+        raise
+
+
+def _decide_cut(stream: Stream, sharded: bool, index: int, num_workers: int):
+    """(tf.data's auto-shard policy, the dataset's own .shard()) of `stream`'s input, and its
+    `sharding` in words: by its own cut where it has one, else by the package's."""
+    dataset = stream._dataset
+    own = _own_cut(dataset, stream._run, stream._what, index, num_workers)
+    # Sync: a dataset that cuts itself (a .shard() of the cluster's numbers) is never cut
+    # again: a second cut would leave most examples unused, and every worker unaware.
+    if own is not None:
+        stream.sharding = f"by {'file' if own.by_file else 'record'}, by the input " \
+                          "function's .shard()"
+        return None, own
+    if sharded:
+        stream.sharding = "by the input function (input_context)"
+        return None, None
+    by_file = all(_gives_a_batch(stream, _cut(stream._graph, dataset, FILE, k, num_workers), k)
+                  for k in range(num_workers))
+    stream.sharding = f"by {'file' if by_file else 'record'}, by the package"
+    return (FILE if by_file else DATA), None
+
+
+class PositionVars(NamedTuple):
+    """Each worker's last two saved input positions, on ps 0, saved with the checkpoints (so a
+    resumed run and a restored ps have them as well as a restarted worker): slot 2 w + k."""
+
+    blobs: tf.Variable  # string [2 workers]; b"" where none
+    slot: tf.Tensor  # placeholder int32 [1]
+    blob: tf.Tensor  # placeholder string [1]
+    write: tf.Tensor  # blobs[slot] = blob
+
+
+def build_position_vars(num_workers: int) -> PositionVars:
+    with tf1.device("/job:ps/task:0"), tf1.variable_scope("sync_input"):
+        blobs = tf1.get_variable("positions", initializer=tf.fill([2 * num_workers], ""),
+                                 trainable=False)
+        slot = tf1.placeholder(tf.int32, [1], name="position_slot")
+        blob = tf1.placeholder(tf.string, [1], name="position_blob")
+        return PositionVars(blobs, slot, blob, tf1.scatter_update(blobs, slot, blob))
+
+
+def position_slot(worker: int, blob: bytes) -> int:
+    """Where worker `worker` keeps `blob`: its two slots in turn, by the position's number."""
+    batch = json.loads(blob.partition(b"\n")[0])["batch"]
+    return 2 * worker + (batch // POSITION_EVERY) % 2
+
+
+class _Positions:
+    """Saved positions of a stream: tf.data's iterator state at a group's first batch, tagged
+    with the batch's number and the stream's fingerprint (a blob: JSON line, then the state).
+    A dataset whose state cannot be saved (a map with a random op: external state) saves none,
+    and a restart reads past the batches before it."""
+
+    def __init__(self, iterator, fingerprint: str):
+        self.fingerprint, self.last = fingerprint, 0
+        self.saved: list[tuple[int, bytes]] = []  # this process's and the ps's, by batch
+        self._new: bytes | None = None
+        self._failed = False
+        handle = iterator._iterator_resource  # pylint: disable=protected-access
+        self._save = tf.io.serialize_tensor(tf.raw_ops.SerializeIterator(
+            resource_handle=handle, external_state_policy=2))  # 2: fail on external state
+        self.blob = tf1.placeholder(tf.string, [], name="input_position")
+        self.load = tf.raw_ops.DeserializeIterator(
+            resource_handle=handle, serialized=tf.io.parse_tensor(self.blob, tf.variant))
+
+    def save(self, sess: tf1.Session, batch: int) -> None:
+        self.last = batch
+        if self._failed:
+            return
+        try:
+            state = sess.run(self._save)
+        except tf.errors.OpError as e:
+            self._failed = True
+            log.info("my input's position cannot be saved (%s): a restart reads past the "
+                     "batches before its place", first_line(e))
+            return
+        self._new = json.dumps({"fingerprint": self.fingerprint, "batch": batch}).encode() + \
+            b"\n" + state
+        self.saved = [*self.saved, (batch, state)][-2:]
+
+    def new(self) -> bytes | None:
+        new, self._new = self._new, None
+        return new
+
+    def take(self, blobs) -> None:
+        for blob in blobs:
+            head, _, state = bytes(blob).partition(b"\n")
+            try:
+                tag = json.loads(head) if head else None
+            except ValueError:
+                tag = None
+            if tag and tag.get("fingerprint") == self.fingerprint:
+                self.saved.append((int(tag["batch"]), state))
+            elif tag:
+                log.info("passing over my input's position saved at batch %s: it is of another "
+                         "input (its files, the cut or the batch differ)", tag.get("batch"))
+        self.saved.sort(key=lambda s: s[0])
+
+    def before(self, step: int) -> tuple[int, bytes] | None:
+        """The latest saved position at or before batch `step`, where it saves reading."""
+        fit = [s for s in self.saved if 0 < s[0] <= step]
+        return fit[-1] if fit else None
+
+
+def _fingerprint(stream: Stream, epochs: int | None, num_workers: int) -> str:
+    """What a saved position is good for: this worker's cut of these files (names, sizes and
+    times), batched and repeated alike."""
+    files = files_read(stream._graph, stream._sess, stream._dataset)
+    stats = [(f, *(lambda s: (s.st_size, s.st_mtime_ns))(os.stat(f))) for f in files
+             if os.path.exists(f)]
+    spec = repr(stream._dataset.element_spec)
+    text = json.dumps([stats, stream.sharding, spec, stream._batch_size, epochs, stream._index,
+                       num_workers, stream._group])
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 class _OwnCut(NamedTuple):

@@ -38,6 +38,7 @@ class WorkerGraph(NamedTuple):
     # (a variable cut over the ps, whole): what --warm-start-from may initialise.
     model_variables: tuple[str, ...] = ()
     example_uses: tf.Variable | None = None  # --count-examples: each id's uses (sync.py)
+    positions: stream.PositionVars | None = None  # each worker's saved input positions
 
     @property
     def transient(self) -> list[tf.Variable]:
@@ -105,7 +106,7 @@ def build_graph(config: TaskConfig, model: api.Model, example: tuple, num_tokens
     report_done = tf.group(*[q.enqueue(i) for q in shared.done_queues])
     return WorkerGraph(features, labels, spec, model_settings, shared.state, training,
                        shared.members, report_done, shared.stop, stop,
-                       tuple(r.name for r in recorded), uses)
+                       tuple(r.name for r in recorded), uses, stream.build_position_vars(n))
 
 
 def _command_line_optimizer(train, decay_steps: int | None, target: int | None,

@@ -142,6 +142,9 @@ def _take_position(w: Worker, side: SideSession, status: sessions.SessionStatus,
                      start_step, token)
             rejoined, start_step = True, token
     planned = w.target if train.mode == "async" else w.target - start_step
+    if start_step:  # Sync: its input from a saved position, not from the start (stream.py)
+        i = config.index
+        w.shard.resume_from(side.run(g.positions.blobs, options=w.bounded)[2 * i:2 * i + 2])
     log.info("ready after %.2f s; %s (global_step %d%s)", startup_s,
              "training until the first worker's input ends" if
              w.target == stream.UNTIL_INPUT_ENDS else

@@ -142,6 +142,9 @@ class _StepRunner:
     def __call__(self, step: int) -> int:
         w, g, side = self.w, self.w.g, self.joined.side
         self.joined.feed.use(step)
+        if (blob := w.shard.position()) is not None:  # kept for a restart (stream.py)
+            side.run(g.positions.write, {g.positions.slot: [stream.position_slot(
+                w.config.index, blob)], g.positions.blob: [blob]}, options=w.bounded)
         if w.shard.ends_after(step) and not self.input_ended:
             # Sync: before this push, so that the update it joins is the cluster's last
             # (early_stop.py): no worker waits for a gradient of mine that will not come.

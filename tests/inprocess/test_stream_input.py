@@ -3,6 +3,7 @@ pure function of the update number, cut by file or by record, its end seen one b
 
 from __future__ import annotations
 
+import json
 import signal
 
 import numpy as np
@@ -362,3 +363,45 @@ def test_fuzz_damaged_records_are_read_or_refused_in_one_line(tmp_path_factory, 
 
 def _hang(signum, frame):
     raise AssertionError("reading a damaged file ran longer than 20 s: a hang")
+
+
+def test_a_restart_reads_its_input_from_the_latest_saved_position_not_from_the_start(
+        tmp_path, monkeypatch, caplog):
+    """Issue 55: the iterator's state, saved every POSITION_EVERY batches (kept on the ps), lets
+    a restarted stream read only the batches since; the same batches as a run that never
+    stopped, shuffles and all. A position of other files is passed over."""
+    from sync_mnist.core import stream as stream_lib
+
+    monkeypatch.setattr(stream_lib, "POSITION_EVERY", 32)
+    files = stream_model.write(tmp_path, [200] * 4)  # 100 batches of 4 a worker a pass
+    first = _stream(files, shuffle=True, epochs=2)
+    whole, blobs = [], []
+    for step in range(200):
+        whole.append(first.batch(step)[0]["id"].tolist())
+        if (blob := first.position()) is not None:
+            blobs.append(blob)
+    assert [json.loads(b.partition(b"\n")[0])["batch"] for b in blobs] == [32, 64, 96, 128,
+                                                                             160, 192]
+    restarted = _stream(files, shuffle=True, epochs=2)
+    restarted.resume_from(blobs[3:5])  # the ps keeps the last two: 128 and 160
+    runs, run = [], restarted._sess.run
+    restarted._sess.run = lambda *args, **kwargs: runs.append(1) or run(*args, **kwargs)
+    with caplog.at_level("INFO"):
+        assert restarted.batch(170)[0]["id"].tolist() == whole[170]
+    assert "starting my input at batch 170: from its position saved at batch 160, reading the " \
+           "10 batches since" in caplog.text
+    assert len(runs) <= 4  # its initialiser, the position, a group or two: not 11 groups
+    assert [restarted.batch(s)[0]["id"].tolist() for s in range(171, 200)] == whole[171:]
+    # Back to a step before any position this process holds: from the start, as before.
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        assert restarted.batch(20)[0]["id"].tolist() == whole[20]
+    assert "starting my input at batch 20 (reading past the batches before it)" in caplog.text
+    # The files changed since (one rewritten): the position is not theirs.
+    stream_model.write(tmp_path, [200, 200, 200, 199])
+    other = _stream(files, shuffle=True, epochs=2)
+    with caplog.at_level("INFO"):
+        other.resume_from(blobs[3:5])
+    assert "passing over my input's position saved at batch 128: it is of another input" \
+           in caplog.text
+    assert other._positions.before(170) is None

@@ -31,9 +31,9 @@ def _launch(processes, tmp_path, spec: str, run: int, *extra: str):
     return launcher, summary
 
 
-def _signal_worker_1_at_step_30(launcher, signum) -> None:
+def _signal_worker_1_at_step(launcher, signum, step: int = 30) -> None:
     pid = int(launcher.wait_for_line(r"started worker 1 \(pid (\d+)\)", BOUND)[1])
-    launcher.wait_for_line(r"\[worker 1\] step=30 ", BOUND)
+    launcher.wait_for_line(rf"\[worker 1\] step={step} ", BOUND)
     os.kill(pid, signum)
 
 
@@ -52,13 +52,13 @@ def _every_example_used_once(tmp_path, record: dict) -> None:
 def test_a_worker_killed_mid_epoch_and_restarted_uses_each_example_once(processes, tmp_path):
     spec = stream_model.place(tmp_path / "data", SIZES)
     launcher, summary = _launch(processes, tmp_path, spec, 1, "--max-restarts", "1")
-    _signal_worker_1_at_step_30(launcher, signal.SIGKILL)
+    _signal_worker_1_at_step(launcher, signal.SIGKILL)
 
     assert launcher.wait(BOUND) == EXIT_OK, launcher.output
     launcher.wait_for_line(r"worker 1 exited with code -9; restarting it", 1)
     start = int(launcher.wait_for_line(
         r"\[worker 1\] starting my input at batch (\d+) \(reading past", 1)[1])
-    assert 30 <= start < UPDATES
+    assert 30 <= start < UPDATES  # before its first saved position (256): from the start
     record = read_json(summary)
     assert record["synchronous"] is True and record["contributions"] == [UPDATES, UPDATES]
     _every_example_used_once(tmp_path, record)
@@ -68,14 +68,38 @@ def test_a_worker_killed_mid_epoch_and_restarted_uses_each_example_once(processe
 def test_a_preemption_mid_epoch_and_the_rerun_use_each_example_once(processes, tmp_path):
     spec = stream_model.place(tmp_path / "data", SIZES)
     launcher, summary = _launch(processes, tmp_path, spec, 1, "--save-steps", "1000")
-    _signal_worker_1_at_step_30(launcher, signal.SIGTERM)
+    _signal_worker_1_at_step(launcher, signal.SIGTERM, 280)
     assert launcher.wait(BOUND) == EXIT_PREEMPTED, launcher.output
     stop = read_json(summary)["preempted_at"]
-    assert 30 < stop < UPDATES, launcher.output
+    assert 280 < stop < UPDATES, launcher.output
 
     launcher, summary = _launch(processes, tmp_path, spec, 2)
     assert launcher.wait(BOUND) == EXIT_OK, launcher.output
-    launcher.wait_for_line(rf"\[worker 1\] starting my input at batch {stop} \(reading past", 1)
+    # Its input's position at batch 256 was saved with the checkpoint: the rerun reads from
+    # there, not from the start (issue 55).
+    launcher.wait_for_line(rf"\[worker 1\] starting my input at batch {stop}: from its "
+                           rf"position saved at batch 256, reading the {stop - 256} batches "
+                           "since", 1)
+    record = read_json(summary)
+    assert record["synchronous"] is True and record["contributions"] == [UPDATES, UPDATES]
+    _every_example_used_once(tmp_path, record)
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_a_worker_killed_late_in_its_epoch_reads_from_its_saved_position(processes,
+                                                                        tmp_path):
+    """Killed past batch 256 (stream.POSITION_EVERY), the restarted worker restores its input
+    from the position saved on the ps and reads only the batches since (issue 55)."""
+    spec = stream_model.place(tmp_path / "data", SIZES)
+    launcher, summary = _launch(processes, tmp_path, spec, 1, "--max-restarts", "1")
+    _signal_worker_1_at_step(launcher, signal.SIGKILL, 280)
+
+    assert launcher.wait(BOUND) == EXIT_OK, launcher.output
+    launcher.wait_for_line(r"worker 1 exited with code -9; restarting it", 1)
+    start, since = map(int, launcher.wait_for_line(
+        r"\[worker 1\] starting my input at batch (\d+): from its position saved at batch "
+        r"256, reading the (\d+) batches since", 1).groups())
+    assert 280 <= start < UPDATES and since == start - 256
     record = read_json(summary)
     assert record["synchronous"] is True and record["contributions"] == [UPDATES, UPDATES]
     _every_example_used_once(tmp_path, record)
