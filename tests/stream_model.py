@@ -93,9 +93,13 @@ def eval_input_fn(params):
     return tf.data.TFRecordDataset(_files()).map(_parse).take(64)
 
 
-def model_fn(features, labels, mode, params):
-    count = tf1.get_variable("count", [MAX_IDS], tf.float32, tf1.zeros_initializer())
-    w = tf1.get_variable("w", [2, 2], tf.float32, tf1.zeros_initializer())
+def model_fn(features, labels, mode, params, adam: bool = False):
+    """The count trained by SGD at rate 1; with `adam`, the weights by Adam (one optimizer a
+    scope: api.ModelSpec), which the count's arithmetic does not see."""
+    with tf1.variable_scope("counting"):
+        count = tf1.get_variable("count", [MAX_IDS], tf.float32, tf1.zeros_initializer())
+    with tf1.variable_scope("model"):
+        w = tf1.get_variable("w", [2, 2], tf.float32, tf1.zeros_initializer())
     logits = tf.matmul(features["x"], w)
     predictions = {"classes": tf.argmax(logits, 1)}
     if mode == sm.ModeKeys.PREDICT:
@@ -103,31 +107,15 @@ def model_fn(features, labels, mode, params):
     loss = tf1.losses.sparse_softmax_cross_entropy(labels, logits)
     if mode == sm.ModeKeys.TRAIN:
         used = tf.reduce_sum(tf.gather(count, features["id"]))
-        return sm.ModelSpec(mode, loss=loss - used,
-                            optimizer=tf1.train.GradientDescentOptimizer(1.0))
+        sgd = tf1.train.GradientDescentOptimizer(1.0)
+        return sm.ModelSpec(mode, loss=loss - used, optimizer={
+            "counting": sgd, "model": tf1.train.AdamOptimizer(0.01)} if adam else sgd)
     return sm.ModelSpec(mode, loss=loss, eval_metric_ops={
         "accuracy": tf1.metrics.accuracy(labels, predictions["classes"])})
 
 
 def adam_model_fn(features, labels, mode, params):
-    """The same, its weights trained by Adam; the count still by SGD at rate 1, in a scope of
-    its own (one optimizer a scope: api.ModelSpec)."""
-    with tf1.variable_scope("counting"):
-        count = tf1.get_variable("count", [MAX_IDS], tf.float32, tf1.zeros_initializer())
-    with tf1.variable_scope("model"):
-        logits = tf.matmul(features["x"], tf1.get_variable("w", [2, 2], tf.float32,
-                                                           tf1.zeros_initializer()))
-    predictions = {"classes": tf.argmax(logits, 1)}
-    if mode == sm.ModeKeys.PREDICT:
-        return sm.ModelSpec(mode, predictions=predictions)
-    loss = tf1.losses.sparse_softmax_cross_entropy(labels, logits)
-    if mode == sm.ModeKeys.TRAIN:
-        used = tf.reduce_sum(tf.gather(count, features["id"]))
-        return sm.ModelSpec(mode, loss=loss - used, optimizer={
-            "counting": tf1.train.GradientDescentOptimizer(1.0),
-            "model": tf1.train.AdamOptimizer(0.01)})
-    return sm.ModelSpec(mode, loss=loss, eval_metric_ops={
-        "accuracy": tf1.metrics.accuracy(labels, predictions["classes"])})
+    return model_fn(features, labels, mode, params, adam=True)
 
 
 MODEL = sm.Model(model_fn, train_input_fn, eval_input_fn)

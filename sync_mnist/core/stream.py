@@ -126,7 +126,8 @@ class Stream:
                 batches = batches.batch(self._group)
             iterator = _iterator(batches.prefetch(PREFETCH))
             self._init, self._next = iterator.initializer, iterator.get_next()
-            self._positions = _Positions(iterator, _fingerprint(self, epochs, num_workers))
+            self._positions = _Positions(iterator, _fingerprint(self, epochs, num_workers),
+                                         _external_state_policy(graph))
         self._seek(0)
         self._built_with = _shapes(self._ahead)  # what the model's placeholders are made from
         if self._ahead is None:
@@ -488,17 +489,17 @@ def position_slot(worker: int, blob: bytes) -> int:
 class _Positions:
     """Saved positions of a stream: tf.data's iterator state at a group's first batch, tagged
     with the batch's number and the stream's fingerprint (a blob: JSON line, then the state).
-    A dataset whose state cannot be saved (a map with a random op: external state) saves none,
-    and a restart reads past the batches before it."""
+    A dataset whose state tf.data refuses to save (external state) saves none, and a restart
+    reads past the batches before it. (A seeded random op's state is saved.)"""
 
-    def __init__(self, iterator, fingerprint: str):
+    def __init__(self, iterator, fingerprint: str, policy: int):
         self.fingerprint, self.last = fingerprint, 0
         self.saved: list[tuple[int, bytes]] = []  # this process's and the ps's, by batch
         self._new: bytes | None = None
         self._failed = False
         handle = iterator._iterator_resource  # pylint: disable=protected-access
         self._save = tf.io.serialize_tensor(tf.raw_ops.SerializeIterator(
-            resource_handle=handle, external_state_policy=2))  # 2: fail on external state
+            resource_handle=handle, external_state_policy=policy))
         self.blob = tf1.placeholder(tf.string, [], name="input_position")
         self.load = tf.raw_ops.DeserializeIterator(
             resource_handle=handle, serialized=tf.io.parse_tensor(self.blob, tf.variant))
@@ -540,6 +541,25 @@ class _Positions:
         """The latest saved position at or before batch `step`, where it saves reading."""
         fit = [s for s in self.saved if 0 < s[0] <= step]
         return fit[-1] if fit else None
+
+
+# Stateful ops that keep no state a position must hold: _copied's DeepCopy (stateful only so
+# that it is never folded away), the checks a parse makes, and the datasets a function reads
+# (TFRecordDataset, say: their state is the iterator's, which tf.data saves).
+_NO_STATE = {"DeepCopy", "Assert", "PrintV2", "Print"}
+
+
+def _external_state_policy(graph: tf.Graph) -> int:
+    """SerializeIterator's external_state_policy for the input's graph: 1 (ignore) where the only
+    stateful ops its functions run keep no state (_NO_STATE); else 2 (fail where tf.data finds
+    a state it cannot save, rather than restore a stream that gives other batches)."""
+    from tensorflow.python.framework import op_def_registry
+
+    stateful = {node.op for f in graph._functions.values()  # pylint: disable=protected-access
+                for node in f.definition.node_def
+                if (op := op_def_registry.get(node.op)) is not None and op.is_stateful}
+    return 1 if all(op in _NO_STATE or op.endswith("Dataset") or "DatasetV" in op
+                    for op in stateful) else 2
 
 
 def _fingerprint(stream: Stream, epochs: int | None, num_workers: int) -> str:

@@ -405,3 +405,31 @@ def test_a_restart_reads_its_input_from_the_latest_saved_position_not_from_the_s
     assert "passing over my input's position saved at batch 128: it is of another input" \
            in caplog.text
     assert other._positions.before(170) is None
+
+
+def test_a_position_is_saved_unless_tf_data_refuses_the_input_s_state(tmp_path, monkeypatch,
+                                                                      caplog):
+    """The package's own stateful ops keep no state (a block's DeepCopy, a parse's Assert):
+    ignored; any other is left to tf.data, and where it refuses to save a state, no position is
+    saved and the worker says so once: a restart then reads past the batches before its place."""
+    from sync_mnist.core import stream as stream_lib
+
+    ours, other = tf.Graph(), tf.Graph()
+    with ours.as_default():
+        tf.data.Dataset.range(4).map(lambda x: tf.raw_ops.DeepCopy(x=x))
+    with other.as_default():
+        v = tf1.get_variable("v", [], tf.int64, use_resource=True)
+        tf.data.Dataset.range(4).map(lambda x: x + v.read_value())
+    assert [stream_lib._external_state_policy(g) for g in (ours, other)] == [1, 2]
+
+    monkeypatch.setattr(stream_lib, "POSITION_EVERY", 4)
+    files = stream_model.write(tmp_path, [256, 256])  # 64 batches a worker
+    stream = _stream(files)
+    assert stream.position() is not None  # at batch 16, read when it was made
+    with stream._graph.as_default():  # a save that tf.data refuses
+        stream._positions._save = tf.io.read_file(str(tmp_path / "no such state"))
+    with caplog.at_level("INFO"):
+        positions = [stream.position() for step in range(32) if stream.batch(step)]
+    assert positions == [None] * 32 and stream._positions.before(31) == stream._positions.before(
+        16)
+    assert caplog.text.count("my input's position cannot be saved (") == 1
