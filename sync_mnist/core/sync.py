@@ -173,6 +173,9 @@ def _sync_train_op(grads_and_vars, state: SharedState, optimizer: tf1.train.Opti
         stock_train_op = sync_optimizer.apply_gradients(grads_and_vars,
                                                         global_step=state.global_step)
     _sparse_accumulators_sum(sync_optimizer)
+    # Only a session manager runs it; a task that stops before its session (bad input) would
+    # end with TensorFlow's "Object was never used" warning as its last line.
+    sync_optimizer.ready_for_local_init_op.mark_used()
     _copy_the_local_step_at_init(sync_optimizer, local_step, who, state)
     token, queue, taken = _token(sync_optimizer, stock_train_op, state,
                                  own_queues[worker_index] if owned else None)

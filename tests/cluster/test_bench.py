@@ -33,7 +33,7 @@ def test_default_plan_runs_single_once_and_the_rest_per_worker_count():
     pairs = bench.plan(config)
     assert pairs.count(("single", 1)) == 1
     # Every setup but single at each of 3 worker counts; the file setups only with --files.
-    assert len(pairs) == 1 + 3 * (len(bench.SETUPS) - 1 - len(bench.FILE_SETUPS))
+    assert len(pairs) == 1 + 3 * (len(bench.SETUPS) - 1 - len(bench.PAIRED))
     assert not any(setup in bench.FILE_SETUPS for setup, _ in pairs)
     assert config.repeats == 2
 

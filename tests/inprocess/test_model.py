@@ -224,8 +224,8 @@ def test_the_update_runs_on_the_ps_alone_and_the_sync_state_on_ps_0():
     # Everything the counting, the progress lines and the finish read is on one ps, so none of
     # it costs a run on each ps; a round-robin dealt the counters over both.
     # (14 since the stop's fifth scalar, input_ended_at: core/stream.py; 15 with the workers'
-    # reading plans, membership.py.)
-    assert len(shared) == 15 and set(shared.values()) == {"/job:ps/task:0"}, shared
+    # reading plans, membership.py; 16 with their input positions, stream.py.)
+    assert len(shared) == 16 and set(shared.values()) == {"/job:ps/task:0"}, shared
     # The chief's update (with the cosine rate) needs nothing from the chief's own device.
     on_workers = {op.name for op in _ancestors(update) if "/job:worker" in op.device}
     assert on_workers == set(), sorted(on_workers)
