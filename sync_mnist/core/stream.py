@@ -167,10 +167,15 @@ class Stream:
         self._read_to = saved[0] if saved else step
         self._run(self._init, {self._start: 0 if saved else step})
         if saved:
+            try:
+                self._sess.run(self._positions.load, {self._positions.blob: saved[1]})
+            except tf.errors.OpError as e:  # a state this tf.data cannot read: from the start
+                log.warning("my input's position saved at batch %d cannot be restored (%s: %s)",
+                            saved[0], type(e).__name__, first_line(e))
+                self._positions.saved.remove(saved)
+                return self._seek(step)
             log.info("starting my input at batch %d: from its position saved at batch %d, "
                      "reading the %d batches since", step, saved[0], step - saved[0])
-            self._run(self._positions.load, {self._positions.blob: saved[1]},
-                      where=f"the position of batch {saved[0]} of worker {self._index}'s input")
         elif step:
             log.info("starting my input at batch %d (reading past the batches before it)", step)
         self._ahead = self._following()

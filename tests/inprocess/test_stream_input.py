@@ -433,3 +433,15 @@ def test_a_position_is_saved_unless_tf_data_refuses_the_input_s_state(tmp_path, 
     assert positions == [None] * 32 and stream._positions.before(31) == stream._positions.before(
         16)
     assert caplog.text.count("my input's position cannot be saved (") == 1
+
+
+def test_a_position_that_cannot_be_restored_is_passed_over_for_the_start(tmp_path, caplog):
+    files = stream_model.write(tmp_path, [256, 256])
+    whole = [b[0]["id"].tolist() for b in map(_stream(files).batch, range(40))]
+    stream = _stream(files)
+    bad = json.dumps({"fingerprint": stream._positions.fingerprint, "batch": 32}).encode()
+    stream.resume_from([bad + b"\n" + b"not a state"])
+    with caplog.at_level("INFO"):
+        assert stream.batch(35)[0]["id"].tolist() == whole[35]
+    assert "my input's position saved at batch 32 cannot be restored (" in caplog.text
+    assert "starting my input at batch 35 (reading past the batches before it)" in caplog.text
