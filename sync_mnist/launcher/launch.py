@@ -72,6 +72,8 @@ class _Task:
         self.overdue: str | None = None  # why the launcher stopped it past a bound of its own
         self.spared: str | None = None  # why a verified run did without it (spared_at_the_end)
         self.pids: list[int] = []  # every process started for it, the current one last
+        # (how many processes had been started, unix time) when it first logged `ready after`
+        self.first_ready: tuple[int, float] | None = None
         self.waiting_for_chief = threading.Event()
         self.ready = False  # it logged `ready after`: it joined the training
         # A worker past the finish barrier and its done report: when (monotonic) it logged its
@@ -117,6 +119,8 @@ class _Task:
             self.waiting_for_chief.set()
         if f"[{self.tag}] ready after " in line:
             self.ready = True
+            if self.first_ready is None:
+                self.first_ready = (len(self.pids), time.time())
         if f"[{self.tag}] verdict: " in line:
             self.verdict_at = time.monotonic()
         line = line if f"[{self.tag}]" in line else f"[{self.tag}] {line}"
@@ -152,6 +156,8 @@ class _Task:
         result = report.TaskResult(**fields)
         result.exit_code = self.proc.returncode if self.proc.returncode is not None else -1
         result.restarts = self.restarts
+        if self.first_ready and self.first_ready[0] < len(self.pids):  # an earlier life's
+            result.first_ready_at = self.first_ready[1]
         if self.lost:
             result.error = (f"lost (exit {result.exit_code}); the backup workers finished "
                             "without it")
