@@ -301,16 +301,14 @@ def monitored_session(master: str, *, is_chief: bool, hooks: list, config: tf1.C
         if checkpoint_dir:
             saver_hook = _SharedCheckpointSaverHook(
                 checkpoint_dir, timeout=bound, ps_hosts=ps_hosts, status=status, events=events,
-                save_secs=save_secs,
-                save_steps=None if save_secs else save_steps, scaffold=scaffold)
+                save_secs=save_secs, save_steps=None if save_secs else save_steps,
+                scaffold=scaffold)
             hooks.append(saver_hook)
             status.final_save = _BoundedHook(saver_hook, bound, ps_hosts).end
         creator = _ChiefSessionCreator(
             scaffold, master, config, checkpoint_dir=checkpoint_dir, restore=restore,
-            status=status,
-            model_missing=tf1.report_uninitialized_variables(everything),
-            model_size=len(everything),
-            prepare_timeout=bound, ps_hosts=ps_hosts,
+            status=status, model_missing=tf1.report_uninitialized_variables(everything),
+            model_size=len(everything), prepare_timeout=bound, ps_hosts=ps_hosts,
             before_init=saver_hook.write_graph if saver_hook else None)
     else:
         scaffold = tf1.train.Scaffold()

@@ -59,6 +59,9 @@ _prctl = _libc.prctl
 
 
 class _Task:
+    # (how many processes had been started, unix time) when it first logged `ready after`
+    first_ready: tuple[int, float] | None = None
+
     def __init__(self, role: str, index: int, argv: list[str], summary: Path,
                  namespace: netns.PrivateNamespace | None, output):
         self.role, self.index, self.summary = role, index, summary
@@ -72,8 +75,6 @@ class _Task:
         self.overdue: str | None = None  # why the launcher stopped it past a bound of its own
         self.spared: str | None = None  # why a verified run did without it (spared_at_the_end)
         self.pids: list[int] = []  # every process started for it, the current one last
-        # (how many processes had been started, unix time) when it first logged `ready after`
-        self.first_ready: tuple[int, float] | None = None
         self.waiting_for_chief = threading.Event()
         self.ready = False  # it logged `ready after`: it joined the training
         # A worker past the finish barrier and its done report: when (monotonic) it logged its
