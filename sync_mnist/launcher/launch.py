@@ -59,6 +59,9 @@ _prctl = _libc.prctl
 
 
 class _Task:
+    # (how many processes had been started, unix time) when it first logged `ready after`
+    first_ready: tuple[int, float] | None = None
+
     def __init__(self, role: str, index: int, argv: list[str], summary: Path,
                  namespace: netns.PrivateNamespace | None, output):
         self.role, self.index, self.summary = role, index, summary
@@ -117,6 +120,8 @@ class _Task:
             self.waiting_for_chief.set()
         if f"[{self.tag}] ready after " in line:
             self.ready = True
+            if self.first_ready is None:
+                self.first_ready = (len(self.pids), time.time())
         if f"[{self.tag}] verdict: " in line:
             self.verdict_at = time.monotonic()
         line = line if f"[{self.tag}]" in line else f"[{self.tag}] {line}"
@@ -152,6 +157,8 @@ class _Task:
         result = report.TaskResult(**fields)
         result.exit_code = self.proc.returncode if self.proc.returncode is not None else -1
         result.restarts = self.restarts
+        if self.first_ready and self.first_ready[0] < len(self.pids):  # an earlier life's
+            result.first_ready_at = self.first_ready[1]
         if self.lost:
             result.error = (f"lost (exit {result.exit_code}); the backup workers finished "
                             "without it")

@@ -44,6 +44,9 @@ class TaskResult:
     model: str | None = None  # --model: the SPEC it was given
     dataset_description: str | None = None
     ready_at: float | None = None  # unix time the training session was ready
+    # The launcher, for a task it restarted: unix time its first life's session was ready (when
+    # it read that life's `ready after` line); ready_at is then its last life's.
+    first_ready_at: float | None = None
     finished_at: float | None = None  # unix time the last step returned
     startup_s: float | None = None  # process start to session ready
     chief_wait_s: float | None = None  # a non-chief's wait for the chief's initialisation
@@ -133,7 +136,7 @@ def format_table(results: list[TaskResult]) -> str:
     A `restarts` column is added when the launcher restarted any task (--max-restarts).
     """
     workers = sorted((r for r in results if r.role == "worker"), key=lambda r: r.index)
-    chief_ready = next((r.ready_at for r in workers if r.index == 0), None)
+    chief_ready = next((started(r) for r in workers if r.index == 0), None)
     restarts = any(r.restarts for r in results)
     lines = [f"{'task':<10}{'exit':>5}{format('restarts', '>9') if restarts else ''}{'ready':>9}"
              f"{'local steps':>13}{'pushed':>9}{'accepted':>10}{'unused':>8}{'examples/s':>12}"
@@ -145,14 +148,14 @@ def format_table(results: list[TaskResult]) -> str:
 
     for w in workers:
         i = w.index
-        ready = (f"{w.ready_at - chief_ready:+.1f}s" if w.ready_at and chief_ready else "-")
+        ready = (f"{started(w) - chief_ready:+.1f}s" if started(w) and chief_ready else "-")
         pushed = reading.pushed[i] if reading else None
         accepted = reading.contributions[i] if reading else None
         dropped = reading.dropped[i] if reading else None
         lines.append(f"{f'worker {i}':<10}{w.exit_code:>5}{restarted(w)}{ready:>9}"
                      f"{_fmt(w.local_steps):>13}{_fmt(pushed):>9}{_fmt(accepted):>10}"
                      f"{_fmt(dropped):>8}{_fmt(w.examples_per_sec, '.0f'):>12}"
-                     f"{_fmt(w.peak_rss_mb, '.0f'):>9}  {_note(w)}")
+                     f"{_fmt(w.peak_rss_mb, '.0f'):>9}  {_note(w, chief_ready)}")
     for p in sorted((r for r in results if r.role == "ps"), key=lambda r: r.index):
         lines.append(f"{f'ps {p.index}':<10}{p.exit_code:>5}{restarted(p)}{'':>61}"
                      f"{_fmt(p.peak_rss_mb, '.0f'):>9}  {_note(p)}")
@@ -169,7 +172,30 @@ def latest_reading(results: list[TaskResult]) -> TaskResult | None:
     return max(readers, key=lambda r: (r.finished_at or 0.0, -r.index), default=None)
 
 
-def _note(result: TaskResult) -> str:
+def started(result: TaskResult) -> float | None:
+    """When a worker was first ready: its first life's session, where the launcher restarted it
+    (the `ready` column and ready_lag are the start-up's, not a restart's)."""
+    return result.first_ready_at or result.ready_at
+
+
+def _note(result: TaskResult, chief_ready: float | None = None) -> str:
+    restart = _restart_note(result, chief_ready)
+    note = _outcome_note(result)
+    return "; ".join(n for n in (restart, note) if n)
+
+
+def _restart_note(result: TaskResult, chief_ready: float | None) -> str:
+    """A worker restarted after its first life was ready: when its last life was, and that its
+    local steps are that life's while pushed and accepted count every life's (on the ps)."""
+    if not (result.first_ready_at and result.ready_at):
+        return ""
+    again = (f" at {result.ready_at - chief_ready:+.1f}s" if chief_ready else "")
+    since = f", from local step {result.start_step}" if result.start_step is not None else ""
+    return (f"restarted: ready again{again}; local steps are its last life's{since}, pushed "
+            "and accepted every life's")
+
+
+def _outcome_note(result: TaskResult) -> str:
     if result.spared:
         return f"stopped after the verified run: {result.spared}"
     if result.blocked:
@@ -239,7 +265,9 @@ def cluster_summary(results: list[TaskResult], tasks, wall: float) -> dict:
 
 def _timings(workers: list[TaskResult], chief, tasks) -> dict:
     """The cluster record's times: the slowest start-up and training, and the lags."""
-    ready = [r.ready_at for r in workers if r.ready_at]
+    # Sync: each worker's first life (started): a restart is not a slow start-up.
+    ready = [started(r) for r in workers if started(r)]
+    chief_ready = started(chief) if chief else None
     finished = [r.finished_at for r in workers if r.finished_at]
     exits = [t.exited_at for t in tasks if t.exited_at]
     return {
@@ -247,9 +275,9 @@ def _timings(workers: list[TaskResult], chief, tasks) -> dict:
         "train_s": max((r.train_s for r in workers if r.train_s), default=None),
         # Sync: how long after the chief the last worker was ready, and how long after the
         # last step the last process exited.
-        "ready_lag_s": max(ready) - chief.ready_at if chief and chief.ready_at else None,
-        "ready_after_chief_s": [r.ready_at - chief.ready_at if r.ready_at else None
-                                for r in workers] if chief and chief.ready_at else None,
+        "ready_lag_s": max(ready) - chief_ready if chief_ready else None,
+        "ready_after_chief_s": [started(r) - chief_ready if started(r) else None
+                                for r in workers] if chief_ready else None,
         "chief_wait_s": [r.chief_wait_s for r in workers],
         "exit_lag_s": max(exits) - max(finished) if exits and finished else None,
     }

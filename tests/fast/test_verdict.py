@@ -8,6 +8,7 @@ runs are in tests/cluster/test_verdict_runs.py.
 from __future__ import annotations
 
 import re
+import types
 
 import pytest
 
@@ -202,3 +203,30 @@ def test_table_gains_a_restarts_column_only_when_a_task_was_restarted():
         ["worker", "0", "0", "0"], ["worker", "1", "0", "1"], ["ps", "0", "0", "0"]]
     results[1].restarts = 0
     assert "restarts" not in report.format_table(results)
+
+
+def test_a_restarted_worker_is_ready_at_its_first_life_and_its_restart_is_a_note():
+    # Before: worker 2, SIGKILLed and restarted, showed +75.0s and the run ready_lag=75.00 s,
+    # and its 1,398 local steps (its last life's) stood beside 2,401 pushed (every life's).
+    reading = dict(contributions=[2400, 2400, 2400], pushed=[2400, 2400, 2401],
+                   dropped=[0, 0, 1])
+    results = [
+        TaskResult(role="worker", index=0, mode="sync", local_steps=2400, ready_at=1000.0,
+                   start_step=0, **reading),
+        TaskResult(role="worker", index=1, mode="sync", local_steps=2400, ready_at=1000.3,
+                   start_step=0, **reading),
+        TaskResult(role="worker", index=2, mode="sync", local_steps=1398, ready_at=1075.0,
+                   first_ready_at=1000.2, start_step=1002, restarts=1, **reading),
+        TaskResult(role="ps", index=0, mode="sync"),
+    ]
+    lines = report.format_table(results).splitlines()
+    row = lines[3]
+    assert row.split()[:9] == ["worker", "2", "0", "1", "+0.2s", "1398", "2401", "2400", "1"]
+    assert row.endswith("restarted: ready again at +75.0s; local steps are its last life's, "
+                        "from local step 1002, pushed and accepted every life's")
+    assert "restarted" not in lines[1] + lines[2]
+    tasks = [types.SimpleNamespace(role="worker", index=i, restarts=int(i == 2), pids=[i],
+                                   exited_at=None, spent=False, lost=False) for i in range(3)]
+    summary = report.cluster_summary(results, tasks, wall=80.0)
+    assert summary["ready_lag_s"] == pytest.approx(0.3)
+    assert summary["ready_after_chief_s"] == pytest.approx([0.0, 0.3, 0.2])
