@@ -43,7 +43,7 @@ import tensorflow as tf
 
 from sync_mnist.core import early_stop, membership, sync
 from sync_mnist.core import verdict as verdict_lib
-from sync_mnist.core.config import TaskConfig
+from sync_mnist.core.config import TaskConfig, TaskTimeout
 
 tf1 = tf.compat.v1
 
@@ -75,3 +75,37 @@ def done_queue(ps_index: int, num_workers: int):
     with tf1.device(f"/job:ps/task:{ps_index}"):
         return tf1.FIFOQueue(num_workers, tf.int32, shapes=[], name=f"done_queue_{ps_index}",
                              shared_name=f"done_queue_{ps_index}")
+
+
+# A done-queue entry of a worker that exited with bad input (2), not done: -1 - its index.
+def bad_input_entry(worker: int) -> int:
+    return -1 - worker
+
+
+def tell_the_ps_of_bad_input(config: TaskConfig, seconds: float = 10.0) -> bool:
+    """A worker that exits 2 (bad input: permanent, no restart mends it) puts its entry in every
+    ps's done-queue, so that each ps ends with it at once, exit 2, instead of waiting out its
+    start-up bound for a worker that will not come (then 200, retried: a TFJob would recreate
+    the ps for nothing). Through ps 0's own master, as this worker may have no server yet;
+    within `seconds`. Whether the ps took it (a ps not there yet is told nothing)."""
+    from sync_mnist.core import bounded
+
+    n, hosts = config.cluster.num_workers, config.cluster.ps_hosts
+    graph = tf.Graph()
+    with graph.as_default():
+        tell = tf.group(*[done_queue(p, n).enqueue(bad_input_entry(config.index))
+                          for p in range(len(hosts))])
+
+    def run():
+        sess = tf1.Session(f"grpc://{hosts[0]}", graph=graph,
+                           config=tf1.ConfigProto(device_filters=["/job:ps"]))
+        try:
+            sess.run(tell, options=tf1.RunOptions(timeout_in_ms=int(seconds * 1000)))
+        finally:
+            bounded.close_bounded(sess.close, sess)
+
+    try:
+        bounded.bounded_call(run, seconds, f"{config.name}: telling the ps of its bad input")
+        return True
+    except (TaskTimeout, tf.errors.OpError):
+        return False

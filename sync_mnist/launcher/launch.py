@@ -375,6 +375,7 @@ def _report(tasks: list[_Task], results: list[report.TaskResult], wall: float,
     display.show(report.format_table(results))
     display.show(report.closing_lines(summary))
     if code == config_lib.EXIT_USAGE:  # a task rejected its input: name it and its reason
+        failed = _first_to_reject(failed, tasks, results)
         print(f"error: {failed.tag}: {_usage_reason(failed, results)}", file=sys.stderr)
     # The last line: `make run-cluster` turns every failure into make's own code 2.
     display.show(f"exit code {code} ({config_lib.EXIT_MEANINGS[code]})")
@@ -412,6 +413,16 @@ def _exit_code(tasks: list[_Task], results: list[report.TaskResult], summary: di
     if any(r.exit_code == config_lib.EXIT_PREEMPTED for r in results):
         return config_lib.EXIT_PREEMPTED  # the whole cluster stopped on one update
     return config_lib.EXIT_OK
+
+
+def _first_to_reject(failed: _Task, tasks: list[_Task],
+                     results: list[report.TaskResult]) -> _Task:
+    """The task whose bad input ended the run: a ps that exits 2 because a worker told it of
+    its bad input (protocol.tell_the_ps_of_bad_input) may end before that worker."""
+    if failed.role != "ps":
+        return failed
+    return next((t for t, r in zip(tasks, results) if t.role == "worker"
+                 and r.exit_code == config_lib.EXIT_USAGE), failed)
 
 
 def _usage_reason(task: _Task, results: list[report.TaskResult]) -> str:

@@ -258,6 +258,10 @@ def _run_role(config: TaskConfig, verbose: bool, result):
     except (ValueError, DataError) as e:  # ConfigError, ClusterError, DataError
         options.usage_error(e)
         result.error, code = config_lib.first_line(e), config_lib.EXIT_USAGE
+        if config.role == "worker" and config.train.setup == "fixed":
+            from sync_mnist.core import protocol
+
+            protocol.tell_the_ps_of_bad_input(config)
     except ps.TaskTimeout as e:
         log.error("%s", e)
         result.error, code = str(e), config_lib.EXIT_TIMEOUT

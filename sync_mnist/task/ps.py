@@ -21,7 +21,7 @@ import tensorflow as tf
 from sync_mnist.core import bounded, early_stop, membership, protocol, sessions, sync
 from sync_mnist.task import preemption, report
 from sync_mnist.core import verdict as verdict_lib
-from sync_mnist.core.config import START_SECS, TaskConfig, TaskTimeout
+from sync_mnist.core.config import ConfigError, START_SECS, TaskConfig, TaskTimeout
 
 tf1 = tf.compat.v1
 log = logging.getLogger(__name__)
@@ -151,6 +151,13 @@ class _Watch:
         # every entry waiting, however many workers reported done since the last poll.
         workers = self.sess.run(self.take_done, {self.waiting: entries}, options=self.bounded)
         self.last_progress = time.monotonic()
+        bad = sorted(-1 - int(w) for w in workers if w < 0)
+        if bad:  # Sync: a worker with bad input exits 2 for good: the cluster cannot train
+            raise ConfigError(
+                f"ps {self.config.index}: worker{'s' if len(bad) > 1 else ''} "
+                f"{', '.join(map(str, bad))} exited with bad input (2; "
+                f"{'their' if len(bad) > 1 else 'its'} own lines say why): the cluster cannot "
+                "train without it")
         for worker in (int(w) for w in workers):
             self.done.add(worker)
             log.info("worker %d reported done (%d of %d)", worker, len(self.done),
