@@ -87,8 +87,11 @@ def judge(plans: Sequence[Plan | None], accepted: Sequence[int], batch_size: int
         return DataVerdict(False, "NOT covered once: " + "; ".join(
             f"{_count(sources)} {why} ({_names(sources)})"
             for why, sources in problems.items()) + f" (cut {cut}); {used}")
-    return DataVerdict(True, f"each of {_count(list(readers))} {_shared(readers)}, "
-                             f"covered once (cut {cut}); {used}")
+    if len(readers) == 1 and (name := next(iter(readers))).startswith("<"):
+        shared = f"{name[1:-1]}, cut into {len(readers[name])} disjoint parts, one a worker"
+    else:
+        shared = f"each of {_count(list(readers))} {_shared(readers)}"
+    return DataVerdict(True, f"{shared}, covered once (cut {cut}); {used}")
 
 
 def with_ids(data: DataVerdict, uses: np.ndarray, feature: str, accepted: Sequence[int],

@@ -400,7 +400,8 @@ def _plan(stream: Stream, policy, own: _OwnCut | None, index: int, n: int) -> co
     """What `stream` reads of its input, for the data verdict (coverage.py)."""
     lists = _file_lists(stream._graph, stream._sess, stream._dataset)
     listed = tuple(dict.fromkeys(f for names in lists for f in names))
-    records = (f"<the records of its {len(listed)} files, in its order>" if listed else
+    records = (f"<the records of its {len(listed)} file{'s' * (len(listed) != 1)}, in its "
+               "order>" if listed else
                f"<the records of {stream._what}'s dataset, in its order>")
     if policy is FILE:  # tf.data cuts every list of file names: worker k reads k, k + n, ..
         return coverage.Plan(stream.sharding, {f: coverage.WHOLE for names in lists

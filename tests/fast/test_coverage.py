@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from sync_mnist.core.coverage import WHOLE, Plan, judge, judge_ids, with_ids
+from sync_mnist.core.coverage import WHOLE, DataVerdict, Plan, judge, judge_ids, with_ids
 
 CUT = "by file, by the package"
 
@@ -36,7 +36,9 @@ def test_a_file_read_twice_and_files_read_by_none_are_named_with_their_workers()
 
 def test_parts_cover_a_source_only_when_they_are_every_part_of_one_cut_once():
     rows = "<the 600 examples of its input function>"
-    assert judge([Plan("m", {rows: (0, 2)}), Plan("m", {rows: (1, 2)})], [1, 1], 1).covered
+    assert judge([Plan("m", {rows: (0, 2)}), Plan("m", {rows: (1, 2)})], [1, 1], 1) == DataVerdict(
+        True, "the 600 examples of its input function, cut into 2 disjoint parts, one a worker, "
+              "covered once (cut m); 2 examples used in applied updates (1, 1 a worker)")
     for parts in ([(0, 2), (0, 2)], [(0, 3), (1, 3)], [(0, 2), (1, 3)], [WHOLE, (1, 2)]):
         verdict = judge([Plan("m", {rows: p}) for p in parts], [1, 1], 1)
         assert verdict.covered is False, parts
@@ -77,7 +79,7 @@ def test_ids_used_more_than_the_passes_or_uses_not_counted_are_not_covered():
     assert not ok and line.endswith("; 2 uses counted for 3 examples used")
     data = with_ids(judge([Plan("m", {"<r>": (0, 1)})], [3], 1), np.array([1.0, 1.0]), "id",
                     [3], 1, None)
-    assert data.covered is False and data.line.startswith("each of 1 input read whole")
+    assert data.covered is False and data.line.startswith("r, cut into 1 disjoint parts")
 
 
 def test_count_examples_is_for_synchronous_runs_of_ids_from_zero_within_a_bound():

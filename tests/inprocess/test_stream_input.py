@@ -64,7 +64,7 @@ def test_fewer_files_than_workers_are_cut_by_record(tmp_path):
     assert {s.sharding for s in streams} == {"by record, by the package"}
     assert sum(_ids(streams[0]), []) == list(range(0, 20, 2))
     assert sum(_ids(streams[1]), []) == list(range(1, 20, 2))
-    records = "<the records of its 1 files, in its order>"
+    records = "<the records of its 1 file, in its order>"
     assert [s.plan.reads for s in streams] == [{records: (0, 2)}, {records: (1, 2)}]
     assert coverage.judge([s.plan for s in streams], [5, 5], 2).covered is True
 
