@@ -143,8 +143,7 @@ class _StepRunner:
         w, g, side = self.w, self.w.g, self.joined.side
         self.joined.feed.use(step)
         if (blob := w.shard.position()) is not None:  # kept for a restart (stream.py)
-            side.run(g.positions.write, {g.positions.slot: [stream.position_slot(
-                w.config.index, blob)], g.positions.blob: [blob]}, options=w.bounded)
+            self._keep(blob)
         if w.shard.ends_after(step) and not self.input_ended:
             # Sync: before this push, so that the update it joins is the cluster's last
             # (early_stop.py): no worker waits for a gradient of mine that will not come.
@@ -178,6 +177,18 @@ class _StepRunner:
         if self.evaluations:
             self.evaluations.after_update(self.last_token)
         return self.last_token
+
+    def _keep(self, blob: bytes) -> None:
+        """Writes an input position on ps 0. Best effort: a position not kept costs a restart
+        some reading (it starts from an earlier one), never the run; a lost ps shows in the
+        step that follows."""
+        w, g = self.w, self.w.g
+        try:
+            self.joined.side.run(g.positions.write, {g.positions.slot: [stream.position_slot(
+                w.config.index, blob)], g.positions.blob: [blob]}, options=w.bounded)
+        except tf.errors.OpError as e:
+            log.warning("could not keep my input's position on the ps (%s: %s): a restart "
+                        "reads from an earlier one", type(e).__name__, first_line(e))
 
     def _stalled(self, what: str) -> TaskTimeout:
         """A timeout of this worker's: what it waited for, what the ps says so far, and the
