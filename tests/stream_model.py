@@ -120,7 +120,7 @@ def adam_model_fn(features, labels, mode, params):
 
 MODEL = sm.Model(model_fn, train_input_fn, eval_input_fn)
 ADAM = sm.Model(adam_model_fn, train_input_fn, eval_input_fn)
-TF_CONFIG_CUT = sm.Model(model_fn, tf_config_input_fn, eval_input_fn)
+TF_CONFIG_CUT = sm.Model(adam_model_fn, tf_config_input_fn, eval_input_fn)
 IGNORES_CONTEXT = sm.Model(model_fn, ignores_context_input_fn, eval_input_fn)
 
 

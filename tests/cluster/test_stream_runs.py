@@ -132,8 +132,9 @@ def test_blocks_that_are_views_are_cut_into_batches_without_an_error_logged():
 def test_an_input_that_cuts_its_files_by_tf_config_uses_each_example_once_as_a_tfjob(
         processes, tmp_path):
     """Issue 55: an Estimator-era input function that cuts its files by TF_CONFIG itself, run
-    as a TFJob runs it (one `sync-mnist` a task, TF_CONFIG alone): not cut again, every example
-    used once a pass, and the data verdict says so."""
+    as a TFJob runs it (one `sync-mnist` a task, TF_CONFIG alone), its model trained by Adam
+    (the count by SGD in a scope of its own): not cut again, every example used once a pass,
+    and the data verdict says so."""
     spec = stream_model.place(tmp_path / "data", [8] * 6)  # ids 0-47: 2 files a worker
     spec = spec.replace(":MODEL", ":TF_CONFIG_CUT")
     ports = iter(free_ports(4))

