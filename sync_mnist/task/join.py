@@ -104,9 +104,11 @@ def _monitored_session(w: Worker, status: sessions.SessionStatus, chief_wait: fl
 
 
 def write_plan(w: Worker, side: SideSession) -> None:
-    """Writes what this worker reads of its input on ps 0, for the data verdict (coverage.py):
-    when it takes its place (a worker the chief later declares lost has one there), and again
-    at the finish (a ps restarted since lost it: plans are not checkpointed)."""
+    """Writes what this worker reads of its input on ps 0, for the data verdict (coverage.py),
+    at the finish, before the barrier (a ps restarted mid-run lost it: plans are not
+    checkpointed). Not when it takes its place: a fed write then, the ps fetching the plan
+    from a worker container restarted at a new address, failed with UnavailableError
+    (tests/container); a backup the chief declares lost publishes none."""
     g = w.g
     side.run(g.members.write_plan, {g.members.mark_worker: [w.config.index],
                                     g.members.plan: [w.plan]},
@@ -118,7 +120,6 @@ def _take_position(w: Worker, side: SideSession, status: sessions.SessionStatus,
     """Where this worker starts: (start step, local steps planned, rejoined), from global_step,
     or its predecessor's token after a rejoin."""
     config, train, g = w.config, w.config.train, w.g
-    write_plan(w, side)
     if status.model == "continued":
         # A chief restarted into a running cluster: the settings are its predecessor's.
         membership.check_agreement(mine, side.run(g.members.published, options=w.bounded),
