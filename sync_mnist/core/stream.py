@@ -7,9 +7,11 @@ training's on a busy worker.
 Sync: `batch(step)` is a pure function of the update number, as `Shard.batch` is for data in
 memory: the batch of update u + 1 is batch u of this worker's stream (its passes over its shard,
 each pass's last partial batch dropped). A worker restarted into the cluster at update u starts
-its stream there, skipping the batches before it, so the examples of the updates made before it
-died are not used again, and none after is skipped. A step whose gradient was not used (a
-restart threw it away) is redone with the same batch.
+its stream there, so the examples of the updates made before it
+died are not used again, and none after is skipped: from its latest saved position (tf.data's
+iterator state, every POSITION_EVERY batches, kept on ps 0 and in the checkpoints), reading
+only the batches since. A step whose gradient was not used (a restart threw it away) is redone
+with the same batch.
 
 Every worker's stream is the same function of (the files, the seed, its index): the package sets
 the input graph's seed (--seed) before calling the input function, so its shuffles draw the same

@@ -13,7 +13,7 @@ from sync_mnist.core import bounded, coverage, early_stop, membership
 from sync_mnist.core import verdict as verdict_lib
 from sync_mnist.core.config import PeerLost, TaskTimeout, first_line
 from sync_mnist.core.sessions import EMPTIED, SideSession
-from sync_mnist.task import join, waits
+from sync_mnist.task import waits
 from sync_mnist.task.prepare import Worker
 
 tf1 = tf.compat.v1
@@ -48,7 +48,7 @@ def finish(w: Worker, side: SideSession) -> Finished:
     # every task reads the same, final counters and so reaches the same verdict.
     with awaiting(w, side)("at the finish (the barrier and the final counters)"), \
             _emptied_is_lost(config.name):
-        join.write_plan(w, side)  # Sync: before the barrier, so every reader finds it
+        _write_plan(w, side)  # Sync: before the barrier, so every reader finds it
         lost = membership.finish_barrier(
             lambda fetches, feed=None: side.run(fetches, feed, options=w.bounded),
             g.members, index=config.index, cluster=config.cluster, timeout=train.timeout,
@@ -82,6 +82,18 @@ def finish(w: Worker, side: SideSession) -> Finished:
                     "same --logdir to resume there" if train.logdir else
                     "no --logdir: nothing is saved, a rerun starts over")
     return Finished(counters, lost, stop_step, preempted, verdict, data, input_left)
+
+
+def _write_plan(w: Worker, side: SideSession) -> None:
+    """Writes what this worker reads of its input on ps 0, for the data verdict (coverage.py),
+    at the finish, before the barrier (a ps restarted mid-run lost it: plans are not
+    checkpointed). Not when it takes its place: a fed write then, the ps fetching the plan
+    from a worker container restarted at a new address, failed with UnavailableError
+    (tests/container); a backup the chief declares lost publishes none."""
+    g = w.g
+    side.run(g.members.write_plan, {g.members.mark_worker: [w.config.index],
+                                    g.members.plan: [w.plan]},
+             options=w.bounded)
 
 
 def _report_input_end(w: Worker, stop_step: int) -> bool:

@@ -103,18 +103,6 @@ def _monitored_session(w: Worker, status: sessions.SessionStatus, chief_wait: fl
             raise unreadable from None
 
 
-def write_plan(w: Worker, side: SideSession) -> None:
-    """Writes what this worker reads of its input on ps 0, for the data verdict (coverage.py),
-    at the finish, before the barrier (a ps restarted mid-run lost it: plans are not
-    checkpointed). Not when it takes its place: a fed write then, the ps fetching the plan
-    from a worker container restarted at a new address, failed with UnavailableError
-    (tests/container); a backup the chief declares lost publishes none."""
-    g = w.g
-    side.run(g.members.write_plan, {g.members.mark_worker: [w.config.index],
-                                    g.members.plan: [w.plan]},
-             options=w.bounded)
-
-
 def _take_position(w: Worker, side: SideSession, status: sessions.SessionStatus, mine: dict,
                    startup_s: float) -> tuple[int, int, bool]:
     """Where this worker starts: (start step, local steps planned, rejoined), from global_step,
