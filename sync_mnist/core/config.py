@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from sync_mnist.core.cluster import ClusterLayout
+from sync_mnist.core.coverage import COUNTED_PASSES
 
 MODES = ("sync", "async")
 LR_DECAYS = ("cosine", "none")
@@ -61,7 +62,7 @@ START_SECS = 120.0
 # and reads 0 ms as no deadline at all, so less than 1 ms would leave every wait unbounded.
 # The longest wait, the launcher's 2 x --timeout + a minute, must stay within what Python's
 # thread waits accept (threading.TIMEOUT_MAX, about 9.2e9 s on Linux).
-MAX_COUNTED_IDS = 100_000_000  # --count-examples-ids: 400 MB on ps 0 at most
+MAX_COUNTED_IDS = 50_000_000  # --count-examples-ids: 400 MB on ps 0 at most
 MIN_TIMEOUT_SECS = 0.001
 MAX_TIMEOUT_SECS = 1e9
 
@@ -218,8 +219,9 @@ class TrainConfig:
     # no checkpoint of its own yet (the chief reads it); None: initialised afresh.
     warm_start: WarmStart | None = None
     # --count-examples FEATURE: an int64 id feature of the training data; the ps counts each
-    # id's uses in applied updates (sync.example_uses), for the data verdict. Ids run from 0
-    # below count_examples_ids, a float32 a possible id on ps 0 (4 MB a million).
+    # id's uses in applied updates, and their passes (sync.example_uses), for the data verdict.
+    # Ids run from 0 below count_examples_ids, two float32 a possible id on ps 0 (8 MB a
+    # million).
     count_examples: str | None = None
     count_examples_ids: int = 1_000_000
 
@@ -264,7 +266,7 @@ class TrainConfig:
     def _check_count_examples(self) -> None:
         ids = self.count_examples_ids
         if not 1 <= ids <= MAX_COUNTED_IDS:
-            raise ConfigError(f"--count-examples-ids must be 1-{MAX_COUNTED_IDS:,} (a float32 "
+            raise ConfigError(f"--count-examples-ids must be 1-{MAX_COUNTED_IDS:,} (two float32 "
                               f"on ps 0 for each), got {ids}")
         if self.count_examples is None:
             return
@@ -274,6 +276,9 @@ class TrainConfig:
             raise ConfigError(f"--count-examples {self.count_examples} counts uses in the "
                               "synchronous updates: it needs --mode sync, --setup fixed and "
                               "the proof counters")
+        if self.epochs is not None and self.epochs > COUNTED_PASSES:
+            raise ConfigError(f"--count-examples {self.count_examples} tells up to "
+                              f"{COUNTED_PASSES} passes apart, got --epochs {self.epochs}")
 
     def _check_time_to_accuracy(self) -> None:
         a = self.target_accuracy

@@ -12,9 +12,10 @@ The examples each worker used are the ps's: `accepted[w]` batches of `batch_size
 applied update (the gradient verdict proves no update took a batch twice).
 
 With --count-examples, the ps also counts each id's uses in the applied updates (sync.py's
-example_uses), whatever the optimizer, and `judge_ids` checks them: as many uses as examples
-used (no use uncounted, none counted twice), and with --epochs E no id used more than E times.
-The counts are the run's, not a pass's: a worker's pass has no boundary the ps sees.
+example_uses), whatever the optimizer, and in which passes: each use adds 1 and 2**p, p the
+pass of the batch that used it (its worker knows). `judge_ids` checks them: as many uses as
+examples used (no use uncounted, none counted twice), and each id's uses as many as the bits of
+its sum, which holds only where no pass used an id twice (two 2**p make a carry).
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from typing import Sequence
 import numpy as np
 
 WHOLE = (0, 1)
+# --count-examples tells the passes apart up to this many: an id's 2**p summed in a float32
+# stays a whole number (sync.example_uses_delta)
+COUNTED_PASSES = 16
 UNSEEN = "its input function cuts its data where the package cannot see (no .shard() in its " \
          "dataset, no file its graph lists)"
 
@@ -96,39 +100,53 @@ def judge(plans: Sequence[Plan | None], accepted: Sequence[int], batch_size: int
 
 def with_ids(data: DataVerdict, uses: np.ndarray, feature: str, accepted: Sequence[int],
              batch_size: int, most: int | None) -> DataVerdict:
-    """`data` with the verdict of --count-examples' counts (uses[id]: float, whole numbers)
-    after it: False where they fail, else as `data` was."""
+    """`data` with the verdict of --count-examples' counts (uses[id]: its uses and its passes'
+    bits, float, whole numbers) after it: False where they fail, else as `data` was."""
     ok, line = judge_ids(uses, feature, sum(accepted) * batch_size, most)
     return DataVerdict(False if not ok else data.covered, f"{data.line}; {line}")
 
 
 def judge_ids(uses: np.ndarray, feature: str, examples: int,
               most: int | None) -> tuple[bool, str]:
-    """(whether the counts hold, their line): `examples` used in the applied updates, and at
-    most `most` uses an id (--epochs; None: --train-steps, no bound)."""
-    counts = np.rint(np.asarray(uses)).astype(np.int64)
+    """(whether the counts hold, their line). uses[id] = (its uses, the sum of 2**p over them,
+    p each use's pass from 0): `examples` used in the applied updates, each id at most once a
+    pass (its uses as many as its bits: a pass that used it twice carries into another bit),
+    and in none of the passes after `most` (--epochs; None: --train-steps)."""
+    counts, bits = (np.rint(np.asarray(uses)[:, k]).astype(np.int64) for k in (0, 1))
     used = np.flatnonzero(counts)
     total = int(counts.sum())
-    times = dict(zip(*(x.tolist() for x in np.unique(counts[used], return_counts=True))))
-    how = (f"each of {len(used):,} used exactly {_times(next(iter(times)))}" if len(times) == 1
-           else f"{len(used):,} used: " + ", ".join(
-               f"{n:,} {_times(t)}" for t, n in sorted(times.items(), reverse=True)))
+    passes = [int(np.count_nonzero(bits[used] >> p & 1))
+              for p in range(int(bits.max(initial=0)).bit_length())]
+    full = (1 << len(passes)) - 1
+    how = (f"each of {len(used):,} used exactly once in {_passes(len(passes))}"
+           if len(used) and (bits[used] == full).all() else
+           f"{len(used):,} used: " + ", ".join(f"{n:,} in pass {p + 1}"
+                                              for p, n in enumerate(passes)))
     problems = []
     if total != examples:
         problems.append(f"{total:,} uses counted for {examples:,} examples used")
-    if most is not None and counts.max(initial=0) > most:
-        over = used[counts[used] > most]
-        problems.append(f"{len(over):,} ids used more than the {_times(most)} of --epochs "
-                        f"{most} (id {', '.join(map(str, over[:3].tolist()))}"
-                        f"{' ...' if len(over) > 3 else ''})")
+    twice = used[counts[used] != _bit_counts(bits[used])]
+    if len(twice):
+        problems.append(f"{len(twice):,} ids used twice in one pass ({_some(twice)})")
+    if most is not None and len(passes) > most:
+        late = used[bits[used] >> most > 0]
+        problems.append(f"{len(late):,} ids used after the {_passes(most)} of --epochs {most} "
+                        f"({_some(late)})")
     if problems:
         return False, f"NOT each once a pass: ids of {feature}: {how}; " + "; ".join(problems)
-    return True, (f"ids of {feature}: {how}; {total:,} uses, one for each example used" +
-                  (f", none more than --epochs {most}" if most is not None else ""))
+    return True, f"ids of {feature}: {how}; {total:,} uses, one for each example used"
 
 
-def _times(n: int) -> str:
-    return "once" if n == 1 else f"{n} times"
+def _passes(n: int) -> str:
+    return "pass 1" if n == 1 else f"passes 1-{n}"
+
+
+def _bit_counts(bits: np.ndarray) -> np.ndarray:
+    return np.array([bin(b).count("1") for b in bits.tolist()], np.int64)
+
+
+def _some(ids: np.ndarray) -> str:
+    return f"id {', '.join(map(str, ids[:3].tolist()))}{' ...' if len(ids) > 3 else ''}"
 
 
 def _not_once(parts: dict[int, tuple[int, int]]) -> str | None:

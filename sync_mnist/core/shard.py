@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from sync_mnist.core import coverage
+from sync_mnist.core.coverage import COUNTED_PASSES
 
 
 class DataError(Exception):
@@ -24,6 +25,14 @@ def check_ids(ids, feature: str, bound: int, where: str) -> None:
         raise DataError(f"--count-examples {feature}: {where} has id {outside.flat[0]}, outside "
                         f"0-{bound - 1:,} (--count-examples-ids {bound:,}): number the ids from "
                         "0, or raise --count-examples-ids")
+
+
+def check_pass(passed: int, feature: str, where: str) -> None:
+    """Raises DataError where --count-examples cannot tell pass `passed` (from 0) apart."""
+    if passed >= COUNTED_PASSES:
+        raise DataError(f"--count-examples {feature}: {where} is of pass {passed + 1}, and the "
+                        f"counts tell up to {COUNTED_PASSES} passes apart: give fewer "
+                        "--train-steps, or leave out --count-examples")
 
 
 class Shard:
@@ -137,6 +146,10 @@ class Shard:
 
     def resume_from(self, blobs) -> None:
         """Nothing to resume: see position()."""
+
+    def pass_of(self, step: int) -> int:
+        """The pass (from 0) that batch `step` belongs to."""
+        return step // self.batches_per_epoch
 
     def batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         """Returns the batch for global step `step`: its features (as stored) and labels.

@@ -89,16 +89,13 @@ class Stream:
     took an `input_context`), it is not cut again; else it is cut here: by file where every
     worker's files give it at least one batch, else by record (tf.data's FILE, or DATA,
     auto-sharding; every worker decides alike, from the same files). `plan` says what this
-    worker reads, for the data verdict (coverage.py). `epochs`: passes over the shard, None to
-    repeat it without end (--train-steps). Raises DataError for a dataset that cannot be
-    trained on.
-    """
+    worker reads, for the data verdict (coverage.py). `epochs`: passes over the shard, None
+    without end (--train-steps). Raises DataError for a dataset that cannot be trained on."""
 
     def __init__(self, graph: tf.Graph, dataset: tf.data.Dataset, *, index: int,
-                 num_workers: int, batch_size: int, epochs: int | None, sharded: bool,
-                 what: str):
+                 num_workers: int, batch_size: int, epochs: int | None, sharded: bool, what: str):
         self._graph, self._what, self._batch_size = graph, what, batch_size
-        self._index, self._position, self._dataset = index, 0, dataset
+        self._index, self._position, self._dataset, self._pass = index, 0, dataset, 0
         self._pending: collections.deque = collections.deque()  # of the group last read
         self._read_to = 0  # the batch the next group begins with
         with graph.as_default():
@@ -123,7 +120,7 @@ class Stream:
             else:
                 batches = _cut(self._graph, dataset, policy, index, num_workers).batch(
                     batch_size, drop_remainder=True)
-            batches = batches.repeat(epochs).skip(self._start)
+            batches = _passes(batches, epochs).skip(self._start)
             if self._group > 1:
                 batches = batches.batch(self._group)
             iterator = _iterator(batches.prefetch(PREFETCH))
@@ -131,7 +128,7 @@ class Stream:
             self._positions = _Positions(iterator, _fingerprint(self, epochs, num_workers),
                                          _external_state_policy(graph))
         self._seek(0)
-        self._built_with = _shapes(self._ahead)  # what the model's placeholders are made from
+        self._built_with = _shapes(self._ahead and self._ahead[0])  # the model's placeholders
         if self._ahead is None:
             raise _no_batch(self, num_workers)
 
@@ -146,14 +143,20 @@ class Stream:
             raise DataError(f"{self._what}'s input has no batch {step}: it ended before it")
         # In a group every feature's shape is fixed (group_size), so its batches' cannot
         # differ: checked where a batch is read alone, 10 us of a step's Python saved.
-        if self._group == 1 and (shapes := _shapes(self._ahead)) != self._built_with:
+        if self._group == 1 and (shapes := _shapes(self._ahead[0])) != self._built_with:
             where, got, first = _difference(shapes, self._built_with)
             raise DataError(f"{self._what}: batch {step} of worker {self._index}'s input has "
                             f"{where} of {got}; the model was built with {first} (the first "
                             "batch's)")
-        current, self._position = self._ahead, step + 1
+        (current, self._pass), self._position = self._ahead, step + 1
         self._ahead = self._following()
         return current
+
+    def pass_of(self, step: int) -> int:
+        """The pass (from 0) of batch `step`, which batch() returned last."""
+        if step != self._position - 1:
+            raise ValueError(f"the pass of batch {step}: batch() returned {self._position - 1} last")
+        return self._pass
 
     def ends_after(self, step: int) -> bool:
         """Whether batch `step`, which batch() returned last, is the stream's last."""
@@ -199,12 +202,13 @@ class Stream:
         (read in one run); None at the input's end."""
         if not self._pending:
             first, last = self._read_to, self._read_to + self._group - 1
-            group = self._run(self._next, where=(
+            read = self._run(self._next, where=(
                 f"batch {first}" if first == last else f"batches {first} to {last}") +
                 f" of worker {self._index}'s input")
-            if group is None:
+            if read is None:
                 return None
-            self._pending.extend(_split(group) if self._group > 1 else [group])
+            self._pending.extend(zip(_split(read[0]), read[1].tolist()) if self._group > 1
+                                 else [(read[0], int(read[1]))])  # (batch, its pass)
             self._read_to += len(self._pending)
             if self._read_to // POSITION_EVERY > self._positions.last // POSITION_EVERY:
                 self._positions.save(self._sess, self._read_to)
@@ -366,6 +370,15 @@ def _columns(spec) -> list:
     """The specs of an element (features, labels): each feature's, then the labels'."""
     features, labels = spec
     return [*(features.values() if isinstance(features, dict) else [features]), labels]
+
+
+def _passes(one_pass: tf.data.Dataset, epochs: int | None) -> tf.data.Dataset:
+    """`one_pass` `epochs` times over (None: without end), each batch with its pass's number
+    (from 0): (batch, pass), for --count-examples. The user's options stay the pipeline's."""
+    passes = tf.data.Dataset.range(epochs) if epochs is not None else \
+        tf.data.Dataset.counter()
+    return passes.flat_map(lambda p: one_pass.map(lambda *batch: (batch, p))).with_options(
+        one_pass.options())
 
 
 def _split(group) -> list:

@@ -79,22 +79,25 @@ def build_shared_state(num_workers: int, global_step: tf.Variable | None = None)
 
 
 def build_example_uses(num_ids: int) -> tf.Variable:
-    """--count-examples: each id's uses in applied updates, on ps 0 beside the counters. Saved
-    with the model, so a ps restored from a checkpoint has the counts of its updates."""
+    """--count-examples: each id's uses in applied updates, and in which passes (coverage.py's
+    judge_ids), on ps 0 beside the counters. Saved with the model, so a ps restored from a
+    checkpoint has the counts of its updates."""
     with tf1.device("/job:ps/task:0"), tf1.variable_scope("sync_counters"):
-        return tf1.get_variable("example_uses", [num_ids], tf.float32, tf1.zeros_initializer(),
-                                trainable=False)
+        return tf1.get_variable("example_uses", [num_ids, 2], tf.float32,
+                                tf1.zeros_initializer(), trainable=False)
 
 
-def example_uses_delta(ids: tf.Tensor, uses: tf.Variable,
+def example_uses_delta(ids: tf.Tensor, passed: tf.Tensor, uses: tf.Variable,
                        replicas: int) -> tuple[tf.IndexedSlices, tf.Variable]:
     """(d, uses) to push beside the gradients as a state delta, so that the update that averages
-    this push adds 1 to uses[id] for each of the batch's ids: -replicas a use, summed over the
-    pushes and divided by R (_Update._mean), then subtracted (_WithState). Whole numbers all
-    the way, so the counts are exact; a push a restart threw away is never counted, as its
-    gradient is never applied."""
+    this push adds (1, 2**passed) to uses[id] for each of the batch's ids (`passed`: the batch's
+    pass, from 0): -replicas times that, summed over the pushes and divided by R
+    (_Update._mean), then subtracted (_WithState). Whole numbers all the way (below 2**24 with
+    at most COUNTED_PASSES passes), so the counts are exact; a push a restart threw away is
+    never counted, as its gradient is never applied."""
     ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
-    values = tf.fill(tf.shape(ids), tf.constant(-float(replicas)))
+    use = tf.stack([1.0, tf.pow(2.0, tf.cast(passed, tf.float32))]) * -float(replicas)
+    values = tf.tile(use[None], [tf.size(ids), 1])
     return tf.IndexedSlices(values, ids, tf.constant(uses.shape.as_list(), tf.int64)), uses
 
 

@@ -38,6 +38,7 @@ class WorkerGraph(NamedTuple):
     # (a variable cut over the ps, whole): what --warm-start-from may initialise.
     model_variables: tuple[str, ...] = ()
     example_uses: tf.Variable | None = None  # --count-examples: each id's uses (sync.py)
+    example_pass: tf.Tensor | None = None  # --count-examples: the batch's pass, fed (from 0)
     positions: stream.PositionVars | None = None  # each worker's saved input positions
 
     @property
@@ -45,9 +46,12 @@ class WorkerGraph(NamedTuple):
         """Variables on the ps that checkpoints leave out."""
         return self.members.transient + self.stop_vars.transient
 
-    def feed(self, features, labels) -> dict:
-        """The feed_dict of one batch."""
-        return {**placement.feed(self.features, features), self.labels: labels}
+    def feed(self, features, labels, passed: int = 0) -> dict:
+        """The feed_dict of one batch, of pass `passed` (from 0)."""
+        feed = {**placement.feed(self.features, features), self.labels: labels}
+        if self.example_pass is not None:
+            feed[self.example_pass] = passed
+        return feed
 
 
 def build_graph(config: TaskConfig, model: api.Model, example: tuple, num_tokens: int = 0,
@@ -88,7 +92,7 @@ def build_graph(config: TaskConfig, model: api.Model, example: tuple, num_tokens
         # (moving statistics) are averaged over the workers once per update (audit.py).
         audit.check_step([spec.loss, *spec.train_metrics.values()], built.ops)
         state_deltas = audit.state_deltas(built.update_ops, built.ops, built.state)
-        uses = _example_uses(train, features, config.train.aggregate(n), state_deltas)
+        uses, passed = _example_uses(train, features, config.train.aggregate(n), state_deltas)
         optimizer = spec.optimizer or _command_line_optimizer(train, decay_steps, target,
                                                               shared.state.global_step)
         # Sync: each update may latch the stop, asked for by --target-accuracy or a preempted
@@ -106,7 +110,7 @@ def build_graph(config: TaskConfig, model: api.Model, example: tuple, num_tokens
     report_done = tf.group(*[q.enqueue(i) for q in shared.done_queues])
     return WorkerGraph(features, labels, spec, model_settings, shared.state, training,
                        shared.members, report_done, shared.stop, stop,
-                       tuple(r.name for r in recorded), uses, stream.build_position_vars(n))
+                       tuple(r.name for r in recorded), uses, passed, stream.build_position_vars(n))
 
 
 def _command_line_optimizer(train, decay_steps: int | None, target: int | None,
@@ -121,15 +125,18 @@ def _command_line_optimizer(train, decay_steps: int | None, target: int | None,
                                      decay_steps=decay_steps, global_step=global_step)
 
 
-def _example_uses(train, features, replicas: int, state_deltas: list) -> tf.Variable | None:
+def _example_uses(train, features, replicas: int,
+                  state_deltas: list) -> tuple[tf.Variable | None, tf.Tensor | None]:
     """--count-examples: each id's uses, counted by the updates themselves (sync.py), its
-    delta appended to `state_deltas`; None without the option."""
+    delta appended to `state_deltas`, and the placeholder of the batch's pass; Nones without
+    the option."""
     if not train.count_examples:
-        return None
+        return None, None
     uses = sync.build_example_uses(train.count_examples_ids)
-    state_deltas.append(sync.example_uses_delta(_ids(features, train.count_examples), uses,
-                                                replicas))
-    return uses
+    passed = tf1.placeholder(tf.int32, [], name="example_pass")
+    state_deltas.append(sync.example_uses_delta(_ids(features, train.count_examples), passed,
+                                                uses, replicas))
+    return uses, passed
 
 
 def _ids(features, name: str) -> tf.Tensor:

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from sync_mnist.core import early_stop, stream, sync
 from sync_mnist.core.config import TaskTimeout, first_line
-from sync_mnist.core.shard import check_ids
+from sync_mnist.core.shard import check_ids, check_pass
 from sync_mnist.task import preemption, progress_log
 
 log = logging.getLogger(__name__)
@@ -54,14 +54,18 @@ class BatchFeed(tf.compat.v1.train.SessionRunHook):
                          and w.aggregate == w.config.cluster.num_workers)
         self.step: int | None = None  # the step whose batch is fed; None: before training
         self._batch = None
+        self._pass = 0  # the batch's pass, from 0 (--count-examples counts the uses by pass)
 
     def use(self, step: int):
         """The batch of `step` (features, labels), fed to the runs that follow."""
         self.step, self._batch = step, self.w.shard.batch(step)
         train = self.w.config.train
         if train.count_examples:
+            where = f"batch {step} of worker {self.w.config.index}"
             check_ids(self._batch[0][train.count_examples], train.count_examples,
-                      train.count_examples_ids, f"batch {step} of worker {self.w.config.index}")
+                      train.count_examples_ids, where)
+            self._pass = self.w.shard.pass_of(step)
+            check_pass(self._pass, train.count_examples, where)
         return self._batch
 
     def after_create_session(self, session, coord) -> None:
@@ -75,7 +79,8 @@ class BatchFeed(tf.compat.v1.train.SessionRunHook):
     def before_run(self, run_context):
         if self._batch is None:
             return None
-        return tf.compat.v1.train.SessionRunArgs(None, feed_dict=self.w.g.feed(*self._batch))
+        return tf.compat.v1.train.SessionRunArgs(None, feed_dict=self.w.g.feed(*self._batch,
+                                                                            self._pass))
 
 
 @dataclasses.dataclass

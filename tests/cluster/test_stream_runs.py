@@ -205,12 +205,13 @@ def test_count_examples_counts_each_id_s_uses_on_the_ps_whatever_the_optimizer(p
     assert record["data_verdict"] == (
         "each of 4 files read whole by exactly one worker, covered once (cut by file, by the "
         "package); 64 examples used in applied updates (32, 32 a worker); ids of id: each of 32 "
-        "used exactly 2 times; 64 uses, one for each example used, none more than --epochs 2")
+        "used exactly once in passes 1-2; 64 uses, one for each example used")
     uses = stream_model.uses(tf.train.latest_checkpoint(str(logdir)), 2)
     counted = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(logdir))).get_tensor(
         "sync_counters/example_uses")
-    assert uses[:32].tolist() == [2] * 32 and counted.tolist() == [2.0] * 32 + [0.0] * (
-        len(counted) - 32)
+    # Each id: 2 uses, in passes 0 and 1 (2**0 + 2**1)
+    assert uses[:32].tolist() == [2] * 32 and counted.tolist() == [[2.0, 3.0]] * 32 + [
+        [0.0, 0.0]] * (len(counted) - 32)
 
 
 def test_an_id_beyond_count_examples_ids_is_bad_input_naming_it(tmp_path):

@@ -62,22 +62,33 @@ def test_a_plan_reads_back_as_it_was_written():
     assert Plan.from_json(plan.to_json()) == plan
 
 
-def test_ids_counted_once_for_each_example_used_and_within_the_passes_hold():
-    uses = np.array([2.0, 2.0, 1.0, 0.0, 2.0])
-    ok, line = judge_ids(uses, "id", 7, most=2)
-    assert ok and line == ("ids of id: 4 used: 3 2 times, 1 once; 7 uses, one for each example "
-                           "used, none more than --epochs 2")
-    ok, line = judge_ids(np.array([1.0, 1.0, 0.0]), "id", 2, most=None)
-    assert ok and line == "ids of id: each of 2 used exactly once; 2 uses, one for each example used"
+def _uses(*passes_of_each_id) -> np.ndarray:
+    """example_uses as the ps counts it: an id's uses, and 2**p summed over them."""
+    return np.array([[len(ps), sum(2.0 ** p for p in ps)] for ps in passes_of_each_id])
 
 
-def test_ids_used_more_than_the_passes_or_uses_not_counted_are_not_covered():
-    ok, line = judge_ids(np.array([1.0, 2.0, 1.0, 2.0, 2.0, 2.0]), "id", 10, most=1)
-    assert not ok and line == ("NOT each once a pass: ids of id: 6 used: 4 2 times, 2 once; 4 ids "
-                               "used more than the once of --epochs 1 (id 1, 3, 4 ...)")
-    ok, line = judge_ids(np.array([1.0, 1.0]), "id", 3, most=None)
+def test_ids_counted_once_for_each_example_used_and_once_a_pass_hold():
+    ok, line = judge_ids(_uses([0, 1], [0, 1], [0], [], [1, 0]), "id", 7, most=2)
+    assert ok and line == ("ids of id: 4 used: 4 in pass 1, 3 in pass 2; 7 uses, one for each "
+                           "example used")
+    ok, line = judge_ids(_uses([0, 1, 2], [], [2, 1, 0]), "id", 6, most=3)
+    assert ok and line == ("ids of id: each of 2 used exactly once in passes 1-3; 6 uses, one "
+                           "for each example used")
+    ok, line = judge_ids(_uses([0], [0], []), "id", 2, most=None)
+    assert ok and line == "ids of id: each of 2 used exactly once in pass 1; 2 uses, one for " \
+        "each example used"
+
+
+def test_ids_used_twice_in_a_pass_after_the_passes_or_not_counted_are_not_covered():
+    # ids 1 and 3 twice in pass 1 and never in pass 2: as many uses as two passes once each
+    ok, line = judge_ids(_uses([0, 1], [0, 0], [0, 1], [0, 0]), "id", 8, most=2)
+    assert not ok and line == ("NOT each once a pass: ids of id: 4 used: 2 in pass 1, 4 in "
+                               "pass 2; 2 ids used twice in one pass (id 1, 3)")
+    ok, line = judge_ids(_uses([0, 1], [0], [0, 1], [1], [1]), "id", 7, most=1)
+    assert not ok and line.endswith("; 4 ids used after the pass 1 of --epochs 1 (id 0, 2, 3 ...)")
+    ok, line = judge_ids(_uses([0], [0]), "id", 3, most=None)
     assert not ok and line.endswith("; 2 uses counted for 3 examples used")
-    data = with_ids(judge([Plan("m", {"<r>": (0, 1)})], [3], 1), np.array([1.0, 1.0]), "id",
+    data = with_ids(judge([Plan("m", {"<r>": (0, 1)})], [3], 1), _uses([0], [0]), "id",
                     [3], 1, None)
     assert data.covered is False and data.line.startswith("r, cut into 1 disjoint parts")
 
@@ -89,7 +100,9 @@ def test_count_examples_is_for_synchronous_runs_of_ids_from_zero_within_a_bound(
     for kwargs, message in (({"mode": "async"}, "--count-examples id counts uses in the "
                              "synchronous updates: it needs --mode sync"),
                             ({"count_examples_ids": 0}, "--count-examples-ids must be "
-                             "1-100,000,000 (a float32 on ps 0 for each), got 0"),
+                             "1-50,000,000 (two float32 on ps 0 for each), got 0"),
+                            ({"epochs": 17}, "--count-examples id tells up to 16 passes "
+                             "apart, got --epochs 17"),
                             ({"count_examples": ""}, "--count-examples must name a feature")):
         with pytest.raises(ConfigError, match=re.escape(message)):
-            TrainConfig(epochs=1, **{"count_examples": "id", **kwargs})
+            TrainConfig(**{"epochs": 1, "count_examples": "id", **kwargs})

@@ -407,6 +407,28 @@ def test_a_restart_reads_its_input_from_the_latest_saved_position_not_from_the_s
     assert other._positions.before(170) is None
 
 
+def test_each_batch_knows_its_pass_through_a_restart_across_the_pass_s_end(tmp_path,
+                                                                         monkeypatch):
+    """--count-examples counts each use by its pass: the stream tags each batch with it, and a
+    stream restored from a position in pass 1 tags the batches of pass 2 as such."""
+    from sync_mnist.core import stream as stream_lib
+
+    monkeypatch.setattr(stream_lib, "POSITION_EVERY", 16)
+    files = stream_model.write(tmp_path, [50] * 4)  # 25 batches of 4 a worker a pass
+    first, passes, blobs = _stream(files, shuffle=True, epochs=3), [], []
+    for step in range(75):
+        first.batch(step)
+        passes.append(first.pass_of(step))
+        blobs += [b for b in [first.position()] if b is not None]
+    assert passes == [0] * 25 + [1] * 25 + [2] * 25 and first.ends_after(74)
+    restarted = _stream(files, shuffle=True, epochs=3)
+    restarted.resume_from(blobs[:1])  # batch 16, in pass 1
+    assert [(restarted.batch(s), restarted.pass_of(s))[1] for s in range(20, 55)] == \
+        passes[20:55]
+    with pytest.raises(ValueError, match="the pass of batch 3: batch\\(\\) returned 54 last"):
+        restarted.pass_of(3)
+
+
 def test_a_position_is_saved_unless_tf_data_refuses_the_input_s_state(tmp_path, monkeypatch,
                                                                       caplog):
     """The package's own stateful ops keep no state (a block's DeepCopy, a parse's Assert):

@@ -20,12 +20,12 @@ SIZES = [600] * 4  # 2,400 examples: 300 batches of 4 per worker, files 0 and 2 
 EXAMPLES, UPDATES = sum(SIZES), sum(SIZES) // 2 // 4
 
 
-def _launch(processes, tmp_path, spec: str, run: int, *extra: str):
+def _launch(processes, tmp_path, spec: str, run: int, *extra: str, epochs: int = 1):
     """A run of the model with Adam (its count by SGD), each id's uses counted by the ps."""
     summary = tmp_path / f"cluster-{run}.json"
     launcher = processes.launcher(
         "--model", spec.replace(":MODEL", ":ADAM"), "--base-port", "0", "--isolate", "off",
-        "--workers", "2", "--epochs", "1", "--batch-size", "4", "--log-every", "10",
+        "--workers", "2", "--epochs", str(epochs), "--batch-size", "4", "--log-every", "10",
         "--timeout", "60", "--logdir", str(tmp_path / "logdir"), "--summary-json", str(summary),
         "--count-examples", "id", *extra)
     return launcher, summary
@@ -37,16 +37,17 @@ def _signal_worker_1_at_step(launcher, signum, step: int = 30) -> None:
     os.kill(pid, signum)
 
 
-def _every_example_used_once(tmp_path, record: dict) -> None:
+def _every_example_used_once(tmp_path, record: dict, epochs: int = 1) -> None:
     """Counted twice: by the model's own count, and by the ps (--count-examples, whatever the
-    optimizer), which the data verdict reports."""
+    optimizer), which the data verdict reports pass by pass."""
     uses = stream_model.uses(tf.train.latest_checkpoint(str(tmp_path / "logdir")), 2)
-    assert uses[:EXAMPLES].tolist() == [1] * EXAMPLES, {
-        "twice": int((uses == 2).sum()), "never": int((uses[:EXAMPLES] == 0).sum())}
+    assert uses[:EXAMPLES].tolist() == [epochs] * EXAMPLES, {
+        "more": int((uses > epochs).sum()), "fewer": int((uses[:EXAMPLES] < epochs).sum())}
     assert record["data_covered"] is True, record["data_verdict"]
+    passes = "pass 1" if epochs == 1 else f"passes 1-{epochs}"
     assert record["data_verdict"].endswith(
-        f"ids of id: each of {EXAMPLES:,} used exactly once; {EXAMPLES:,} uses, one for each "
-        "example used, none more than --epochs 1"), record["data_verdict"]
+        f"ids of id: each of {EXAMPLES:,} used exactly once in {passes}; "
+        f"{EXAMPLES * epochs:,} uses, one for each example used"), record["data_verdict"]
 
 
 def test_a_worker_killed_mid_epoch_and_restarted_uses_each_example_once(processes, tmp_path):
@@ -106,19 +107,25 @@ def test_a_worker_killed_late_in_its_epoch_reads_from_its_saved_position(process
     assert processes_mentioning(str(tmp_path)) == []
 
 
-def test_the_ps_killed_mid_epoch_and_restored_uses_each_example_once(processes, tmp_path):
+def test_the_ps_killed_in_the_second_pass_and_restored_uses_each_example_once_a_pass(
+        processes, tmp_path):
     """The updates since the last checkpoint are lost with the ps and made again: each from the
-    batches of its own number, so over the run every example counts in one update."""
+    batches of its own number, so every example counts in one update a pass. Killed in pass 2,
+    the workers go back to the checkpoint's update, their input from the position saved in
+    pass 1 (batch 256) and on across the pass's end (batch 300)."""
     spec = stream_model.place(tmp_path / "data", SIZES)
     launcher, summary = _launch(processes, tmp_path, spec, 1, "--max-restarts", "1",
-                                "--save-steps", "25")
+                                "--save-steps", "25", epochs=2)
     pid = int(launcher.wait_for_line(r"started ps 0 \(pid (\d+)\)", BOUND)[1])
-    launcher.wait_for_line(r"\[worker 0\] step=60 ", BOUND)
+    launcher.wait_for_line(r"\[worker 0\] step=330 ", BOUND)
     os.kill(pid, signal.SIGKILL)
 
     assert launcher.wait(BOUND) == EXIT_OK, launcher.output
     launcher.wait_for_line(r"ps 0 exited with code -9; restarting it", 1)
+    start = int(launcher.wait_for_line(r"\[worker 0\] starting my input at batch (\d+): from "
+                                       r"its position saved at batch 256", 1)[1])
+    assert UPDATES <= start <= 330
     record = read_json(summary)
-    assert record["synchronous"] is True and record["contributions"] == [UPDATES, UPDATES]
-    _every_example_used_once(tmp_path, record)
+    assert record["synchronous"] is True and record["contributions"] == [2 * UPDATES] * 2
+    _every_example_used_once(tmp_path, record, epochs=2)
     assert processes_mentioning(str(tmp_path)) == []
