@@ -106,3 +106,13 @@ def test_count_examples_is_for_synchronous_runs_of_ids_from_zero_within_a_bound(
                             ({"count_examples": ""}, "--count-examples must name a feature")):
         with pytest.raises(ConfigError, match=re.escape(message)):
             TrainConfig(**{"epochs": 1, "count_examples": "id", **kwargs})
+
+
+def test_a_batch_of_a_pass_the_counts_cannot_tell_apart_is_bad_input_naming_it():
+    from sync_mnist.core.shard import DataError, check_pass
+
+    check_pass(15, "id", "batch 4 of worker 1")  # pass 16: the last told apart
+    with pytest.raises(DataError, match=re.escape(
+            "--count-examples id: batch 400 of worker 1 is of pass 17, and the counts tell up "
+            "to 16 passes apart: give fewer --train-steps, or leave out --count-examples")):
+        check_pass(16, "id", "batch 400 of worker 1")
