@@ -141,8 +141,10 @@ class _ChiefSessionManager(tf1.train.SessionManager):
 
     def __init__(self, *, model_missing: tf.Tensor, model_size: int, status: SessionStatus,
                  checkpoint_dir: str | None, restore: Restorable | None, timeout: float,
-                 ps_hosts: Sequence[str], **kwargs):
+                 ps_hosts: Sequence[str], before_init: Callable[[], None] | None = None,
+                 **kwargs):
         super().__init__(**kwargs)
+        self._before_init = before_init
         self._model_missing, self._status = model_missing, status
         self._model_size = model_size
         self._checkpoint_dir, self._restore = checkpoint_dir, restore
@@ -150,6 +152,10 @@ class _ChiefSessionManager(tf1.train.SessionManager):
         self._timeout, self._ps_hosts = timeout, tuple(ps_hosts)
 
     def prepare_session(self, master, **kwargs):
+        if self._before_init is not None:
+            # The graph is final (the scaffold finalised it): what needs no session is written
+            # now, so that the chief is ready once the model is, as the other workers are.
+            self._before_init()
         # The stock part takes no RunOptions, and session creation none at all: bound it whole.
         return bounded_call(lambda: self._prepare(master, **kwargs), self._timeout,
                             f"the chief: waited {self._timeout:g} s for the ps "
@@ -201,8 +207,9 @@ class _ChiefSessionManager(tf1.train.SessionManager):
 
 class _ChiefSessionCreator(tf1.train.ChiefSessionCreator, _BoundedRecreation):
     def __init__(self, scaffold, master, config, *, checkpoint_dir, restore, model_missing,
-                 model_size, status, prepare_timeout, ps_hosts):
+                 model_size, status, prepare_timeout, ps_hosts, before_init=None):
         super().__init__(scaffold, master, config, checkpoint_dir=checkpoint_dir)
+        self._before_init = before_init
         self._model_missing, self._status_for_manager = model_missing, status
         self._restore = restore
         self._model_size = model_size
@@ -215,7 +222,7 @@ class _ChiefSessionCreator(tf1.train.ChiefSessionCreator, _BoundedRecreation):
                 status=self._status_for_manager,
                 checkpoint_dir=self._checkpoint_dir, restore=self._restore,
                 timeout=self._prepare_timeout,
-                ps_hosts=self._ps_hosts_for_manager,
+                ps_hosts=self._ps_hosts_for_manager, before_init=self._before_init,
                 local_init_op=self._scaffold.local_init_op,
                 local_init_feed_dict=self._scaffold.local_init_feed_dict,
                 ready_op=self._scaffold.ready_op,
@@ -290,12 +297,7 @@ def monitored_session(master: str, *, is_chief: bool, hooks: list, config: tf1.C
             ready_for_local_init_op=tf1.report_uninitialized_variables(kept),
             local_init_op=tf.group(tf1.train.Scaffold.default_local_init_op(),
                                    *[_init_if_uninitialized(v) for v in transient]))
-        creator = _ChiefSessionCreator(
-            scaffold, master, config, checkpoint_dir=checkpoint_dir, restore=restore,
-            status=status,
-            model_missing=tf1.report_uninitialized_variables(everything),
-            model_size=len(everything),
-            prepare_timeout=bound, ps_hosts=ps_hosts)
+        saver_hook = None
         if checkpoint_dir:
             saver_hook = _SharedCheckpointSaverHook(
                 checkpoint_dir, timeout=bound, ps_hosts=ps_hosts, status=status, events=events,
@@ -303,6 +305,11 @@ def monitored_session(master: str, *, is_chief: bool, hooks: list, config: tf1.C
                 scaffold=scaffold)
             hooks.append(saver_hook)
             status.final_save = _BoundedHook(saver_hook, bound, ps_hosts).end
+        creator = _ChiefSessionCreator(
+            scaffold, master, config, checkpoint_dir=checkpoint_dir, restore=restore,
+            status=status, model_missing=tf1.report_uninitialized_variables(everything),
+            model_size=len(everything), prepare_timeout=bound, ps_hosts=ps_hosts,
+            before_init=saver_hook.write_graph if saver_hook else None)
     else:
         scaffold = tf1.train.Scaffold()
         creator = _PromptWorkerSessionCreator(scaffold, master, config, max_wait_secs=timeout)

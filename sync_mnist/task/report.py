@@ -273,9 +273,10 @@ def _timings(workers: list[TaskResult], chief, tasks) -> dict:
     return {
         "startup_s": max((r.startup_s for r in workers if r.startup_s), default=None),
         "train_s": max((r.train_s for r in workers if r.train_s), default=None),
-        # Sync: how long after the chief the last worker was ready, and how long after the
-        # last step the last process exited.
-        "ready_lag_s": max(ready) - chief_ready if chief_ready else None,
+        # Sync: how long after the first worker the last was ready (the chief among them: a
+        # late chief holds every other up), and how long after the last step the last process
+        # exited.
+        "ready_lag_s": max(ready) - min(ready) if ready else None,
         "ready_after_chief_s": [started(r) - chief_ready if started(r) else None
                                 for r in workers] if chief_ready else None,
         "chief_wait_s": [r.chief_wait_s for r in workers],

@@ -104,9 +104,12 @@ def _ancestor_names(tensor: tf.Tensor) -> set[str]:
 
 
 class _NoSession:
-    """Stands in for MonitoredSession: only asks the creator for a session, as it does first."""
+    """Stands in for MonitoredSession: begins its hooks and asks the creator for a session, as
+    it does first."""
 
     def __init__(self, creator, hooks, stop_grace_period_secs):
+        for hook in hooks:
+            hook.begin()
         self.creator, self.session = creator, creator.create_session()
 
 
@@ -150,6 +153,7 @@ def test_chief_session_creator_uses_the_chiefs_session_manager(no_session, monke
     # Should TensorFlow use a stock manager after all, it gets no further than this either.
     monkeypatch.setattr(tf1.train.SessionManager, "prepare_session", prepare)
     with tf.Graph().as_default():
+        tf1.train.get_or_create_global_step()  # the checkpoint saver's begin needs one
         tf1.get_variable("v", [1])
         sessions.monitored_session("grpc://nowhere:1", is_chief=True, hooks=[], config=None,
                                   timeout=1.0, checkpoint_dir=str(tmp_path), save_steps=100)

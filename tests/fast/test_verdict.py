@@ -230,3 +230,9 @@ def test_a_restarted_worker_is_ready_at_its_first_life_and_its_restart_is_a_note
     summary = report.cluster_summary(results, tasks, wall=80.0)
     assert summary["ready_lag_s"] == pytest.approx(0.3)
     assert summary["ready_after_chief_s"] == pytest.approx([0.0, 0.3, 0.2])
+    # A chief ready last holds up the others: the lag says so (it read 0 s when it counted
+    # from the chief).
+    results[0].ready_at = 1002.0
+    summary = report.cluster_summary(results, tasks, wall=80.0)
+    assert summary["ready_lag_s"] == pytest.approx(1.8)
+    assert summary["ready_after_chief_s"] == pytest.approx([0.0, -1.7, -1.8])

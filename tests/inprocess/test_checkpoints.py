@@ -178,6 +178,32 @@ def test_chief_saves_every_save_secs_when_given_else_every_save_steps(tmp_path, 
     assert names == ["global_step"]
 
 
+def test_the_chief_writes_its_graph_files_before_it_initialises_the_model(tmp_path):
+    # Before: the stock hook wrote them after the initialisation, between the model being
+    # ready (the other workers' session then was) and the chief's own session: the chief was
+    # ready 1-2 s after the others in a run with --logdir, the files of a canned wide & deep
+    # graph most of that. Seen from the model's initialiser, which runs in this process.
+    graph_file = tmp_path / "graph.pbtxt"
+    server = tf.distribute.Server.create_local_server()
+    with tf.Graph().as_default():
+        tf1.train.get_or_create_global_step()
+        written = tf1.numpy_function(graph_file.exists, [], tf.bool)
+        at_init = tf1.get_variable("graph_written_at_init", initializer=tf.reshape(written, []))
+        try:
+            with sessions.monitored_session(server.target, is_chief=True, hooks=[],
+                                           config=None, timeout=10,
+                                           checkpoint_dir=str(tmp_path), save_steps=10) as sess:
+                assert sess.run(at_init), f"{graph_file} was not there when the model was " \
+                                          "initialised"
+        finally:
+            tf1.summary.FileWriterCache.clear()
+    # The rest as before: the graph and its meta graph in the events, and the first save.
+    assert _listed(tmp_path) == [0]
+    events = {e.WhichOneof("what") for path in tmp_path.glob("events.out.tfevents.*")
+              for e in tf1.train.summary_iterator(str(path))}
+    assert {"graph_def", "meta_graph_def"} <= events
+
+
 # ---------------------------------------------------------------------------- storage faults
 
 def _save_steps(logdir, steps):
