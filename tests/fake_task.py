@@ -19,6 +19,10 @@ restarted task). Every task's first process writes its pid to `ROLE-INDEX.pid`. 
                    1 as missing, as real ones do (in the message, and in the record's
                    `missing`, which is what the launcher reads). Restarted, every worker ends
                    as in `ok`.
+  frozen-worker-waited  as frozen-worker, but the others then say they wait for the
+                   replacement of worker 1 (report.WAITING_FOR_REPLACEMENT), as real ones do
+                   with --restart-grace, and wait (--restart-grace) until a second process of
+                   worker 1 has started; then every worker ends as in `ok`, none restarted.
   slow-replacement every worker's first process logs a progress line, then worker 1's kills
                    itself (SIGKILL); its second process takes 3 x --timeout to start, while the
                    others' first processes exit 200 after 2 x --timeout naming worker 1 as
@@ -84,6 +88,7 @@ def main() -> int:
     parser.add_argument("--index", type=int)
     parser.add_argument("--worker-hosts")
     parser.add_argument("--timeout", type=float, default=1.0)
+    parser.add_argument("--restart-grace", type=float, default=5.0)
     parser.add_argument("--summary-json", type=Path)
     args, _ = parser.parse_known_args(sys.argv[3:])
     workers = len(args.worker_hosts.split(","))
@@ -136,6 +141,27 @@ def main() -> int:
                      "(nothing listens at localhost:1)", missing=["ps 0"])
     if behaviour == "lost-backup" and args.index == 2:
         os.kill(os.getpid(), signal.SIGKILL)
+    if behaviour == "frozen-worker-waited" and run == 1:
+        print(f"[worker {args.index}] step=2 global_step=2/4 loss=0.1 accuracy=0.9 "
+              f"examples_per_sec=100 contributions=[2, 2, 2]", flush=True)
+        if args.index == 1:
+            os.kill(os.getpid(), signal.SIGSTOP)  # until the launcher kills it
+        frozen = int(_read_when_written(marks / "worker-1.pid"))
+        deadline = time.monotonic() + START_SECS
+        while not _stopped(frozen) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(args.timeout)  # waited for an update that worker 1 holds up
+        print(f"[worker {args.index}] warning: waited {args.timeout:g} s for an update after "
+              "local step 2; contributions so far [2, 2, 2]; missing: worker 1 (no gradient "
+              f"for update 3); {report.WAITING_FOR_REPLACEMENT} worker 1, for up to "
+              f"--restart-grace {args.restart_grace:g} s more", flush=True)
+        runs_of_1 = marks / "worker-1-runs"
+        deadline = time.monotonic() + args.restart_grace
+        while len(runs_of_1.read_text().split()) < 2:
+            if time.monotonic() > deadline:
+                return _fail(args, config_lib.EXIT_TIMEOUT, f"worker {args.index}: no "
+                             "replacement of worker 1", missing=["worker 1"])
+            time.sleep(0.05)
     if behaviour == "frozen-worker" and run == 1:
         # Training had begun: the launcher has seen the cluster make progress with worker 1 in it.
         print(f"[worker {args.index}] step=2 global_step=2/4 loss=0.1 accuracy=0.9 "

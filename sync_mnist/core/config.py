@@ -120,11 +120,14 @@ def first_line(error: Exception) -> str:
                if line.strip() and not line.strip().startswith("[[") and
                not line.startswith(("Detected at node", " "))]
         if own:  # a tf.data function's error says where it ran first: that is not the news
-            return _IN_DATASET_FUNCTION.sub("", own[0])
+            lines = [_IN_DATASET_FUNCTION.sub("", own[0]), *own[1:]]
+    if _FROM_TASK.match(lines[0]) and len(lines) > 1:  # where it ran, then what happened
+        return f"{lines[0]} {lines[1].strip()}"
     return lines[0]
 
 
 _GRAPH_EXECUTION = "Graph execution error:"
+_FROM_TASK = re.compile(r"^From /job:\w+/replica:\d+/task:\d+:$")
 _IN_DATASET_FUNCTION = re.compile(r"^Error in user-defined function passed to .*? "
                                   r"transformation with iterator: \S+: ")
 

@@ -9,6 +9,7 @@ with loopback only (netns.py, --isolate), so no one else can reach the cluster's
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import json
 import logging
@@ -80,6 +81,9 @@ class _Task:
         # A worker past the finish barrier and its done report: when (monotonic) it logged its
         # verdict.
         self.verdict_at: float | None = None
+        # The workers it said its update waits for past --timeout (report.WAITING_FOR_
+        # REPLACEMENT), for the policy to restart: appended by the reader thread.
+        self.replacements: collections.deque[list[str]] = collections.deque()
         self._argv, self._namespace = argv, namespace
         self._spawn()
 
@@ -124,6 +128,8 @@ class _Task:
                 self.first_ready = (len(self.pids), time.time())
         if f"[{self.tag}] verdict: " in line:
             self.verdict_at = time.monotonic()
+        if names := report.replacements_wanted(line):
+            self.replacements.append(names)
         line = line if f"[{self.tag}]" in line else f"[{self.tag}] {line}"
         if progress.parse(line):
             self.progressed = time.monotonic()
@@ -272,9 +278,9 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
             argv = [*TASK_COMMAND, "--role", role,
                     "--index", str(index), "--ps-hosts", ",".join(ps_hosts),
                     "--worker-hosts", ",".join(worker_hosts), *task_args,
-                    # Sync: the ps waits for the workers the launcher restarts.
+                    # Sync: the others wait for the tasks the launcher restarts.
                     *(["--restart-grace", f"{config_lib.START_SECS:g}"]
-                      if max_restarts and role == "ps" else []),
+                      if max_restarts else []),
                     *models.data_argv(train.data_options), "--summary-json", str(summary)]
             entry = network.entry(role, index) if network else namespace
             tasks.append(_Task(role, index, argv, summary, entry, display.task_line))
@@ -443,7 +449,8 @@ _FINAL_EXITS = (config_lib.EXIT_USAGE, *_ENDS)
 
 
 class _Policy:
-    """What the launcher does when a task exits: restart it, let it go, or stop the cluster.
+    """What the launcher does when a task exits, or says its update waits for other workers
+    (replace): restart it or them, let it go, or stop the cluster.
 
     `max_restarts` counts faults: a task that dies (a signal, a crash) or freezes is started
     again with the same command while fewer than `max_restarts` faults have been mended,
@@ -457,23 +464,14 @@ class _Policy:
     are the tasks that lost a ps restarted after they started (exit 201): a training step
     recovers from a lost ps by itself, but the finish (its barrier, the counters, the
     evaluation) fails on it. Failing a restart, a worker other than the chief may be left dead
-    while `spare_workers` allow (backups, R < N): the chief declares it lost and the rest
-    finish without it.
-
-    Once a worker has ended with its verdict (exit 0 or 3), it has passed the finish barrier:
-    every worker's last gradient is in, and the counters it read are final. A worker other
-    than the chief that fails after that is not needed again, and not restarted: the chief
-    (evaluating, writing the model, reporting done) and the others decide the run. A task
-    that fails after its own done report (the chief's export on a full disk) stops the
-    cluster: the ps has counted that report and may have ended. Which tasks still running at
-    the end a verified run did without: _spared_at_the_end.
+    while `spare_workers` allow (backups, R < N). A task that fails once the run is verified
+    is let go (_let_go); one that fails after its own done report stops the cluster.
     """
 
     def __init__(self, tasks: list[_Task], *, max_restarts: int, spare_workers: int,
                  timeout: float):
-        self._tasks, self._max, self._spare, self._timeout = (tasks, max_restarts,
-                                                              spare_workers, timeout)
-        self._made = 0
+        self._tasks, self._max, self._spare = tasks, max_restarts, spare_workers
+        self._timeout, self._made = timeout, 0
 
     def after_exit(self, task: _Task, code: int, when: str = "") -> bool:
         """Handles `task`'s exit with `code` (`when`: a phrase for the log, such as " before
@@ -547,6 +545,16 @@ class _Policy:
                       charged=False)
         return True
 
+    def replace(self, waiter: _Task, names: list[str]) -> None:
+        """Restarts (charged) the workers `names` that `waiter` said its update waits for past
+        --timeout (report.WAITING_FOR_REPLACEMENT), not `waiter`, which waits for them. One
+        still starting (another waiter named it first) is spared (_culprits)."""
+        for culprit in self._culprits(waiter, names):
+            if not self._restart(culprit, f"{waiter.tag} waited --timeout for an update that "
+                                          f"waits for {culprit.tag}; {culprit.tag}"):
+                return log.warning("%s waits for %s, and no restart is left (--max-restarts "
+                                   "%d)", waiter.tag, culprit.tag, self._max)
+
     def _mended(self, task: _Task) -> _Task | None:
         """The peer that `task`'s timeout names as missing which the policy restarted after
         `task`'s process started, if any; if it names none, a ps restarted since."""
@@ -561,15 +569,15 @@ class _Policy:
         return next((t for t in self._tasks if t.role == "ps" and t.restarted is not None
                      and t.restarted > task.spawned), None)
 
-    def _culprits(self, task: _Task) -> list[_Task]:
-        """The live tasks that `task`'s timeout names as missing.
+    def _culprits(self, task: _Task, named: list[str] | None = None) -> list[_Task]:
+        """The live tasks that `task`'s timeout names as missing (or `named`).
 
         A process still starting is spared, as its peers' waits are meant to spare it: one
         started after the cluster's latest progress line, within its start-up allowance
         (START_SECS + --timeout), that has not yet said it waits for the chief or is ready, is
         a replacement on its way, not the one that was waited for.
         """
-        named = _missing(task)
+        named = _missing(task) if named is None else named
         progressed = max((t.progressed for t in self._tasks if t.progressed), default=0.0)
         now = time.monotonic()
         return [t for t in self._tasks if t.tag in named and t is not task and not t.lost
@@ -726,6 +734,9 @@ def _exits(tasks: list[_Task], policy: _Policy, ps_serve_forever: bool,
     and whether a task it waits for still runs. The first worker seen ended by itself goes
     into `first_end`, with when."""
     running = False
+    for task in tasks:
+        while task.replacements:
+            policy.replace(task, task.replacements.popleft())
     for task in tasks:
         code = task.poll()
         if code is None:

@@ -18,7 +18,7 @@ from sync_mnist.core.sessions import SideSession
 from sync_mnist.task import hooks, report
 from sync_mnist.task.graph import WorkerGraph
 from sync_mnist.task.prepare import Worker
-from sync_mnist.task.lockstep import BatchFeed, no_silent_end
+from sync_mnist.task.lockstep import BatchFeed, no_silent_end, token_owed
 
 tf1 = tf.compat.v1
 log = logging.getLogger(__name__)
@@ -166,16 +166,11 @@ def _check_published(side: SideSession, members: membership.Membership, mine: di
 
 def rejoin(side: SideSession, g: WorkerGraph, index: int, options,
            timeout: float) -> int | None:
-    """With R = N: takes a token without pushing if this worker's predecessor left one.
-
-    Returns the token taken, or None when this worker should simply push. One reading decides:
-    an update puts the tokens into their owners' queues before it makes the new global step
-    visible, and the queue is read after global_step, so whoever reads the new step also finds
-    the predecessor's token (sync.build_train_op).
-    """
-    step, last_push, waiting = side.run(g.training.rejoin_reading, options=options)
-    step, last_push, waiting = int(step), int(last_push[index]), int(waiting)
-    if not sync.rejoin_needed(last_push=last_push, global_step=step, tokens_waiting=waiting):
+    """With R = N: takes a token without pushing if this worker's predecessor left one
+    (lockstep.token_owed). Returns the token taken, or None when this worker should simply
+    push."""
+    step = token_owed(side, g, index, options)
+    if step is None:
         return None
     try:
         return int(side.run(g.training.rejoin, options=options))

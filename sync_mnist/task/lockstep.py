@@ -13,8 +13,9 @@ import tensorflow as tf
 from sync_mnist.core import early_stop, stream, sync
 from sync_mnist.core.config import TaskTimeout, first_line
 from sync_mnist.core.shard import check_ids, check_pass
-from sync_mnist.task import preemption, progress_log
+from sync_mnist.task import preemption, progress_log, report
 
+tf1 = tf.compat.v1
 log = logging.getLogger(__name__)
 
 
@@ -81,6 +82,21 @@ class BatchFeed(tf.compat.v1.train.SessionRunHook):
             return None
         return tf.compat.v1.train.SessionRunArgs(None, feed_dict=self.w.g.feed(*self._batch,
                                                                             self._pass))
+
+
+def token_owed(side, g, index: int, options) -> int | None:
+    """With R = N: global_step, where this worker is owed the token of its last push without
+    pushing again (its gradient waits for the update, or the update left the token); else None.
+
+    One reading decides: an update puts the tokens into their owners' queues before it makes
+    the new global step visible, and the queue is read after global_step, so whoever reads the
+    new step also finds the token (sync.build_train_op).
+    """
+    step, last_push, waiting = side.run(g.training.rejoin_reading, options=options)
+    step, last_push, waiting = int(step), int(last_push[index]), int(waiting)
+    if not sync.rejoin_needed(last_push=last_push, global_step=step, tokens_waiting=waiting):
+        return None
+    return step
 
 
 @dataclasses.dataclass
@@ -161,8 +177,7 @@ class _StepRunner:
             token, loss, train_metrics, stop_step = self.sess.run(self.fetches,
                                                                   options=w.bounded)
         except tf.errors.DeadlineExceededError:
-            raise self._stalled(f"waited {w.config.train.timeout:g} s for an update after "
-                                f"local step {step}") from None
+            token, loss, train_metrics, stop_step = self._after_a_stall(step)
         if self.lockstep and token != step + 1:
             if self.joined.status.sessions == sessions:
                 # Sync: a token can only come from the update this push joined; another
@@ -173,7 +188,8 @@ class _StepRunner:
             log.warning("global_step went back from %d to %d: the ps was restored from "
                         "a checkpoint; training on from there", step + 1, token)
         self.steps_run += 1
-        self.progress.step(self.steps_run, loss, train_metrics)
+        if loss is not None:  # (a step that waited past a stall has none: _after_a_stall)
+            self.progress.step(self.steps_run, loss, train_metrics)
         self.last_token, self.stop_step = int(token), int(stop_step)
         if preemption.requested() and not self.asked_to_stop:
             # Sync: the next update is the cluster's last (early_stop.py)
@@ -194,6 +210,40 @@ class _StepRunner:
         except tf.errors.OpError as e:
             log.warning("could not keep my input's position on the ps (%s: %s): a restart "
                         "reads from an earlier one", type(e).__name__, first_line(e))
+
+    def _after_a_stall(self, step: int) -> tuple[int, float | None, dict, int]:
+        """What the step's run would have fetched (its loss and metrics lost), once it waited
+        --timeout for its update: where the update waits for other workers only, this worker
+        says so (report.WAITING_FOR_REPLACEMENT: a launcher restarts them at once) and waits
+        --restart-grace more for its token, its gradient already pushed. Else TaskTimeout.
+
+        Sync: a worker cut off, frozen or dead holds every other up; restarting each of them
+        too would turn one fault into N (found by make chaos: a partition of one worker
+        restarted all three).
+        """
+        w, g, side = self.w, self.w.g, self.joined.side
+        me, grace = f"worker {w.config.index}", w.config.train.restart_grace
+        what = f"waited {w.config.train.timeout:g} s for an update after local step {step}"
+        text, missing = progress_log.stalled(side, g.state, g.members, w.config)
+        stalled = TaskTimeout(f"{me}: {what}; {text}", missing=missing)
+        if not (self.lockstep and grace > 0 and missing and me not in missing
+                and all(m.startswith("worker ") for m in missing)):
+            raise stalled
+        stalled.handled()
+        log.warning("%s; %s; %s %s, for up to --restart-grace %g s more", what, text,
+                    report.WAITING_FOR_REPLACEMENT, ", ".join(missing), grace)
+        since, token = time.monotonic(), None
+        if token_owed(side, g, w.config.index, w.bounded) is not None:  # my push is in
+            try:
+                token = int(side.run(g.training.rejoin, options=tf1.RunOptions(
+                    timeout_in_ms=int(grace * 1000))))
+            except tf.errors.DeadlineExceededError:
+                pass
+        if token is None:
+            raise TaskTimeout(f"{me}: {what}, and --restart-grace {grace:g} s more for the "
+                              f"replacement of {', '.join(missing)}; {text}", missing=missing)
+        log.info("update %d came %.1f s later: training on", token, time.monotonic() - since)
+        return token, None, {}, int(side.run(g.stop_vars.stop_step, options=w.bounded))
 
     def _stalled(self, what: str) -> TaskTimeout:
         """A timeout of this worker's: what it waited for, what the ps says so far, and the

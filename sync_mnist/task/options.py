@@ -102,8 +102,9 @@ def _add_file_options(g) -> None:
                       help="seconds between checkpoints instead of --save-steps, with --logdir "
                            "(default: none: every --save-steps steps)")
     g.add_argument("--restart-grace", type=float, default=5.0,
-                   help="ps only: seconds past --timeout it waits without progress before it "
-                        "gives up, so that restarted workers can start; sync-mnist-cluster "
+                   help="seconds past --timeout a task waits for a restarted peer: a worker "
+                        "whose update waits for other workers, before it gives up (its own "
+                        "push made); the ps without progress; sync-mnist-cluster "
                         "--max-restarts sets 120 (default: 5)")
     g.add_argument("--preempt-grace", type=float, default=25.0, metavar="SECS",
                    help="on SIGTERM or SIGUSR1, the cluster stops on one update and the chief "

@@ -27,6 +27,9 @@ tf1 = tf.compat.v1
 log = logging.getLogger(__name__)
 
 POLL_SECS = 1.0  # the bound on each of the ps's own reads while it waits for done entries
+# What a worker's stall report takes at most past its own bound (reading the counters, probing
+# the ps): the ps gives up this much later, so that the workers speak first.
+SPEAK_FIRST_SECS = 10.0
 
 
 def start_server(config: TaskConfig):
@@ -186,10 +189,11 @@ class _Watch:
         idle = time.monotonic() - self.last_progress
         # Before the chief has initialised anything, allow for the workers' start-up too
         # (they import TensorFlow and load data, possibly on hosts started later). Once
-        # training runs, wait a little longer than the workers' own --timeout, so that they,
-        # who know more, speak first, and a worker restarted within --timeout finds its ps.
+        # training runs, wait a little longer than the workers' own bound (--timeout, then
+        # --restart-grace for a replacement: lockstep.py), so that they, who know more, speak
+        # first, and a worker restarted within it finds its ps.
         if idle > config.train.timeout + (
-                START_SECS if step is None else config.train.restart_grace):
+                START_SECS if step is None else config.train.restart_grace + SPEAK_FIRST_SECS):
             if not self.initialised:
                 raise TaskTimeout(self._never_initialised())
             seen = "global_step unread: ps 0 did not answer" if step is None else (

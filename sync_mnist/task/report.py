@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,17 @@ from sync_mnist.core import config as config_lib
 # Logged by a non-chief worker just before it waits for the chief; the launcher starts the chief
 # only once every other worker has said it, so both setups face the same start order.
 WAITING_FOR_CHIEF = "waiting for the chief"
+# Logged by a worker whose update waits past --timeout for other workers only, then the names
+# ("worker 1, worker 2"): it waits --restart-grace more, and the launcher restarts those
+# workers at once (replacements_wanted), not the ones that wait.
+WAITING_FOR_REPLACEMENT = "waiting for the replacement of"
+_REPLACEMENTS = re.compile(re.escape(WAITING_FOR_REPLACEMENT) + r" ((?:worker \d+)(?:, worker \d+)*)")
+
+
+def replacements_wanted(line: str) -> list[str]:
+    """The workers a WAITING_FOR_REPLACEMENT line names ("worker 1"), or none."""
+    m = _REPLACEMENTS.search(line)
+    return m[1].split(", ") if m else []
 
 
 @dataclasses.dataclass

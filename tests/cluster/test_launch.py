@@ -160,6 +160,24 @@ def test_the_launcher_exits_200_when_its_tasks_failed_with_bounded_waits(process
                                   "is missing, dead or stuck)")
 
 
+def test_workers_that_wait_for_a_frozen_one_s_replacement_see_it_restarted_and_only_it(
+        processes, tmp_path):
+    # Issue 56: one fault, one restart. The workers whose update waits for worker 1 say so
+    # past --timeout and wait --restart-grace more; the launcher restarts worker 1 at once.
+    # Before, they exited 200 and were restarted too, each at no charge.
+    code, launcher, summary = _launch_fakes(processes, tmp_path, "frozen-worker-waited",
+                                            max_restarts=1)
+
+    assert code == EXIT_OK, launcher.output
+    frozen = int((tmp_path / "worker-1.pid").read_text())
+    assert re.search(r"worker [02] waited --timeout for an update that waits for worker 1; "
+                     r"worker 1 is still running: killing it and restarting it \(fault 1 of "
+                     r"1\)", launcher.output), launcher.output
+    assert summary["restarts"] == {"worker 1": 1}, summary["restarts"]
+    assert "exited with code 200" not in launcher.output
+    assert summary["synchronous"] is True and not _alive(frozen)
+
+
 def test_a_frozen_worker_named_missing_is_killed_and_restarted_not_the_ones_that_waited(
         processes, tmp_path):
     # One fault, one restart: those that timed out waiting for it are restarted at no charge.

@@ -446,6 +446,14 @@ def test_first_line_of_a_graph_mode_error_is_its_own_message():
     assert first_line(tf.errors.InvalidArgumentError(None, None, "Graph execution error:")) == \
         "Graph execution error:"
     assert first_line(ValueError("one\ntwo")) == "one"
+    # An error another task raised says where first, then what: both (it said only
+    # "From /job:worker/replica:0/task:2:").
+    remote = "From /job:worker/replica:0/task:2:\nYou must feed a value for placeholder x\n"
+    assert first_line(tf.errors.InvalidArgumentError(None, None, remote)) == \
+        "From /job:worker/replica:0/task:2: You must feed a value for placeholder x"
+    assert first_line(tf.errors.InvalidArgumentError(None, None, message.replace(
+        "bad value", f"{remote}bad value"))) == \
+        "From /job:worker/replica:0/task:2: You must feed a value for placeholder x"
 
 
 def test_free_ports_are_drawn_below_the_kernels_ephemeral_range():

@@ -6,10 +6,12 @@ The launcher with real processes is in tests/cluster/test_launch.py.
 
 from __future__ import annotations
 
+import collections
 import time
 
 from sync_mnist.core.config import EXIT_FAILED, EXIT_PEER_LOST, EXIT_TIMEOUT, EXIT_USAGE
 from sync_mnist.task.report import TaskResult
+from sync_mnist.task.report import replacements_wanted as from_line
 
 
 class _FakeTask:
@@ -23,6 +25,7 @@ class _FakeTask:
         self.restarted, self.error = None, error
         self.verdict_at, self.up, self.restarts, self.ready = None, False, 0, False
         self.killed = 0
+        self.replacements = collections.deque()  # what it said its update waits for
 
     def started_up(self):
         return self.up
@@ -379,3 +382,30 @@ def test_a_task_spared_at_the_end_is_stopped_but_not_reported_blocked(tmp_path):
     assert not result.blocked and result.error is None
     assert report._note(result) == ("stopped after the verified run: no worker is left to "
                                     "report done to it")
+
+
+def test_workers_a_waiter_says_its_update_waits_for_are_restarted_once_and_not_the_waiter():
+    # Issue 56: a waiter past --timeout names the workers its update waits for and waits on;
+    # the launcher restarts them (charged), not the waiter. A second waiter naming one just
+    # restarted, still starting, restarts nothing more.
+    ps, chief, frozen, other = (_FakeTask("ps", 0, None), _FakeTask("worker", 0, None, 0),
+                                _FakeTask("worker", 1, None, None), _FakeTask("worker", 2, None))
+    frozen.up = True
+    policy = _policy([ps, chief, frozen, other], max_restarts=2)
+    policy.replace(chief, ["worker 1"])
+    assert (frozen.killed, frozen.starts, chief.starts) == (1, 2, 1)
+    frozen.up = False  # its replacement, starting: spared
+    policy.replace(other, ["worker 1"])
+    assert (frozen.killed, frozen.starts, other.starts) == (1, 2, 1)
+    frozen.up = True  # up, and stuck again: restarted, the second fault
+    policy.replace(other, ["worker 1"])
+    assert (frozen.killed, frozen.starts) == (2, 3)
+    # No restart left: nothing more; the waiter waits out --restart-grace, then exits 200.
+    policy.replace(chief, ["worker 1"])
+    assert (frozen.killed, frozen.starts) == (2, 3)
+    # The launcher's loop takes what the tasks said, in the order they said it.
+    report = from_line("[worker 2] warning: waited 20 s for an update after local step 3; "
+                       "contributions so far [3, 2, 3]; missing: worker 1 (no gradient for "
+                       "update 4); waiting for the replacement of worker 1, for up to "
+                       "--restart-grace 120 s more")
+    assert report == ["worker 1"]

@@ -10,8 +10,8 @@ lost backup worker (2), a lost worker without backup (3, not restarted), and the
 scenario 3 through the real command line (tests/inprocess/test_rejoin.py pins the rejoin down
 exactly, in-process). The others are in tests/soak/test_restarts.py (`make soak`), to keep
 this tier short: a worker restarted by hand (3), the chief restarted (4), the ps restarted (5),
-not restarted, or restarted with no checkpoint to restore, and a frozen worker the launcher
-restarts (6).
+not restarted, or restarted with no checkpoint to restore. A frozen worker the launcher
+restarts, and only it (6, issue 56), is here.
 """
 
 from __future__ import annotations
@@ -175,6 +175,35 @@ def test_launcher_restarts_a_killed_worker_and_reports_it(processes, tmp_path):
     assert header.split()[:3] == ["task", "exit", "restarts"]
     row = next(line for line in launcher.lines if line.startswith("worker 1 "))
     assert row.split()[2:4] == ["0", "1"]  # exit 0, 1 restart
+    assert processes_mentioning(marker) == []
+
+
+def test_a_frozen_worker_is_the_one_task_restarted_and_the_run_ends_verified(processes,
+                                                                            tmp_path):
+    """Worker 1 SIGSTOPped for good (issue 56): past --timeout, the others say their update
+    waits for it and wait --restart-grace more; the launcher kills and restarts it, and only
+    it. Before, they exited 200 naming it and were restarted too."""
+    steps, timeout = 200, 10
+    marker = str(tmp_path / "data")
+    launcher = processes.launcher("--base-port", "0", "--workers", "3", *COMMON,
+                                  "--data-dir", marker, "--train-steps", str(steps),
+                                  "--timeout", str(timeout), "--max-restarts", "1",
+                                  "--summary-json", str(tmp_path / "cluster.json"))
+    pid = int(launcher.wait_for_line(r"started worker 1 \(pid (\d+)\)", BOUND)[1])
+    launcher.wait_for_line(r"\[worker 1\] step=40 ", BOUND)
+    os.kill(pid, signal.SIGSTOP)
+
+    assert launcher.wait(BOUND + 4 * timeout) == EXIT_OK, launcher.output
+    launcher.wait_for_line(r"\[worker [02]\] warning: waited 10 s for an update after local "
+                           r"step \d+; contributions so far \[\d+, \d+, \d+\]; missing: worker 1 "
+                           r".*; waiting for the replacement of worker 1, for up to "
+                           r"--restart-grace 120 s more", 1)
+    launcher.wait_for_line(r"waits for worker 1; worker 1 is still running: killing it and "
+                           r"restarting it \(fault 1 of 1\)", 1)
+    summary = read_json(tmp_path / "cluster.json")
+    assert summary["pids"]["worker 1"][0] == pid and summary["restarts"] == {"worker 1": 1}
+    assert summary["contributions"] == [steps] * 3 and summary["synchronous"] is True
+    assert "exited with code 200" not in launcher.output
     assert processes_mentioning(marker) == []
 
 
