@@ -389,7 +389,7 @@ def test_workers_a_waiter_says_its_update_waits_for_are_restarted_once_and_not_t
     # the launcher restarts them (charged), not the waiter. A second waiter naming one just
     # restarted, still starting, restarts nothing more.
     ps, chief, frozen, other = (_FakeTask("ps", 0, None), _FakeTask("worker", 0, None, 0),
-                                _FakeTask("worker", 1, None, None), _FakeTask("worker", 2, None))
+                                _FakeTask("worker", 1, None, None, None), _FakeTask("worker", 2, None))
     frozen.up = True
     policy = _policy([ps, chief, frozen, other], max_restarts=2)
     policy.replace(chief, ["worker 1"])
