@@ -429,6 +429,11 @@ def test_a_known_defect_is_named_only_with_its_signature_and_alone():
     category, defects = chaos.classify(plan, seen)
     assert (category, defects) == ("defect", ["restart-failed"])
     assert chaos.known_defect(plan, seen, defects) == "zombie-update"
+    # Its form since the others wait for the chief's replacement (issue 56): they time out.
+    waited = ["[worker 1] error: worker 1: waited 20 s for an update after local step 82, and "
+              "--restart-grace 120 s more for the replacement of worker 0; contributions so "
+              "far [81, 82, 82]; missing: worker 0 (no gradient for update 83)"]
+    assert chaos.known_defect(plan, _seen(200, failed, waited), defects) == "zombie-update"
     # Not with another victim or fault, without the line, or beside another defect.
     assert chaos.known_defect(_plan(victim="ps 0", fault="partition-long", max_restarts=1),
                               seen, defects) is None
