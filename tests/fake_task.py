@@ -141,16 +141,13 @@ def main() -> int:
                      "(nothing listens at localhost:1)", missing=["ps 0"])
     if behaviour == "lost-backup" and args.index == 2:
         os.kill(os.getpid(), signal.SIGKILL)
-    if behaviour == "frozen-worker-waited" and run == 1:
-        print(f"[worker {args.index}] step=2 global_step=2/4 loss=0.1 accuracy=0.9 "
-              f"examples_per_sec=100 contributions=[2, 2, 2]", flush=True)
-        if args.index == 1:
-            os.kill(os.getpid(), signal.SIGSTOP)  # until the launcher kills it
-        frozen = int(_read_when_written(marks / "worker-1.pid"))
-        deadline = time.monotonic() + START_SECS
-        while not _stopped(frozen) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(args.timeout)  # waited for an update that worker 1 holds up
+    if behaviour in ("frozen-worker", "frozen-worker-waited") and run == 1:
+        _wait_for_frozen_worker_1(args, marks)
+        if behaviour == "frozen-worker":
+            return _fail(args, config_lib.EXIT_TIMEOUT,
+                         f"worker {args.index}: waited {args.timeout:g} s for an update after "
+                         "local step 2; contributions so far [2, 2, 2]; missing: worker 1 (no "
+                         "gradient for update 3)", missing=["worker 1"])
         print(f"[worker {args.index}] warning: waited {args.timeout:g} s for an update after "
               "local step 2; contributions so far [2, 2, 2]; missing: worker 1 (no gradient "
               f"for update 3); {report.WAITING_FOR_REPLACEMENT} worker 1, for up to "
@@ -162,21 +159,6 @@ def main() -> int:
                 return _fail(args, config_lib.EXIT_TIMEOUT, f"worker {args.index}: no "
                              "replacement of worker 1", missing=["worker 1"])
             time.sleep(0.05)
-    if behaviour == "frozen-worker" and run == 1:
-        # Training had begun: the launcher has seen the cluster make progress with worker 1 in it.
-        print(f"[worker {args.index}] step=2 global_step=2/4 loss=0.1 accuracy=0.9 "
-              f"examples_per_sec=100 contributions=[2, 2, 2]", flush=True)
-        if args.index == 1:
-            os.kill(os.getpid(), signal.SIGSTOP)  # until the launcher kills it
-        frozen = int(_read_when_written(marks / "worker-1.pid"))
-        deadline = time.monotonic() + START_SECS
-        while not _stopped(frozen) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(args.timeout)  # waited for an update that worker 1 holds up
-        return _fail(args, config_lib.EXIT_TIMEOUT,
-                     f"worker {args.index}: waited {args.timeout:g} s for an update after "
-                     "local step 2; contributions so far [2, 2, 2]; missing: worker 1 (no "
-                     "gradient for update 3)", missing=["worker 1"])
     if behaviour == "slow-replacement":
         if run == 1:
             print(f"[worker {args.index}] step=2 global_step=2/4 loss=0.1 accuracy=0.9 "
@@ -215,6 +197,21 @@ def main() -> int:
     result.exit_code = config_lib.EXIT_OK if synchronous else config_lib.EXIT_NOT_SYNCHRONOUS
     result.write_json(args.summary_json)
     return result.exit_code
+
+
+def _wait_for_frozen_worker_1(args, marks: Path) -> None:
+    """Logs a progress line (training has begun: the launcher has seen the cluster make progress
+    with worker 1 in it); worker 1 then stops itself until the launcher kills it, and the others
+    wait --timeout for the update it holds up."""
+    print(f"[worker {args.index}] step=2 global_step=2/4 loss=0.1 accuracy=0.9 "
+          f"examples_per_sec=100 contributions=[2, 2, 2]", flush=True)
+    if args.index == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    frozen = int(_read_when_written(marks / "worker-1.pid"))
+    deadline = time.monotonic() + START_SECS
+    while not _stopped(frozen) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(args.timeout)
 
 
 def _preempted(args, workers: int) -> int:
