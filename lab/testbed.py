@@ -274,6 +274,30 @@ class Testbed:
         """
         self._fault(role, index, "partition", "")
 
+    def partition_from(self, task: Task, peer: Task) -> None:
+        """Drops every frame between `task` and `peer` alone at the switch; `heal(*task)`
+        undoes it. Each still reaches every other task."""
+        self._fault(*task, "partition", f"{{}} {self.port[peer]}")
+
+    def drop_flows(self, task: Task, peer: Task, local_port: int | None = None) -> int:
+        """Drops, at the switch, every frame of the TCP connections `task` has now with `peer`
+        (those of its `local_port` alone: a server's), both ways; their later connections pass.
+        Returns how many connections. `heal(*task)` undoes it. What a peer that died unheard
+        leaves: connections whose other end never answers nor closes, so that `task` is not
+        told of the death on them, whatever either end sends."""
+        out = _run(["ip", "netns", "exec", self.namespace[task], "ss", "-Htn", "state",
+                    "established", "dst", self.address[peer]])
+        flows = [(local.rsplit(":", 1)[1], remote.rsplit(":", 1)[1])
+                 for local, remote in (line.split()[-2:] for line in out.splitlines())]
+        flows = [f for f in flows if local_port is None or f[0] == str(local_port)]
+        other = self.address[peer]
+        for local, remote in flows:
+            self._fault(*task, "flows", f"ip daddr {other} tcp sport {local} tcp dport {remote}",
+                        directions=("iifname",))
+            self._fault(*task, "flows", f"ip saddr {other} tcp sport {remote} tcp dport {local}",
+                        directions=("oifname",))
+        return len(flows)
+
     def lose(self, role: str, index: int, fraction: float) -> None:
         """Drops each frame to and from task (role, index) with probability `fraction`."""
         if not 0 < fraction < 1:
@@ -321,7 +345,8 @@ class Testbed:
         return sum(int(m.group(1)) for m in re.finditer(
             rf"counter packets (\d+) bytes \d+ drop comment \"\w+ {port}\"", text))
 
-    def _fault(self, role: str, index: int, kind: str, match: str) -> None:
+    def _fault(self, role: str, index: int, kind: str, match: str,
+               directions: tuple[str, ...] = ("iifname", "oifname")) -> None:
         port = self.port[role, index]
         if not self._nft_ready:
             _run(["ip", "netns", "exec", self.switch, "nft", "add", "table", "bridge",
@@ -330,10 +355,13 @@ class Testbed:
                   NFT_TABLE, "forward",
                   "{ type filter hook forward priority 0; policy accept; }"])
             self._nft_ready = True
-        for direction in ("iifname", "oifname"):
+        # A match with {} names the other end: the direction opposite this port's.
+        for direction, other in (("iifname", "oifname"), ("oifname", "iifname")):
+            if direction not in directions:
+                continue
             _run(["ip", "netns", "exec", self.switch, "nft", "add", "rule", "bridge", NFT_TABLE,
-                  "forward", direction, port, *match.split(), "counter", "drop", "comment",
-                  f'"{kind} {port}"'])
+                  "forward", direction, port, *match.replace("{}", other).split(), "counter",
+                  "drop", "comment", f'"{kind} {port}"'])
 
     def pids(self) -> dict[str, list[int]]:
         """{namespace: pids of the processes in it}, for the testbed's namespaces that have any."""

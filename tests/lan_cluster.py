@@ -49,6 +49,12 @@ class LanCluster:
     bed: testbed.Testbed
     procs: dict  # (role, index) -> procs.Proc
     tmp_path: Path
+    processes: object = None  # the fixture that started them
+    argv: dict = dataclasses.field(default_factory=dict)  # (role, index) -> its command
+
+    def restart(self, role: str, index: int) -> None:
+        """Starts task (role, index) again with its command, as a launcher or a pod would."""
+        self.procs[role, index] = self.processes.start(self.argv[role, index], f"{role} {index}")
 
     def record(self, role: str, index: int) -> dict:
         return read_json(self.tmp_path / f"{role}{index}.json")
@@ -103,13 +109,13 @@ def start(bed: testbed.Testbed, processes, tmp_path: Path, *extra: str,
     cluster = ("--ps-hosts", ",".join(hosts["ps", i] for i in range(num_ps)),
                "--worker-hosts", ",".join(hosts["worker", i] for i in range(num_workers)))
     prefix = ["env", *(f"{k}={v}" for k, v in (env or {}).items())] if env else []
-    procs = {}
+    procs, argv = {}, {}
     for role, index in sorted(tasks, key=lambda t: t == ("worker", 0)):
-        procs[role, index] = processes.start(
-            ["ip", "netns", "exec", bed.namespace[role, index], *prefix, sys.executable, "-X",
-             "faulthandler", "-m", "sync_mnist", "--role", role, "--index", str(index),
-             *cluster, "--dataset", "synthetic", "--log-every", "10",
-             "--data-dir", str(tmp_path / "data"),  # a marker in every task's command line
-             "--summary-json", str(tmp_path / f"{role}{index}.json"), *extra],
-            f"{role} {index}")
-    return LanCluster(bed, procs, tmp_path)
+        argv[role, index] = [
+            "ip", "netns", "exec", bed.namespace[role, index], *prefix, sys.executable, "-X",
+            "faulthandler", "-m", "sync_mnist", "--role", role, "--index", str(index),
+            *cluster, "--dataset", "synthetic", "--log-every", "10",
+            "--data-dir", str(tmp_path / "data"),  # a marker in every task's command line
+            "--summary-json", str(tmp_path / f"{role}{index}.json"), *extra]
+        procs[role, index] = processes.start(argv[role, index], f"{role} {index}")
+    return LanCluster(bed, procs, tmp_path, processes, argv)
