@@ -559,13 +559,38 @@ class _Update(_Wrapper):
                       count_if(state.repeat_updates, most > 1),
                       count_if(state.solo_updates, tf.logical_and(tf.equal(most, total), r > 1)),
                       count_if(state.over_aggregated, total > r)]
-        self.update_op = tf.group(step, *counts)
+        self.update_op = tf.group(step, *counts, *_witnesses(new_step, grads_and_vars))
         return self.update_op
 
     def _mean(self, summed: tf.IndexedSlices) -> tf.IndexedSlices:
         with tf1.colocate_with(summed.values):  # on the table's ps, not global_step's
             return tf.IndexedSlices(summed.values / self._replicas, summed.indices,
                                     summed.dense_shape)
+
+
+def _witnesses(new_step: tf.Tensor, grads_and_vars) -> list[tf.Operation]:
+    """A copy of the update's new step on each ps but the one where it is made, each part of
+    the update: no part of an update outlives another on its ps.
+
+    Sync: each ps runs its part of an update, and the ps where the new step is made waits, from
+    the update's start, for every other ps's part (the applies it counts); the other parts wait
+    for nothing from it. A ps told that the chief running the update has died ends its part:
+    when that is another ps, the part that waits for it then fails and ends too; when it is
+    this one, a part elsewhere that no packet told went on waiting for the next gradients, took
+    them from the chief's replacement, and its update stopped half made (the zombie update:
+    tests/network/test_zombie_update.py). With the copy each other part waits for this one as
+    well, and so ends with it, before it has taken anything. A part that no ps is told to end
+    takes the next gradients whole and makes the update as the replacement would have.
+    """
+    home = tf.DeviceSpec.from_string(new_step.device)
+    devices = {v.device for _, v in grads_and_vars
+               if tf.DeviceSpec.from_string(v.device) != home}
+    witnesses = []
+    for device in sorted(devices):
+        # An Assert, as Grappler prunes a bare copy that nothing reads.
+        with tf1.device(device), tf.name_scope("update_witness"):
+            witnesses.append(tf.raw_ops.Assert(condition=new_step > 0, data=[new_step]))
+    return witnesses
 
 
 def _chief_queue_runner_that_never_closes(sync_optimizer, update_op) -> None:

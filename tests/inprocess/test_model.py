@@ -287,13 +287,17 @@ def test_an_update_sends_each_other_ps_one_tensor_from_ps_0(num_ps):
             op = target
         return _task(op.device)
 
-    sent = {}  # ps: the tensors made on ps 0 that the update uses there
+    sent, witnessed = {}, {}  # ps: the tensors made on ps 0 that the update uses there
     for op in _ancestors(update) | {update}:
         for t in op.inputs:
             if placed(t.op) == "ps 0" and placed(op) != "ps 0":
-                sent.setdefault(placed(op), set()).add(t.name)
+                # Besides, each ps's part waits for ps 0's new step (sync._witnesses).
+                into = witnessed if op.name.startswith("update_witness") else sent
+                into.setdefault(placed(op), set()).add(t.name)
     assert {ps: len(names) for ps, names in sent.items()} == {
         f"ps {p}": 1 for p in range(1, num_ps)}, sent
+    assert {ps: len(names) for ps, names in witnessed.items()} == {
+        f"ps {p}": 1 for p in range(1, num_ps)}, witnessed
 
 
 def _ancestors(op: tf.Operation) -> set[tf.Operation]:
