@@ -86,7 +86,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from sync_mnist.core import config as config_lib
 from lab import loopback_faults
@@ -659,30 +659,34 @@ def classify(plan: Plan, seen: dict) -> tuple[str, list[str]]:
     return ("defect" if defects else category), sorted(set(defects))
 
 
-# Defects found and filed, not fixed yet: a run whose defects are all this one's, with its
+class KnownDefect(NamedTuple):
+    """A defect found and filed, not fixed yet: the runs it shows in (their victim and fault,
+    the defects classify finds), and its signature, a line of their output."""
+
+    victim: str
+    faults: tuple[str, ...]
+    defects: frozenset[str]
+    signature: re.Pattern
+
+
+# Defects found and filed, not fixed yet: a run whose defects are all one of these's, with its
 # signature, is recorded and printed as known ("known": the name), and fails neither `make
 # chaos` nor `make chaos-short`; any other defect, or this one's without its signature, does.
-#   zombie-update: the chief cut off by a partition and killed leaves its update step waiting
-#   on the ps (no packet tells them it died); when the ps learn it at different times, that
-#   step takes one ps's gradients for the next update and the restarted chief's update waits
-#   for gradients nobody pushes again, so a rejoining worker times out (found by
-#   `make chaos-short` at its seed, about 1 run in 3; a design question for the core). Since
-#   the others wait for the chief's replacement rather than being restarted, it is they who
-#   time out, waiting for it (issue 56).
-KNOWN_DEFECTS = {"zombie-update": re.compile(
-    r"rejoining at global_step \d+, waited \S+ s for the update my predecessor's last "
-    r"gradient joined|waited \S+ s for an update after local step \d+, and --restart-grace "
-    r"\S+ s more for the replacement of worker 0")}
+# None now: the last, the zombie update, is fixed (issue 56; tests/network/
+# test_zombie_update.py). An entry names the issue filed for it.
+KNOWN_DEFECTS: dict[str, KnownDefect] = {}
 
 
-def known_defect(plan: Plan, seen: dict, defects: Sequence[str]) -> str | None:
-    """The KNOWN_DEFECTS name of a run whose defects are that one's and only that one's."""
-    if not defects or not set(defects) <= {"restart-failed", "survivable-failed"}:
+def known_defect(plan: Plan, seen: dict, defects: Sequence[str],
+                 known: dict[str, KnownDefect] | None = None) -> str | None:
+    """The name, among `known` (KNOWN_DEFECTS), of a run whose defects are that one's and only
+    that one's, its signature among the run's lines."""
+    if not defects:
         return None
-    if plan.victim != "worker 0" or plan.fault not in ("partition-short", "partition-long"):
-        return None
-    matches = [name for name, mark in KNOWN_DEFECTS.items()
-               if any(mark.search(line) for line in seen["lines"])]
+    matches = [name for name, d in (KNOWN_DEFECTS if known is None else known).items()
+               if plan.victim == d.victim and plan.fault in d.faults
+               and set(defects) <= d.defects
+               and any(d.signature.search(line) for line in seen["lines"])]
     return matches[0] if matches else None
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import re
 import threading
 
 import pytest
@@ -418,8 +419,13 @@ def test_short_classifies_every_run_the_loads_too_and_a_failed_load_is_a_defect(
 
 
 def test_a_known_defect_is_named_only_with_its_signature_and_alone():
-    # The zombie update (KNOWN_DEFECTS): the chief partitioned and restarted, a rejoining worker
-    # timed out waiting for the update its predecessor's last gradient joined.
+    # None is listed now (issue 56); the zombie update's old entry shows what one is.
+    assert chaos.KNOWN_DEFECTS == {}
+    known = {"zombie-update": chaos.KnownDefect(
+        "worker 0", ("partition-short", "partition-long"),
+        frozenset({"restart-failed", "survivable-failed"}),
+        re.compile(r"rejoining at global_step \d+, waited \S+ s for the update my "
+                   r"predecessor's last gradient joined"))}
     lines = ["[cluster] warning: worker 1 exited with code 200 naming worker 0 as missing; ...",
              "[worker 1] error: worker 1: rejoining at global_step 82, waited 20 s for the update "
              "my predecessor's last gradient joined"]
@@ -428,18 +434,15 @@ def test_a_known_defect_is_named_only_with_its_signature_and_alone():
     seen = _seen(200, failed, lines)
     category, defects = chaos.classify(plan, seen)
     assert (category, defects) == ("defect", ["restart-failed"])
-    assert chaos.known_defect(plan, seen, defects) == "zombie-update"
-    # Its form since the others wait for the chief's replacement (issue 56): they time out.
-    waited = ["[worker 1] error: worker 1: waited 20 s for an update after local step 82, and "
-              "--restart-grace 120 s more for the replacement of worker 0; contributions so "
-              "far [81, 82, 82]; missing: worker 0 (no gradient for update 83)"]
-    assert chaos.known_defect(plan, _seen(200, failed, waited), defects) == "zombie-update"
+    assert chaos.known_defect(plan, seen, defects, known) == "zombie-update"
+    assert chaos.known_defect(plan, seen, defects) is None  # not listed: a defect like any
     # Not with another victim or fault, without the line, or beside another defect.
     assert chaos.known_defect(_plan(victim="ps 0", fault="partition-long", max_restarts=1),
-                              seen, defects) is None
-    assert chaos.known_defect(dataclasses.replace(plan, fault="kill"), seen, defects) is None
-    assert chaos.known_defect(plan, _seen(200, failed, lines[:1]), defects) is None
-    assert chaos.known_defect(plan, seen, [*defects, "traceback"]) is None
+                              seen, defects, known) is None
+    assert chaos.known_defect(dataclasses.replace(plan, fault="kill"), seen, defects,
+                              known) is None
+    assert chaos.known_defect(plan, _seen(200, failed, lines[:1]), defects, known) is None
+    assert chaos.known_defect(plan, seen, [*defects, "traceback"], known) is None
     # It is printed apart, and does not fail the soak on its own; any other defect does.
     records = [{"victim_kind": "chief", "fault": "partition-long", "phase_seen": "training",
                 "category": "defect", "defects": defects, "known": "zombie-update",
