@@ -360,7 +360,8 @@ def _weights(features, weight_column) -> tf.Tensor | None:
     return weights[:, None] if weights.shape.rank == 1 else weights
 
 
-def _model_fn(head, parts: Sequence[_Part], weight_column) -> Callable:
+def _model_fn(head, parts: Sequence[_Part], weight_column, hooks: Sequence,
+              chief_hooks: Sequence) -> Callable:
     """The model function: the parts' logits, added, through the head.
 
     The loss is the weighted losses' mean over the batch (tf.losses' SUM_OVER_BATCH_SIZE, the
@@ -386,7 +387,8 @@ def _model_fn(head, parts: Sequence[_Part], weight_column) -> Callable:
         if mode == api.ModeKeys.TRAIN:
             optimizers = {part.scope: _optimizer(part) for part in parts}
             return api.ModelSpec(mode, loss=loss, optimizer=optimizers if len(parts) > 1
-                                 else optimizers[parts[0].scope])
+                                 else optimizers[parts[0].scope], training_hooks=hooks,
+                                 training_chief_hooks=chief_hooks)
         with tf1.name_scope("metrics"):
             metrics = head.metrics(labels, predictions, losses, weights)
             metrics["loss"] = tf1.metrics.mean(loss)  # as Estimator.evaluate added it
@@ -396,7 +398,8 @@ def _model_fn(head, parts: Sequence[_Part], weight_column) -> Callable:
 
 
 def _model(head, parts: Sequence[_Part], weight_column, estimator_only: Mapping[str, Any],
-           train_input_fn, eval_input_fn, serving_input_fn, params) -> api.Model:
+           train_input_fn, eval_input_fn, serving_input_fn, params, hooks=(),
+           chief_hooks=()) -> api.Model:
     for name in estimator_only:
         if name in ESTIMATOR_ONLY:
             raise TypeError(f"{name} is an argument of the Estimator, not of sync_mnist's "
@@ -406,10 +409,25 @@ def _model(head, parts: Sequence[_Part], weight_column, estimator_only: Mapping[
             not hasattr(weight_column, "key"):
         raise TypeError("weight_column must be a feature's key or a numeric_column, got "
                         f"{type(weight_column).__name__}")
+    hooks, chief_hooks = _hooks("hooks", hooks), _hooks("chief_hooks", chief_hooks)
     if serving_input_fn is None:
         serving_input_fn = api.parsing_serving_input_fn(_parse_spec(parts))
-    return api.Model(_model_fn(head, parts, weight_column), train_input_fn, eval_input_fn,
-                     serving_input_fn=serving_input_fn, params=dict(params or {}))
+    return api.Model(_model_fn(head, parts, weight_column, hooks, chief_hooks), train_input_fn,
+                     eval_input_fn, serving_input_fn=serving_input_fn,
+                     params=dict(params or {}))
+
+
+def _hooks(name: str, hooks) -> list:
+    """`hooks` (TrainSpec(hooks=...)'s: every worker's; chief_hooks: the chief's alone) as the
+    TRAIN ModelSpec's, checked here, where the program names them."""
+    if isinstance(hooks, tf1.train.SessionRunHook) or not isinstance(hooks, (list, tuple)):
+        raise TypeError(f"{name} must be a list of tf.compat.v1.train.SessionRunHook, got "
+                        f"{type(hooks).__name__}")
+    for k, hook in enumerate(hooks):
+        if not isinstance(hook, tf1.train.SessionRunHook):
+            raise TypeError(f"{name}[{k}] must be a tf.compat.v1.train.SessionRunHook, got "
+                            f"{type(hook).__name__}")
+    return list(hooks)
 
 
 def _parse_spec(parts: Sequence[_Part]) -> dict:
@@ -452,56 +470,66 @@ def _linear_default(optimizer, feature_columns) -> tuple[Any, float]:
 
 # ----------------------------------------------------------------- the public functions
 # Each takes the Estimator's arguments (keywords after the first), then the input functions
-# and params of sync_mnist.api.Model.
+# and params of sync_mnist.api.Model, and the hooks a TrainSpec took: `hooks` every worker's,
+# `chief_hooks` the chief's alone (the TRAIN ModelSpec's training_hooks, training_chief_hooks).
 
 
 def DNNClassifier(hidden_units, feature_columns, *, train_input_fn, eval_input_fn,
-                  serving_input_fn=None, params=None, n_classes=2, weight_column=None,
-                  label_vocabulary=None, optimizer="Adagrad", activation_fn=tf.nn.relu,
-                  dropout=None, batch_norm=False, **estimator_only) -> api.Model:
+                  serving_input_fn=None, params=None, hooks=(), chief_hooks=(), n_classes=2,
+                  weight_column=None, label_vocabulary=None, optimizer="Adagrad",
+                  activation_fn=tf.nn.relu, dropout=None, batch_norm=False,
+                  **estimator_only) -> api.Model:
     """tf.estimator.DNNClassifier: dense layers over `feature_columns`, Adagrad at 0.05."""
     part = _dnn(hidden_units, feature_columns, optimizer, DNN_LEARNING_RATE, activation_fn,
                 dropout, batch_norm)
     return _model(_classifier_head(n_classes, label_vocabulary), [part], weight_column,
-                  estimator_only, train_input_fn, eval_input_fn, serving_input_fn, params)
+                  estimator_only, train_input_fn, eval_input_fn, serving_input_fn, params,
+                  hooks, chief_hooks)
 
 
 def DNNRegressor(hidden_units, feature_columns, *, train_input_fn, eval_input_fn,
-                 serving_input_fn=None, params=None, label_dimension=1, weight_column=None,
-                 optimizer="Adagrad", activation_fn=tf.nn.relu, dropout=None,
-                 batch_norm=False, **estimator_only) -> api.Model:
+                 serving_input_fn=None, params=None, hooks=(), chief_hooks=(),
+                 label_dimension=1, weight_column=None, optimizer="Adagrad",
+                 activation_fn=tf.nn.relu, dropout=None, batch_norm=False,
+                 **estimator_only) -> api.Model:
     """tf.estimator.DNNRegressor: dense layers over `feature_columns`, Adagrad at 0.05."""
     part = _dnn(hidden_units, feature_columns, optimizer, DNN_LEARNING_RATE, activation_fn,
                 dropout, batch_norm)
     return _model(_RegressionHead(label_dimension), [part], weight_column,
-                  estimator_only, train_input_fn, eval_input_fn, serving_input_fn, params)
+                  estimator_only, train_input_fn, eval_input_fn, serving_input_fn, params,
+                  hooks, chief_hooks)
 
 
 def LinearClassifier(feature_columns, *, train_input_fn, eval_input_fn, serving_input_fn=None,
-                     params=None, n_classes=2, weight_column=None, label_vocabulary=None,
-                     optimizer="Ftrl", sparse_combiner="sum", **estimator_only) -> api.Model:
+                     params=None, hooks=(), chief_hooks=(), n_classes=2, weight_column=None,
+                     label_vocabulary=None, optimizer="Ftrl", sparse_combiner="sum",
+                     **estimator_only) -> api.Model:
     """tf.estimator.LinearClassifier: linear_model over `feature_columns`, FTRL at 0.2 (with
     optimizer=None, at min(0.2, 1 / sqrt(len(feature_columns))))."""
     part = _linear(feature_columns, *_linear_default(optimizer, feature_columns),
                    sparse_combiner)
     return _model(_classifier_head(n_classes, label_vocabulary), [part], weight_column,
-                  estimator_only, train_input_fn, eval_input_fn, serving_input_fn, params)
+                  estimator_only, train_input_fn, eval_input_fn, serving_input_fn, params,
+                  hooks, chief_hooks)
 
 
 def LinearRegressor(feature_columns, *, train_input_fn, eval_input_fn, serving_input_fn=None,
-                    params=None, label_dimension=1, weight_column=None, optimizer="Ftrl",
-                    sparse_combiner="sum", **estimator_only) -> api.Model:
+                    params=None, hooks=(), chief_hooks=(), label_dimension=1,
+                    weight_column=None, optimizer="Ftrl", sparse_combiner="sum",
+                    **estimator_only) -> api.Model:
     """tf.estimator.LinearRegressor: linear_model over `feature_columns`, FTRL as
     LinearClassifier's."""
     part = _linear(feature_columns, *_linear_default(optimizer, feature_columns),
                    sparse_combiner)
     return _model(_RegressionHead(label_dimension), [part], weight_column,
-                  estimator_only, train_input_fn, eval_input_fn, serving_input_fn, params)
+                  estimator_only, train_input_fn, eval_input_fn, serving_input_fn, params,
+                  hooks, chief_hooks)
 
 
 def DNNLinearCombinedClassifier(*, train_input_fn, eval_input_fn, serving_input_fn=None,
-                                params=None, linear_feature_columns=None,
-                                linear_optimizer="Ftrl", dnn_feature_columns=None,
+                                params=None, hooks=(), chief_hooks=(),
+                                linear_feature_columns=None, linear_optimizer="Ftrl",
+                                dnn_feature_columns=None,
                                 dnn_optimizer="Adagrad", dnn_hidden_units=None,
                                 dnn_activation_fn=tf.nn.relu, dnn_dropout=None, n_classes=2,
                                 weight_column=None, label_vocabulary=None, batch_norm=False,
@@ -513,12 +541,14 @@ def DNNLinearCombinedClassifier(*, train_input_fn, eval_input_fn, serving_input_
                       dnn_optimizer, dnn_hidden_units, dnn_activation_fn, dnn_dropout,
                       batch_norm, linear_sparse_combiner)
     return _model(_classifier_head(n_classes, label_vocabulary), parts, weight_column,
-                  estimator_only, train_input_fn, eval_input_fn, serving_input_fn, params)
+                  estimator_only, train_input_fn, eval_input_fn, serving_input_fn, params,
+                  hooks, chief_hooks)
 
 
 def DNNLinearCombinedRegressor(*, train_input_fn, eval_input_fn, serving_input_fn=None,
-                               params=None, linear_feature_columns=None,
-                               linear_optimizer="Ftrl", dnn_feature_columns=None,
+                               params=None, hooks=(), chief_hooks=(),
+                               linear_feature_columns=None, linear_optimizer="Ftrl",
+                               dnn_feature_columns=None,
                                dnn_optimizer="Adagrad", dnn_hidden_units=None,
                                dnn_activation_fn=tf.nn.relu, dnn_dropout=None,
                                label_dimension=1, weight_column=None, batch_norm=False,
@@ -528,4 +558,5 @@ def DNNLinearCombinedRegressor(*, train_input_fn, eval_input_fn, serving_input_f
                       dnn_optimizer, dnn_hidden_units, dnn_activation_fn, dnn_dropout,
                       batch_norm, linear_sparse_combiner)
     return _model(_RegressionHead(label_dimension), parts, weight_column,
-                  estimator_only, train_input_fn, eval_input_fn, serving_input_fn, params)
+                  estimator_only, train_input_fn, eval_input_fn, serving_input_fn, params,
+                  hooks, chief_hooks)

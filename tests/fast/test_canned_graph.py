@@ -213,11 +213,39 @@ def test_wide_and_deep_on_two_ps_gives_each_part_its_optimizers_slots_beside_it(
      "dnn_hidden_units must be defined when dnn_feature_columns is specified."),
     (lambda: _make("LinearClassifier", n_classes=3, label_vocabulary=["a", "b"]),
      "label_vocabulary has 2 labels for n_classes=3"),
+    (lambda: _make("DNNRegressor", hooks=_Hook()),
+     "hooks must be a list of tf.compat.v1.train.SessionRunHook, got _Hook"),
+    (lambda: _make("LinearClassifier", chief_hooks=[_Hook(), print]),
+     "chief_hooks[1] must be a tf.compat.v1.train.SessionRunHook, got "
+     "builtin_function_or_method"),
 ])
 def test_arguments_are_refused_where_the_model_is_made_saying_why(make, error):
     with pytest.raises((TypeError, ValueError)) as raised:
         make()
     assert str(raised.value) == error
+
+
+class _Hook(tf1.train.SessionRunHook):
+    pass
+
+
+@pytest.mark.parametrize("name", ["DNNClassifier", "DNNRegressor", "LinearClassifier",
+                                  "LinearRegressor", "DNNLinearCombinedClassifier",
+                                  "DNNLinearCombinedRegressor"])
+def test_each_model_takes_hooks_as_a_train_spec_did(name):
+    """hooks: every worker's training hooks; chief_hooks: the chief's alone
+    (tests/inprocess/test_canned.py runs them)."""
+    every, chief = _Hook(), _Hook()
+    model = _make(name, hooks=[every], chief_hooks=(chief,))
+    with tf.Graph().as_default():
+        spec = _spec(model, sm.ModeKeys.TRAIN)
+    with tf.Graph().as_default():
+        evaluated = _spec(model, sm.ModeKeys.EVAL)
+    assert list(spec.training_hooks) == [every] and list(spec.training_chief_hooks) == [chief]
+    assert not evaluated.training_hooks and not evaluated.evaluation_hooks
+    with tf.Graph().as_default():
+        plain = _spec(_make(name), sm.ModeKeys.TRAIN)
+    assert not plain.training_hooks and not plain.training_chief_hooks
 
 
 def test_labels_the_head_cannot_read_are_refused_in_the_graph():

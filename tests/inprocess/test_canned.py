@@ -1,9 +1,12 @@
 """The canned models (sync_mnist/canned.py) computing: the binary head's loss and metrics on
 known logits in a plain session, against the same formulas in numpy; and wide & deep trained
-synchronously on 2 workers and 2 ps, each part by its own optimizer, the chief reporting the
-Estimator's metrics. Their graphs: tests/fast/test_canned_graph.py."""
+synchronously on 2 workers and 2 ps, each part by its own optimizer, a program's hooks run on
+every worker (and the chief's on the chief), the chief reporting the Estimator's metrics. Their
+graphs: tests/fast/test_canned_graph.py."""
 
 from __future__ import annotations
+
+import collections
 
 import numpy as np
 import pytest
@@ -75,25 +78,41 @@ def _data(rows: int, seed: int):
     return features, labels.astype(np.int64)
 
 
-def _wide_and_deep() -> sm.Model:
+class _Steps(tf1.train.SessionRunHook):
+    """Counts its after_run calls by graph: each worker of the in-process cluster has one."""
+
+    def __init__(self):
+        self.by_graph = collections.Counter()
+
+    def after_run(self, run_context, run_values):
+        self.by_graph[id(run_context.session.graph)] += 1
+
+
+def _wide_and_deep(hooks=(), chief_hooks=()) -> sm.Model:
     x = fc.numeric_column("x", shape=[2])
     color = fc.categorical_column_with_vocabulary_list("color", ["red", "green", "blue"])
     return canned.DNNLinearCombinedClassifier(
         linear_feature_columns=[x, color],
         dnn_feature_columns=[x, fc.embedding_column(color, 3)], dnn_hidden_units=[8, 4],
         train_input_fn=lambda params: _data(ROWS, 1),
-        eval_input_fn=lambda params: _data(EVAL_ROWS, 2))
+        eval_input_fn=lambda params: _data(EVAL_ROWS, 2), hooks=hooks,
+        chief_hooks=chief_hooks)
 
 
 def test_wide_and_deep_trains_synchronously_with_two_optimizers_and_the_estimators_metrics(
         tmp_path):
     logdir = tmp_path / "logdir"
-    run = run_cluster(2, _wide_and_deep(), num_ps=2, train_steps=STEPS, batch_size=BATCH,
-                      logdir=logdir, export_dir=tmp_path / "export")
+    every, chief_only = _Steps(), _Steps()
+    run = run_cluster(2, _wide_and_deep([every], [chief_only]), num_ps=2, train_steps=STEPS,
+                      batch_size=BATCH, logdir=logdir, export_dir=tmp_path / "export")
     chief = run.chief
     assert chief.verdict.startswith(f"synchronous: each of {STEPS} updates averaged exactly "
                                     "one gradient from each of 2 workers"), chief.verdict
     assert chief.contributions == [STEPS, STEPS]
+    # The program's hooks: `hooks` on each worker once a step, `chief_hooks` on one of them.
+    assert sorted(every.by_graph.values()) == [STEPS, STEPS]
+    assert list(chief_only.by_graph.values()) == [STEPS]
+    assert set(chief_only.by_graph) < set(every.by_graph)
     # The chief's record (--summary-json's test_metrics, its log line): the Estimator's names,
     # over the whole evaluation set.
     metrics = chief.test_metrics
