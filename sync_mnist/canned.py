@@ -16,9 +16,10 @@ scope "dnn" and the wide part "linear", each with its own optimizer in one synch
 evaluation metrics under the Estimator's keys; its SavedModel, which takes serialized
 tf.train.Examples (parsed by the columns' make_parse_example_spec, unless serving_input_fn
 says otherwise) and answers through the heads' signatures: "classification", "regression" (the
-binary classifier's logistic, and the regressors') and "predict". What differs: the loss is
-the batch mean, not v1's sum (`_model_fn` says why), and the arguments in ESTIMATOR_ONLY are
-refused, naming what takes their place. docs/your-model.md, "Canned models", has the whole list.
+binary classifier's logistic, and the regressors') and "predict"; its loss, summed over the
+batch unless loss_reduction says otherwise (`_model_fn`), and hooks as a TrainSpec took them.
+What differs: the arguments in ESTIMATOR_ONLY are refused, naming what takes their place.
+docs/your-model.md, "Canned models", has the whole list.
 """
 
 # The public functions have the Estimator classes' names, so that a migrated program changes
@@ -57,8 +58,14 @@ ESTIMATOR_ONLY = {
     "warm_start_from": "the command line's --warm-start-from (--warm-start-vars, --warm-start-map)",
     "partitioner": "the package: it cuts every variable over the ps (--ps)",
     "input_layer_partitioner": "the package: it cuts every variable over the ps (--ps)",
-    "loss_reduction": "the batch mean, always (docs/your-model.md, \"Canned models\")",
 }
+
+# loss_reduction: tf.compat.v1.losses.Reduction's (v1's canned models took any but NONE), and
+# Keras's names for the two TensorFlow 2's canned models took.
+REDUCTION = tf1.losses.Reduction
+LOSS_REDUCTIONS = {**{r: r for r in (REDUCTION.SUM, REDUCTION.SUM_OVER_BATCH_SIZE,
+                                     REDUCTION.MEAN, REDUCTION.SUM_BY_NONZERO_WEIGHTS)},
+                   "sum": REDUCTION.SUM, "sum_over_batch_size": REDUCTION.SUM_OVER_BATCH_SIZE}
 
 
 # --------------------------------------------------------------------------- the two parts
@@ -360,16 +367,19 @@ def _weights(features, weight_column) -> tf.Tensor | None:
     return weights[:, None] if weights.shape.rank == 1 else weights
 
 
-def _model_fn(head, parts: Sequence[_Part], weight_column, hooks: Sequence,
+def _model_fn(head, parts: Sequence[_Part], weight_column, reduction: str, hooks: Sequence,
               chief_hooks: Sequence) -> Callable:
     """The model function: the parts' logits, added, through the head.
 
-    The loss is the weighted losses' mean over the batch (tf.losses' SUM_OVER_BATCH_SIZE, the
-    default of TensorFlow 2's canned Estimators), not their sum (v1's default), as ModelSpec's
-    contract asks: each synchronous update then averages N batch means, the gradient of the
-    mean over all N x B examples, whatever --batch-size, and the loss logged and evaluated is
-    per example. The default optimizers, Adagrad and FTRL, divide by the root of the gradients'
-    squares, so the scale matters to them only against their starting accumulator (0.1).
+    The loss trained is the weighted losses reduced by `reduction`: by default their sum over
+    the batch, as v1's canned models trained it, so that each synchronous update averages N
+    batch sums, as SyncReplicasOptimizer did over an Estimator, and a program migrated from
+    TF 1.x learns as it did at the same settings. (With SUM_OVER_BATCH_SIZE, TensorFlow 2's
+    default, each update averages N batch means: the same direction, 1/B of the step for SGD,
+    and smaller first steps for Adagrad and FTRL, whose starting accumulator of 0.1 then
+    weighs more.) The `loss` metric is that loss's mean over the evaluation batches, as
+    Estimator.evaluate reported it; the EVAL spec's own loss is the batch mean, as ModelSpec's
+    contract asks, so that the chief's test_loss is per example.
     """
     def model_fn(features, labels, mode, params):
         if not isinstance(features, Mapping):
@@ -383,7 +393,7 @@ def _model_fn(head, parts: Sequence[_Part], weight_column, hooks: Sequence,
                                      export_outputs=head.export_outputs(predictions))
             labels, losses = head.loss(labels, logits)
             weights = _weights(features, weight_column)
-            loss = tf.reduce_mean(losses if weights is None else losses * weights)
+            loss = _reduced(losses, weights, reduction)
         if mode == api.ModeKeys.TRAIN:
             optimizers = {part.scope: _optimizer(part) for part in parts}
             return api.ModelSpec(mode, loss=loss, optimizer=optimizers if len(parts) > 1
@@ -392,14 +402,31 @@ def _model_fn(head, parts: Sequence[_Part], weight_column, hooks: Sequence,
         with tf1.name_scope("metrics"):
             metrics = head.metrics(labels, predictions, losses, weights)
             metrics["loss"] = tf1.metrics.mean(loss)  # as Estimator.evaluate added it
-        return api.ModelSpec(mode, loss=loss, eval_metric_ops=metrics)
+        return api.ModelSpec(mode, loss=_reduced(losses, weights, REDUCTION.SUM_OVER_BATCH_SIZE),
+                             eval_metric_ops=metrics)
 
     return model_fn
 
 
+def _reduced(losses, weights, reduction: str) -> tf.Tensor:
+    """The examples' losses, each times its weight, reduced over the batch as v1's heads did."""
+    return tf1.losses.compute_weighted_loss(losses, 1.0 if weights is None else weights,
+                                            reduction=reduction, loss_collection=None)
+
+
+def _reduction(loss_reduction) -> str:
+    """loss_reduction as tf.compat.v1.losses.Reduction names it, checked."""
+    if not isinstance(loss_reduction, str) or loss_reduction not in LOSS_REDUCTIONS:
+        raise ValueError(
+            f"loss_reduction {loss_reduction!r} is not taken here: tf.compat.v1.losses."
+            "Reduction.SUM (v1's canned models' default, and these), SUM_OVER_BATCH_SIZE "
+            "(TensorFlow 2's), MEAN or SUM_BY_NONZERO_WEIGHTS")
+    return LOSS_REDUCTIONS[loss_reduction]
+
+
 def _model(head, parts: Sequence[_Part], weight_column, estimator_only: Mapping[str, Any],
            train_input_fn, eval_input_fn, serving_input_fn, params, hooks=(),
-           chief_hooks=()) -> api.Model:
+           chief_hooks=(), loss_reduction=REDUCTION.SUM) -> api.Model:
     for name in estimator_only:
         if name in ESTIMATOR_ONLY:
             raise TypeError(f"{name} is an argument of the Estimator, not of sync_mnist's "
@@ -410,10 +437,11 @@ def _model(head, parts: Sequence[_Part], weight_column, estimator_only: Mapping[
         raise TypeError("weight_column must be a feature's key or a numeric_column, got "
                         f"{type(weight_column).__name__}")
     hooks, chief_hooks = _hooks("hooks", hooks), _hooks("chief_hooks", chief_hooks)
+    reduction = _reduction(loss_reduction)
     if serving_input_fn is None:
         serving_input_fn = api.parsing_serving_input_fn(_parse_spec(parts))
-    return api.Model(_model_fn(head, parts, weight_column, hooks, chief_hooks), train_input_fn,
-                     eval_input_fn, serving_input_fn=serving_input_fn,
+    return api.Model(_model_fn(head, parts, weight_column, reduction, hooks, chief_hooks),
+                     train_input_fn, eval_input_fn, serving_input_fn=serving_input_fn,
                      params=dict(params or {}))
 
 
@@ -478,52 +506,52 @@ def DNNClassifier(hidden_units, feature_columns, *, train_input_fn, eval_input_f
                   serving_input_fn=None, params=None, hooks=(), chief_hooks=(), n_classes=2,
                   weight_column=None, label_vocabulary=None, optimizer="Adagrad",
                   activation_fn=tf.nn.relu, dropout=None, batch_norm=False,
-                  **estimator_only) -> api.Model:
+                  loss_reduction=REDUCTION.SUM, **estimator_only) -> api.Model:
     """tf.estimator.DNNClassifier: dense layers over `feature_columns`, Adagrad at 0.05."""
     part = _dnn(hidden_units, feature_columns, optimizer, DNN_LEARNING_RATE, activation_fn,
                 dropout, batch_norm)
     return _model(_classifier_head(n_classes, label_vocabulary), [part], weight_column,
                   estimator_only, train_input_fn, eval_input_fn, serving_input_fn, params,
-                  hooks, chief_hooks)
+                  hooks, chief_hooks, loss_reduction)
 
 
 def DNNRegressor(hidden_units, feature_columns, *, train_input_fn, eval_input_fn,
                  serving_input_fn=None, params=None, hooks=(), chief_hooks=(),
                  label_dimension=1, weight_column=None, optimizer="Adagrad",
                  activation_fn=tf.nn.relu, dropout=None, batch_norm=False,
-                 **estimator_only) -> api.Model:
+                 loss_reduction=REDUCTION.SUM, **estimator_only) -> api.Model:
     """tf.estimator.DNNRegressor: dense layers over `feature_columns`, Adagrad at 0.05."""
     part = _dnn(hidden_units, feature_columns, optimizer, DNN_LEARNING_RATE, activation_fn,
                 dropout, batch_norm)
     return _model(_RegressionHead(label_dimension), [part], weight_column,
                   estimator_only, train_input_fn, eval_input_fn, serving_input_fn, params,
-                  hooks, chief_hooks)
+                  hooks, chief_hooks, loss_reduction)
 
 
 def LinearClassifier(feature_columns, *, train_input_fn, eval_input_fn, serving_input_fn=None,
                      params=None, hooks=(), chief_hooks=(), n_classes=2, weight_column=None,
                      label_vocabulary=None, optimizer="Ftrl", sparse_combiner="sum",
-                     **estimator_only) -> api.Model:
+                     loss_reduction=REDUCTION.SUM, **estimator_only) -> api.Model:
     """tf.estimator.LinearClassifier: linear_model over `feature_columns`, FTRL at 0.2 (with
     optimizer=None, at min(0.2, 1 / sqrt(len(feature_columns))))."""
     part = _linear(feature_columns, *_linear_default(optimizer, feature_columns),
                    sparse_combiner)
     return _model(_classifier_head(n_classes, label_vocabulary), [part], weight_column,
                   estimator_only, train_input_fn, eval_input_fn, serving_input_fn, params,
-                  hooks, chief_hooks)
+                  hooks, chief_hooks, loss_reduction)
 
 
 def LinearRegressor(feature_columns, *, train_input_fn, eval_input_fn, serving_input_fn=None,
                     params=None, hooks=(), chief_hooks=(), label_dimension=1,
                     weight_column=None, optimizer="Ftrl", sparse_combiner="sum",
-                    **estimator_only) -> api.Model:
+                    loss_reduction=REDUCTION.SUM, **estimator_only) -> api.Model:
     """tf.estimator.LinearRegressor: linear_model over `feature_columns`, FTRL as
     LinearClassifier's."""
     part = _linear(feature_columns, *_linear_default(optimizer, feature_columns),
                    sparse_combiner)
     return _model(_RegressionHead(label_dimension), [part], weight_column,
                   estimator_only, train_input_fn, eval_input_fn, serving_input_fn, params,
-                  hooks, chief_hooks)
+                  hooks, chief_hooks, loss_reduction)
 
 
 def DNNLinearCombinedClassifier(*, train_input_fn, eval_input_fn, serving_input_fn=None,
@@ -533,7 +561,8 @@ def DNNLinearCombinedClassifier(*, train_input_fn, eval_input_fn, serving_input_
                                 dnn_optimizer="Adagrad", dnn_hidden_units=None,
                                 dnn_activation_fn=tf.nn.relu, dnn_dropout=None, n_classes=2,
                                 weight_column=None, label_vocabulary=None, batch_norm=False,
-                                linear_sparse_combiner="sum", **estimator_only) -> api.Model:
+                                linear_sparse_combiner="sum", loss_reduction=REDUCTION.SUM,
+                                **estimator_only) -> api.Model:
     """tf.estimator.DNNLinearCombinedClassifier (wide & deep): the linear part's logits plus
     the deep part's, each trained by its own optimizer in one update: FTRL at
     min(0.005, 1 / sqrt(len(linear_feature_columns))) and Adagrad at 0.001 by default."""
@@ -542,7 +571,7 @@ def DNNLinearCombinedClassifier(*, train_input_fn, eval_input_fn, serving_input_
                       batch_norm, linear_sparse_combiner)
     return _model(_classifier_head(n_classes, label_vocabulary), parts, weight_column,
                   estimator_only, train_input_fn, eval_input_fn, serving_input_fn, params,
-                  hooks, chief_hooks)
+                  hooks, chief_hooks, loss_reduction)
 
 
 def DNNLinearCombinedRegressor(*, train_input_fn, eval_input_fn, serving_input_fn=None,
@@ -552,11 +581,12 @@ def DNNLinearCombinedRegressor(*, train_input_fn, eval_input_fn, serving_input_f
                                dnn_optimizer="Adagrad", dnn_hidden_units=None,
                                dnn_activation_fn=tf.nn.relu, dnn_dropout=None,
                                label_dimension=1, weight_column=None, batch_norm=False,
-                               linear_sparse_combiner="sum", **estimator_only) -> api.Model:
+                               linear_sparse_combiner="sum", loss_reduction=REDUCTION.SUM,
+                               **estimator_only) -> api.Model:
     """tf.estimator.DNNLinearCombinedRegressor: wide & deep, regressing."""
     parts = _combined(linear_feature_columns, linear_optimizer, dnn_feature_columns,
                       dnn_optimizer, dnn_hidden_units, dnn_activation_fn, dnn_dropout,
                       batch_norm, linear_sparse_combiner)
     return _model(_RegressionHead(label_dimension), parts, weight_column,
                   estimator_only, train_input_fn, eval_input_fn, serving_input_fn, params,
-                  hooks, chief_hooks)
+                  hooks, chief_hooks, loss_reduction)

@@ -14,10 +14,15 @@ number of ps the source was written with. PATH must be readable by every ps at t
 --logdir must be.
 
 What is warm-started: the variables the model function makes (trainable, and its own state
-such as batch norm's moving statistics), never global_step, the counters or the optimizer's
-slots, which belong to this run. Every check is made before training and is bad input
-(ConfigError, exit 2): a PATH that is no checkpoint or SavedModel, a regex that chooses
-nothing, a name the source lacks, a shape or dtype that differs.
+such as batch norm's moving statistics), and the optimizer's state of the chosen ones where
+the source holds it as this run has it: each one's slots (FTRL's accumulators, Adagrad's,
+Adam's moments) and, with Adam's moments, Adam's beta powers. FTRL computes its weights from
+its slots: started afresh, its first update all but erases a warm-started linear part (the
+Estimator's warm start did so, as it left the slots out), so a slot the source lacks (a
+SavedModel holds none) is named before training. Never global_step or the counters, which
+belong to this run. Every check is made before training and is bad input (ConfigError, exit
+2): a PATH that is no checkpoint or SavedModel, a regex that chooses nothing, a name the
+source lacks, a shape or dtype that differs.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ class Plan:
     given: str  # --warm-start-from as given
     source: str  # the checkpoint read (a prefix): the newest of a directory, a SavedModel's own
     names: dict[str, str]  # {this model's variable: its name in the source}, in model order
+    state: dict[str, str] = dataclasses.field(default_factory=dict)  # the optimizer's, alike
+    fresh: list[str] = dataclasses.field(default_factory=list)  # slots the source lacks
 
 
 def warm_start(settings: WarmStart, model_variables: Sequence[str]) -> Plan:
@@ -71,11 +78,61 @@ def warm_start(settings: WarmStart, model_variables: Sequence[str]) -> Plan:
     names = _chosen(settings, [n for n in model_variables if n in wholes])
     for name, prev in names.items():
         _check_held(settings, name, prev, wholes[name], held)
+    state, fresh = _optimizer_state(names, wholes, held, set(model_variables))
     # A complete name map: warm_start then takes the source as written by name (tf1 Saver,
     # Estimator, this package), as this module checked it.
-    tf1.train.warm_start(source, vars_to_warm_start=[s for n in names for s in wholes[n].slices],
-                         var_name_to_prev_var_name=names)
-    return Plan(settings.source, source, names)
+    taken = {**names, **state}
+    tf1.train.warm_start(source, vars_to_warm_start=[s for n in taken for s in wholes[n].slices],
+                         var_name_to_prev_var_name=taken)
+    return Plan(settings.source, source, names, state, fresh)
+
+
+ADAM_POWERS = re.compile(r"(.*/)?beta[12]_power(_\d+)?$")  # Adam's, beside its first variable
+
+
+def _optimizer_state(names: dict[str, str], wholes: dict, held: dict,
+                     model: set[str]) -> tuple[dict[str, str], list[str]]:
+    """({optimizer variable: its name in the source} to take, [slots the source lacks]).
+
+    A slot of a chosen variable is named after it (`dense/kernel/Adam_1`, `linear/.../weights/
+    Ftrl`); it is taken where the source holds it under the variable's name there with this
+    shape and dtype. Adam's beta powers go with its moments: a moment taken with the powers
+    started afresh would be corrected as if it had seen one step.
+    """
+    state, fresh = {}, []
+    for name, whole in wholes.items():
+        if name in model:
+            continue
+        primary = max((n for n in names if name.startswith(n + "/")), key=len, default=None)
+        if primary is None:
+            continue
+        prev = names[primary] + name[len(primary):]
+        if _fits(held.get(prev), whole):
+            state[name] = prev
+        else:
+            fresh.append(name)
+    if any(re.search(r"/Adam(_1)?$", name) for name in state):
+        state.update((name, name) for name, whole in wholes.items()
+                     if ADAM_POWERS.match(name) and _fits(held.get(name), whole))
+    return state, fresh
+
+
+def fresh_line(plan: Plan) -> str:
+    """The warning for the slots the source lacks, which start afresh."""
+    ftrl = [n for n in plan.fresh if re.search(r"/Ftrl(_1)?$", n)]
+    why = (f"; FTRL computes its weights from its slots, so its first update moves "
+           f"{ftrl[0].rsplit('/', 1)[0]} and the rest of its part far from the source's"
+           if ftrl else "")
+    return (f"--warm-start-from {plan.given} holds no {plan.fresh[0]}"
+            + (f" nor {len(plan.fresh) - 1} more of the optimizer's slots"
+               if len(plan.fresh) > 1 else "")
+            + f" as this run has them: they start afresh{why}")
+
+
+def _fits(there: tuple | None, whole: placement.Whole) -> bool:
+    """Whether the source's (shape, dtype), if any, is `whole`'s."""
+    return there is not None and list(there[0]) == whole.shape and \
+        there[1].base_dtype == whole.slices[0].dtype.base_dtype
 
 
 def source_checkpoint(given: str) -> str:

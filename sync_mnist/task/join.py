@@ -114,8 +114,11 @@ def _take_position(w: Worker, side: SideSession, status: sessions.SessionStatus,
                                    me=config.name, restarted_chief=True)
     start_step = int(side.run(g.state.global_step, options=w.bounded))
     if status.model == "initialised" and w.warm:
-        log.info("warm-started %d of the model's %d variables from %s", len(w.warm.names),
-                 len(g.model_variables), w.warm.source)
+        log.info("warm-started %d of the model's %d variables from %s, and %d of the "
+                 "optimizer's", len(w.warm.names), len(g.model_variables), w.warm.source,
+                 len(w.warm.state))
+        if w.warm.fresh:
+            log.warning(warm_start.fresh_line(w.warm))
     how = {"restored": f"restored from the checkpoint in {w.logdir}",
            "continued": "the model was already on the ps",
            "initialised": "initialised"}.get(status.model)

@@ -86,7 +86,8 @@ def _result(w: Worker, joined: Joined, trained: Trained, finished: Finished,
     result.sessions = joined.status.sessions
     result.failed_saves, result.save_error = joined.status.failed_saves, joined.status.save_error
     if w.warm and joined.status.model == "initialised":
-        result.warm_started = {"from": w.warm.source, "variables": len(w.warm.names)}
+        result.warm_started = {"from": w.warm.source, "variables": len(w.warm.names),
+                               "optimizer_variables": len(w.warm.state)}
     result.finished_at, result.train_s = trained.finished_at, trained.train_s
     result.local_steps, result.last_token = trained.local_steps, trained.last_token or None
     result.examples_per_sec = (train.batch_size * trained.local_steps

@@ -198,9 +198,10 @@ def test_wide_and_deep_on_two_ps_gives_each_part_its_optimizers_slots_beside_it(
     (lambda: _make("DNNClassifier", model_dir="/tmp/m"),
      "model_dir is an argument of the Estimator, not of sync_mnist's canned models: here "
      "that is the command line's --logdir"),
-    (lambda: _make("LinearRegressor", loss_reduction="sum"),
-     "loss_reduction is an argument of the Estimator, not of sync_mnist's canned models: "
-     "here that is the batch mean, always (docs/your-model.md, \"Canned models\")"),
+    (lambda: _make("LinearRegressor", loss_reduction=tf1.losses.Reduction.NONE),
+     "loss_reduction 'none' is not taken here: tf.compat.v1.losses.Reduction.SUM (v1's "
+     "canned models' default, and these), SUM_OVER_BATCH_SIZE (TensorFlow 2's), MEAN or "
+     "SUM_BY_NONZERO_WEIGHTS"),
     (lambda: _make("DNNClassifier", hidden_unit=[3]), "unexpected keyword argument "
                                                       "'hidden_unit'"),
     (lambda: _make("DNNClassifier", optimizer="Adadelta"),

@@ -23,10 +23,12 @@ BINARY = ["accuracy", "accuracy_baseline", "auc", "auc_precision_recall", "avera
           "label/mean", "loss", "precision", "prediction/mean", "recall"]
 
 
-def test_the_binary_heads_loss_is_the_weighted_batch_mean_and_its_metrics_the_estimators():
+def test_the_binary_heads_loss_is_the_weighted_batch_sum_and_its_metrics_the_estimators():
     """logits = x (weight 1, bias 0) on four examples, weighted 1, 2, 1, 1, labelled by name.
-    The loss is the mean of the weighted losses over the batch (not their sum, v1's default);
-    average_loss and the other metrics are weighted means, as the Estimator's were."""
+    The loss trained is the sum of the weighted losses over the batch (v1's default), and the
+    `loss` metric its mean over batches (here one); the EVAL spec's loss, the chief's
+    test_loss, is their mean over the batch; average_loss and the other metrics are weighted
+    means, as the Estimator's were."""
     x = np.array([-2.0, -1.0, 0.5, 3.0], np.float32)
     weights = np.array([1.0, 2.0, 1.0, 1.0], np.float32)
     labels = np.array(["no", "yes", "yes", "yes"])
@@ -42,10 +44,10 @@ def test_the_binary_heads_loss_is_the_weighted_batch_mean_and_its_metrics_the_es
     losses = np.log1p(np.exp(-x)) * y + np.log1p(np.exp(x)) * (1 - y)
     p = 1 / (1 + np.exp(-x.astype(np.float64)))
     assert loss == pytest.approx(np.sum(weights * losses) / 4, rel=1e-6)
-    assert metrics["loss"] == pytest.approx(loss, rel=1e-6)
+    assert metrics["loss"] == pytest.approx(np.sum(weights * losses), rel=1e-6)
     assert sorted(metrics) == BINARY
     expected = {
-        "loss": loss, "average_loss": np.sum(weights * losses) / 5,
+        "average_loss": np.sum(weights * losses) / 5,
         "accuracy": 3 / 5,  # predicted no, no, yes, yes: the weight-2 example wrong
         "precision": 1.0, "recall": 2 / 4, "label/mean": 4 / 5, "accuracy_baseline": 4 / 5,
         "prediction/mean": np.sum(weights * p) / 5}
@@ -53,6 +55,25 @@ def test_the_binary_heads_loss_is_the_weighted_batch_mean_and_its_metrics_the_es
     # Every "yes" scored above the "no" (tf1.metrics.auc: 200 thresholds, so not exactly 1).
     assert metrics["auc"] == pytest.approx(1.0, abs=1e-2)
     assert classes[:, 0].tolist() == [b"no", b"no", b"yes", b"yes"]
+
+
+@pytest.mark.parametrize("reduction, divisor", [
+    (tf1.losses.Reduction.SUM, 1), ("sum", 1), (tf1.losses.Reduction.SUM_OVER_BATCH_SIZE, 4),
+    ("sum_over_batch_size", 4), (tf1.losses.Reduction.MEAN, 5),
+    (tf1.losses.Reduction.SUM_BY_NONZERO_WEIGHTS, 4)])
+def test_the_loss_trained_is_reduced_as_loss_reduction_says(reduction, divisor):
+    """The weighted losses of the four examples above (weights summing to 5), reduced as
+    tf.compat.v1.losses.Reduction says, or Keras's names for two of them."""
+    x = np.array([-2.0, -1.0, 0.5, 3.0], np.float32)
+    weights = np.array([1.0, 2.0, 1.0, 1.0], np.float32)
+    model = canned.LinearClassifier([fc.numeric_column("x")], weight_column="w",
+                                    loss_reduction=reduction, train_input_fn=None,
+                                    eval_input_fn=None)
+    loss = _with_logits_x(model, {"x": x[:, None], "w": weights}, np.array([0, 1, 1, 1]),
+                          sm.ModeKeys.TRAIN, lambda spec: spec.loss)
+    y = np.array([0.0, 1.0, 1.0, 1.0])
+    losses = np.log1p(np.exp(-x)) * y + np.log1p(np.exp(x)) * (1 - y)
+    assert loss == pytest.approx(np.sum(weights * losses) / divisor, rel=1e-6)
 
 
 def _with_logits_x(model, features, labels, mode, fetches):
@@ -63,11 +84,12 @@ def _with_logits_x(model, features, labels, mode, fetches):
                               None if labels is None else tf.constant(labels), mode, {})
         sess.run([tf1.global_variables_initializer(), tf1.local_variables_initializer()])
         sess.run(tf1.assign(tf1.global_variables("linear/linear_model/x/weights")[0], [[1.0]]))
-        sess.run([update for _, update in spec.eval_metric_ops.values()])
+        sess.run([update for _, update in (spec.eval_metric_ops or {}).values()])
         return sess.run(fetches(spec))
 
 
 ROWS, EVAL_ROWS, STEPS, BATCH = 64, 40, 4, 8
+WARM_STEPS = 40  # a source trained this long, its FTRL accumulators grown
 
 
 def _data(rows: int, seed: int):
@@ -120,7 +142,8 @@ def test_wide_and_deep_trains_synchronously_with_two_optimizers_and_the_estimato
     label_mean = _data(EVAL_ROWS, 2)[1].mean()
     assert metrics["label/mean"] == pytest.approx(label_mean, rel=1e-6)
     assert metrics["accuracy_baseline"] == pytest.approx(max(label_mean, 1 - label_mean))
-    assert metrics["loss"] == pytest.approx(chief.test_loss, rel=1e-5)
+    # loss: the batch sum trained, over the one evaluation batch; test_loss: per example.
+    assert metrics["loss"] == pytest.approx(chief.test_loss * EVAL_ROWS, rel=1e-5)
     assert chief.test_accuracy == metrics["accuracy"]
     # Each part moved by its own optimizer: FTRL's accumulator of the linear weights, and
     # Adagrad's of the deep kernels, both from their start of 0.1.
@@ -149,3 +172,26 @@ def test_wide_and_deep_trains_synchronously_with_two_optimizers_and_the_estimato
                               "logits", "probabilities"]
     assert answer["classes"][:, 0].tolist() == [str(c).encode() for c in answer["class_ids"][:, 0]]
     np.testing.assert_allclose(answer["probabilities"][:, 1], answer["logistic"][:, 0], rtol=1e-6)
+
+
+def test_a_warm_started_wide_part_moves_in_its_first_update_as_in_an_ordinary_one(tmp_path):
+    """FTRL computes the wide part's weights from its slots: warm-started without them, its
+    first update all but erased the weights (the Estimator's warm start did so). With them
+    (core/warm_start.py), the first update moves each weight about as the next ones do."""
+    from sync_mnist.core.config import WarmStart
+
+    source, warm = tmp_path / "source", tmp_path / "warm"
+    kwargs = dict(batch_size=BATCH, save_steps=1)
+    run_cluster(2, _wide_and_deep(), train_steps=WARM_STEPS, logdir=source, **kwargs)
+    started = run_cluster(2, _wide_and_deep(), train_steps=3, logdir=warm,
+                          warm_start=WarmStart(str(source)), **kwargs)
+    assert started.chief.warm_started["optimizer_variables"] > 0, started.chief.warm_started
+    last = tf.train.load_checkpoint(str(source / f"model.ckpt-{WARM_STEPS}"))
+    steps = [tf.train.load_checkpoint(str(warm / f"model.ckpt-{k}")) for k in range(4)]
+    for name in ("linear/linear_model/x/weights", "linear/linear_model/color/weights",
+                 "linear/linear_model/bias_weights"):
+        np.testing.assert_array_equal(steps[0].get_tensor(name), last.get_tensor(name))
+        moved = [np.abs(b.get_tensor(name) - a.get_tensor(name)).max()
+                 for a, b in zip(steps, steps[1:])]
+        # Without the slots: 0.038 then 0.0049 and 0.0033 (x's weights, at most 0.052).
+        assert moved[0] < 2 * max(moved[1:]), (name, moved)

@@ -1,6 +1,7 @@
 """--warm-start-from (core/warm_start.py): the model's variables start as the source's, from a
 checkpoint or a SavedModel, cut over another number of ps than the source was; the regexes and
-the name map choose and rename; global_step and the optimizer's slots stay this run's; every
+the name map choose and rename; the optimizer's slots (and Adam's powers) come along where the
+source holds them, and are named where it does not; global_step stays this run's; every
 mistake is one line. Then one in-process cluster: warm-started once, and a restarted chief
 resumes its own checkpoint instead.
 
@@ -119,12 +120,25 @@ def test_the_model_starts_as_the_source_whatever_the_number_of_ps(source, kind, 
                                "logdir": source.checkpoint}.get(kind, given))
     for name in NAMES:
         np.testing.assert_array_equal(values[name], source.values[name], err_msg=name)
-    # This run's own: its step and its optimizer's slots start afresh, not as the source's.
+    # This run's own: its step starts afresh, not as the source's.
     fresh = _fresh(slices)
     assert values["global_step"] == 0 and source.values["global_step"] == 2
-    for name in ("dense/kernel/Adam", "dense/bias/Adam_1", "beta1_power"):
-        np.testing.assert_array_equal(values[name], fresh[name], err_msg=name)
-        assert not np.array_equal(values[name], source.values[name]), name
+    # The optimizer's state: the source's where it holds it (a checkpoint), else afresh and
+    # named (a SavedModel holds the model's variables alone).
+    state = ["dense/kernel/Adam", "dense/kernel/Adam_1", "dense/bias/Adam",
+             "dense/bias/Adam_1"]
+    if kind == "saved_model":
+        assert plan.state == {} and sorted(plan.fresh) == sorted(state)
+        assert warm_start.fresh_line(plan) == (
+            f"--warm-start-from {given} holds no {plan.fresh[0]} nor 3 more of the "
+            "optimizer's slots as this run has them: they start afresh")
+    else:
+        assert plan.state == {n: n for n in [*state, "beta1_power", "beta2_power"]}
+        assert plan.fresh == []
+    for name in (*state, "beta1_power", "beta2_power"):
+        expected = fresh if kind == "saved_model" else source.values
+        np.testing.assert_array_equal(values[name], expected[name], err_msg=name)
+        assert not np.array_equal(fresh[name], source.values[name]), name
 
 
 def test_the_regexes_choose_and_the_map_renames(source):
@@ -202,12 +216,15 @@ def test_a_cluster_warm_starts_once_and_a_restarted_chief_resumes_its_own_checkp
     first = run_cluster(1, num_ps=2, train_steps=2, **kwargs)
     assert first.chief.synchronous is True, first.chief.verdict
     assert first.chief.warm_started == {"from": str(yesterday / "variables/variables"),
-                                        "variables": 3}
+                                        "variables": 3, "optimizer_variables": 0}
     # The run's first checkpoint, saved as its session was made: the source's values.
     start = tf.train.load_checkpoint(str(logdir / "model.ckpt-0"))
     for name in NAMES:
         np.testing.assert_array_equal(start.get_tensor(name), source.values[name], err_msg=name)
     assert "warm-started 3 of the model's 3 variables from " in caplog.text
+    # A SavedModel holds no slots: said before training.
+    assert f"--warm-start-from {yesterday} holds no dense/kernel/Adam nor 3 more of the " \
+           "optimizer's slots as this run has them: they start afresh" in caplog.text
     saved = tf.train.load_checkpoint(str(logdir / "model.ckpt-2")).get_tensor("dense/kernel")
     assert not np.array_equal(saved, source.values["dense/kernel"])  # it trained
 
