@@ -210,6 +210,9 @@ class TrainConfig:
     # Time to accuracy (early_stop.py): the chief evaluates on the model's evaluation data every this many
     # updates (global steps); None: only once, at the end.
     eval_every: int | None = None
+    # The chief evaluates the model as it starts to train, before the first update: a warm
+    # start or a restore seen working (chief.Chief.at_the_start).
+    eval_at_start: bool = False
     # The cluster stops at the first of those evaluations whose accuracy reaches this; None: it
     # trains the planned steps or epochs.
     target_accuracy: float | None = None
@@ -294,6 +297,9 @@ class TrainConfig:
         if self.setup == "question" and self.eval_every is not None:
             raise ConfigError(f"--eval-every {self.eval_every} applies to --setup fixed only, "
                               "not to the question's replay")
+        if self.setup == "question" and self.eval_at_start:
+            raise ConfigError("--eval-at-start applies to --setup fixed only, not to the "
+                              "question's replay")
         if a is not None and not self.proof:
             # The stop is latched by the update op that the proof counters wrap (sync.py).
             raise ConfigError("--target-accuracy needs the proof counters; drop --bench-no-proof")

@@ -34,6 +34,7 @@ class Chief:
         self.eval_data = self.evaluator = self.side = None
         self.evaluations: early_stop.ChiefEvaluations | None = None
         self.test_metrics: dict | None = None  # the last evaluation's
+        self.evaluation_at_start: dict | None = None  # --eval-at-start's (at_the_start)
         self.weights = None  # read for the SavedModel at the finish
 
     def during_training(self, side: SideSession) -> early_stop.ChiefEvaluations | None:
@@ -81,6 +82,16 @@ class Chief:
             e.handled()  # raised again below, arming its own last resort
             raise waits.timeout_naming_silent_ps(str(e), self.side, self.w.graph,
                                                  self.w.config.cluster, 0) from None
+
+    def at_the_start(self, step: int) -> None:
+        """--eval-at-start: the model as the chief starts to train, at global step `step`,
+        before its first update (the other workers wait for it, as for any evaluation)."""
+        accuracy, loss = self.evaluate()
+        log.info("evaluation at the start, global_step=%d: test_accuracy=%s test_loss=%.4f on "
+                 "%d evaluation examples (%s)", step,
+                 "-" if accuracy is None else f"{accuracy:.4f}", loss, self.evaluator.examples,
+                 " ".join(f"{k}={v:.4f}" for k, v in self.test_metrics.items()))
+        self.evaluation_at_start = {"global_step": step, "loss": loss, **self.test_metrics}
 
     def at_the_finish(self, counters: Counters, awaiting) -> Evaluated:
         """The final evaluation, the summaries, and the weights for the SavedModel, read while

@@ -168,6 +168,10 @@ def _add_protocol_options(g) -> None:
                    help="the chief evaluates on the model's evaluation data every K updates "
                         "(global steps), into TensorBoard (test/accuracy) and the result record "
                         "(default: none: only at the end)")
+    g.add_argument("--eval-at-start", action="store_true",
+                   help="the chief also evaluates the model as it starts to train (initialised, "
+                        "warm-started, restored or found on the ps), before the first update, "
+                        "and logs it as it logs the final evaluation (default: off)")
     g.add_argument("--target-accuracy", type=float, default=None, metavar="A",
                    help="stop the whole cluster, all workers on the same update, at the first "
                         "of those evaluations whose test accuracy reaches A (0 < A <= 1; needs "
@@ -211,6 +215,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
                        restart_grace=args.restart_grace, preempt_grace=args.preempt_grace,
                        replicas_to_aggregate=args.replicas_to_aggregate, setup=args.setup,
                        proof=not args.bench_no_proof, eval_every=args.eval_every,
+                       eval_at_start=args.eval_at_start,
                        target_accuracy=args.target_accuracy, wire_dtype=args.wire_dtype,
                        warm_start=_warm_start(args), count_examples=args.count_examples,
                        count_examples_ids=args.count_examples_ids)

@@ -83,6 +83,9 @@ class TaskResult:
     # Time to accuracy (early_stop.py), chief only: every --eval-every updates, a point
     # [global_step, seconds since training started, test accuracy, test loss].
     evaluations: list[list] | None = None
+    # --eval-at-start, chief only: the model as training started, before the first update:
+    # {"global_step": S, "loss": the mean loss, and the model's metrics}.
+    evaluation_at_start: dict | None = None
     target_accuracy: float | None = None  # --target-accuracy
     time_to_target_s: float | None = None  # seconds to the first evaluation at or above it
     updates_to_target: int | None = None  # the global step of that evaluation
@@ -229,7 +232,7 @@ _CHIEF_KEYS = ("mode", "test_accuracy", "test_loss", "test_metrics", "dataset",
                "dataset_description", "model",
                # time to accuracy: the chief's evaluations, and when the target was reached
                "target_accuracy", "time_to_target_s", "updates_to_target", "accuracy_at_target",
-               "stop_step", "evaluations", "preempted_at")
+               "stop_step", "evaluations", "evaluation_at_start", "preempted_at")
 
 
 def cluster_summary(results: list[TaskResult], tasks, wall: float) -> dict:

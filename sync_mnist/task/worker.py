@@ -40,6 +40,8 @@ def run_worker(config: TaskConfig, *, model: api.Model | None = None, server=Non
     chief = Chief(w) if config.is_chief else None
     finished = evaluated = None
     with join(w) as (sess, joined):
+        if chief and config.train.eval_at_start:
+            chief.at_the_start(joined.start_step)
         trained = lockstep.train(w, joined, sess,
                                  chief.during_training(joined.side) if chief else None)
         if chief:
@@ -85,6 +87,8 @@ def _result(w: Worker, joined: Joined, trained: Trained, finished: Finished,
     result.rejoined, result.start_step = joined.rejoined, joined.start_step
     result.sessions = joined.status.sessions
     result.failed_saves, result.save_error = joined.status.failed_saves, joined.status.save_error
+    if chief:
+        result.evaluation_at_start = chief.evaluation_at_start
     if w.warm and joined.status.model == "initialised":
         result.warm_started = {"from": w.warm.source, "variables": len(w.warm.names),
                                "optimizer_variables": len(w.warm.state)}

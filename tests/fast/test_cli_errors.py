@@ -135,6 +135,9 @@ TASK_ERRORS = {
     "target accuracy without eval-every": ([*WORKER_1, "--target-accuracy", "0.5"], None,
                                            "error: --target-accuracy 0.5 needs --eval-every K: "
                                            "the target is checked at those evaluations"),
+    "eval at start in the replay": ([*WORKER_1, "--setup", "question", "--eval-at-start"],
+                                    None, "error: --eval-at-start applies to --setup fixed "
+                                          "only, not to the question's replay"),
     "negative target accuracy": ([*WORKER_1, "--target-accuracy", "-0.1", "--eval-every", "5"],
                                  None, "error: --target-accuracy must be in (0, 1], a fraction "
                                        "of the evaluation examples, got -0.1"),
@@ -489,7 +492,8 @@ TRAINING_OPTIONS = {"--model", "--train-steps", "--epochs", "--batch-size", "--l
                     "--optimizer", "--seed", "--dataset", "--data-dir", "--logdir",
                     "--save-steps", "--save-secs", "--timeout", "--mode",
                     "--replicas-to-aggregate", "--setup", "--log-every", "--summary-json",
-                    "--export-dir", "--verbose", "--eval-every", "--target-accuracy",
+                    "--export-dir", "--verbose", "--eval-every", "--eval-at-start",
+                    "--target-accuracy",
                     "--restart-grace", "--preempt-grace", "--wire-dtype", "--train-files",
                     "--eval-files", "--warm-start-from", "--warm-start-vars",
                     "--warm-start-map", "--count-examples", "--count-examples-ids"}

@@ -177,15 +177,21 @@ def test_wide_and_deep_trains_synchronously_with_two_optimizers_and_the_estimato
 def test_a_warm_started_wide_part_moves_in_its_first_update_as_in_an_ordinary_one(tmp_path):
     """FTRL computes the wide part's weights from its slots: warm-started without them, its
     first update all but erased the weights (the Estimator's warm start did so). With them
-    (core/warm_start.py), the first update moves each weight about as the next ones do."""
+    (core/warm_start.py), the first update moves each weight about as the next ones do. And
+    --eval-at-start shows the warm start: the model scores as its source."""
     from sync_mnist.core.config import WarmStart
 
     source, warm = tmp_path / "source", tmp_path / "warm"
     kwargs = dict(batch_size=BATCH, save_steps=1)
-    run_cluster(2, _wide_and_deep(), train_steps=WARM_STEPS, logdir=source, **kwargs)
+    trained = run_cluster(2, _wide_and_deep(), train_steps=WARM_STEPS, logdir=source,
+                          **kwargs)
     started = run_cluster(2, _wide_and_deep(), train_steps=3, logdir=warm,
-                          warm_start=WarmStart(str(source)), **kwargs)
+                          warm_start=WarmStart(str(source)), eval_at_start=True, **kwargs)
     assert started.chief.warm_started["optimizer_variables"] > 0, started.chief.warm_started
+    # --eval-at-start: before its first update, the warm-started model scores as its source
+    # did after its last.
+    assert started.chief.evaluation_at_start == {
+        "global_step": 0, "loss": trained.chief.test_loss, **trained.chief.test_metrics}
     last = tf.train.load_checkpoint(str(source / f"model.ckpt-{WARM_STEPS}"))
     steps = [tf.train.load_checkpoint(str(warm / f"model.ckpt-{k}")) for k in range(4)]
     for name in ("linear/linear_model/x/weights", "linear/linear_model/color/weights",
