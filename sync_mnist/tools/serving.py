@@ -183,6 +183,7 @@ def _input_values(example: dict, sig: Signature, where: str) -> dict:
             value = np.asarray(example[name], dtype=spec.dtype.as_numpy_dtype)
             if spec.dtype == tf.string and not all(isinstance(v, str) for v in value.flat):
                 raise TypeError("not all of it is strings")
+            _exact(np.asarray(example[name], dtype=object), spec.dtype)
         except (ValueError, TypeError, OverflowError) as e:
             raise InputError(f"{where}: input {name!r} is not {spec.dtype.name}: {e}") from None
         if spec.shape.rank is not None and not spec.shape[1:].is_compatible_with(value.shape):
@@ -190,6 +191,16 @@ def _input_values(example: dict, sig: Signature, where: str) -> dict:
                              f"example of {spec.shape.as_list()} has {spec.shape[1:].as_list()}")
         values[name] = value
     return values
+
+
+def _exact(given: np.ndarray, dtype: tf.DType) -> None:
+    """Raises TypeError for a JSON value numpy would convert to `dtype` with a loss: true or
+    false for a number, a fraction for an integer (np.asarray takes 1.9999 as 1)."""
+    for v in given.flat:
+        if isinstance(v, bool) and dtype != tf.bool:
+            raise TypeError(f"{json.dumps(v)} is not a number")
+        if dtype.is_integer and not isinstance(v, int):
+            raise TypeError(f"{json.dumps(v)} is not a whole number")
 
 
 def _tfrecord_rows(path: Path, sig: Signature) -> Iterator[Row]:

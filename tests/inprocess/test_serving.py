@@ -215,6 +215,10 @@ def test_predict_answers_the_click_model_from_json_lines(click_model, tmp_path, 
     ('{"id": [1]}', "line 2: no input 'ids': signature 'serving_default' takes ids (int64 "
                     "[None, 8])"),
     ('{"ids": [1, 2, 3, 4, 5, 6, 7, "x"]}', "line 2: input 'ids' is not int64"),
+    ('{"ids": [1, 2, 3, 4, 5, 6, 7, 1.9999]}',
+     "line 2: input 'ids' is not int64: 1.9999 is not a whole number"),
+    ('{"ids": [1, 2, 3, 4, 5, 6, 7, true]}', "line 2: input 'ids' is not int64: true is not a "
+                                             "number"),
     ('[1, 2]', "line 2: not a JSON object but list"),
     ('{"ids": [1,', "line 2: not JSON"),
 ])
