@@ -218,10 +218,14 @@ def _planted(evaluation: list[str]) -> tuple[str, dict | None]:
         return manifest, None
     try:
         planted = json.loads(Path(manifest).read_text())["planted"]
-        planted["fields"], planted["empty_ids"]  # noqa: B018 (what reading needs)
+        # What reading and the evaluation's planted probability need, checked before training.
+        missing = [k for k in PLANTED_KEYS if k not in planted]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DataError(f"{manifest}: cannot read the planted model: "
                         f"{type(e).__name__}: {e}") from None
+    if missing:
+        raise DataError(f"{manifest}: its planted model has no {', '.join(missing)}: write the "
+                        "clicks again, or remove it to read them as a real log")
     return manifest, planted
 
 
@@ -468,6 +472,10 @@ def _planted_probability(ids, planted: dict):
 def empty_ids(fields: int, vocabulary: int) -> list[int]:
     """The id each field writes empty: rank f in field f."""
     return [min(f, vocabulary - 1) for f in range(fields)]
+
+
+# planted_model's keys that reading needs (_planted_probability and the empty ids).
+PLANTED_KEYS = ("fields", "vocabulary", "weight_scale", "bias", "seed", "empty_ids")
 
 
 def planted_model(params: dict, model: str) -> dict:

@@ -7,6 +7,7 @@ tests/inprocess/test_click_files_reading.py reads the files back."""
 from __future__ import annotations
 
 import gzip
+import json
 
 import numpy as np
 import pytest
@@ -93,6 +94,19 @@ def test_clicks_written_for_another_model_are_refused_before_training(tmp_path):
     with pytest.raises(DataError, match="written for a model of 8 fields"):
         ctr.train_input_fn({**ctr.PARAMS,
                             **models.data_params("ctr", {"data_dir": tmp_path})})
+
+
+def test_a_planted_model_without_what_the_evaluation_needs_is_refused_before_training(
+        tmp_path):
+    _write(tmp_path, "tsv", train=30, files=1)
+    manifest = tmp_path / clicklog.MANIFEST
+    written = json.loads(manifest.read_text())
+    del written["planted"]["vocabulary"]
+    manifest.write_text(json.dumps(written))
+    with pytest.raises(DataError) as raised:
+        ctr.train_input_fn(_params(tmp_path))
+    assert str(raised.value) == (f"{manifest}: its planted model has no vocabulary: write the "
+                                 "clicks again, or remove it to read them as a real log")
 
 
 def test_the_click_model_s_data_options():
