@@ -102,12 +102,15 @@ def _raised(spec: str, where: str, error: BaseException):
 
 
 def user_traceback(error: BaseException) -> str:
-    """The traceback of `error`, from the first frame outside this package on."""
+    """The traceback of `error`, from the first frame outside this package on; "" when every
+    frame is the package's (a built-in model's data error: its message says it all)."""
     frames = traceback.extract_tb(error.__traceback__)
     package = str(Path(__file__).resolve().parents[1])
     first = next((k for k, f in enumerate(frames)
                   if not f.filename.startswith(package) and "importlib" not in f.filename),
-                 0)
+                 None)
+    if first is None:
+        return ""
     lines = traceback.format_list(frames[first:])
     lines += traceback.format_exception_only(type(error), error)
     return "Traceback (most recent call last):\n" + "".join(lines).rstrip()

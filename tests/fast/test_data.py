@@ -453,3 +453,22 @@ def test_synthetic_is_learnable():
         ds.test_labels
     )
     assert accuracy > 0.9
+
+
+def test_a_built_in_models_data_error_is_its_line_alone(tmp_path):
+    """Raised by the package's own code (the built-in model reading --data-dir), the error's
+    line says it all: no traceback of the package's frames below it (exit 2, one line)."""
+    from sync_mnist import api
+    from sync_mnist.models import mnist
+    from sync_mnist.task import inputs
+
+    _write_tiny(tmp_path)
+    path = tmp_path / TRAIN_IMAGES
+    raw = gzip.decompress(path.read_bytes())
+    path.write_bytes(gzip.compress(raw[:-1]))
+    with pytest.raises(api.ContractError) as raised:
+        inputs.call_input_fn("train_input_fn", mnist.train_input_fn,
+                             {**mnist.PARAMS, "data_dir": str(tmp_path)})
+    assert str(raised.value) == (f"train_input_fn raised DataError: {path}: truncated: header "
+                                 "says 50 images of 28x28 (39200 bytes), found 39199 bytes")
+    assert raised.value.details == ""
