@@ -467,3 +467,17 @@ def test_a_position_that_cannot_be_restored_is_passed_over_for_the_start(tmp_pat
         assert stream.batch(35)[0]["id"].tolist() == whole[35]
     assert "my input's position saved at batch 32 cannot be restored (" in caplog.text
     assert "starting my input at batch 35 (reading past the batches before it)" in caplog.text
+
+
+def test_a_file_deleted_mid_stream_is_bad_data_naming_that_file_alone(tmp_path):
+    """TensorFlow's line names the file that is gone; the package adds no file of its own (its
+    search, reading each file alone, found another one before)."""
+    files = stream_model.write(tmp_path, [40, 40])
+    files[1].unlink()  # after the input listed it (the list is given), before it reads it
+    stream = _stream(files, num_workers=1, batch_size=2)
+    with pytest.raises(DataError) as raised:
+        for step in range(40):
+            stream.batch(step)
+    assert str(raised.value) == (
+        "train_input_fn: reading batches 16 to 31 of worker 0's input: NotFoundError: "
+        f"{files[1]}; No such file or directory")
