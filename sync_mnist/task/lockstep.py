@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from sync_mnist.core import early_stop, stream, sync
 from sync_mnist.core.config import TaskTimeout, first_line
-from sync_mnist.core.shard import check_ids, check_pass
+from sync_mnist.core.shard import DataError, check_ids, check_pass
 from sync_mnist.task import preemption, progress_log, report
 
 tf1 = tf.compat.v1
@@ -142,6 +142,17 @@ def train(w, joined, sess, evaluations: early_stop.ChiefEvaluations | None) -> T
                    time.monotonic() - train_started)
 
 
+def refused_input(error: tf.errors.InvalidArgumentError, step: int, index: int) -> Exception:
+    """A step's InvalidArgumentError as what it is: where it is the model's own check of its
+    input failing (an Assert in its graph: a canned classifier's label out of range), bad
+    input (DataError, exit 2) naming the batch and what the check said; else itself."""
+    text = error.message
+    if "assertion failed: " not in text:
+        return error
+    said = text.split("assertion failed: ", 1)[1].split("\n", 1)[0].strip()
+    return DataError(f"batch {step} of worker {index}'s input failed the model's check: {said}")
+
+
 class _StepRunner:
     """One local step, as sync.train_loop calls it: the batch of `step`, its push, and what the
     update's token says."""
@@ -178,6 +189,8 @@ class _StepRunner:
                                                                   options=w.bounded)
         except tf.errors.DeadlineExceededError:
             token, loss, train_metrics, stop_step = self._after_a_stall(step)
+        except tf.errors.InvalidArgumentError as e:
+            raise refused_input(e, step, w.config.index) from e
         if self.lockstep and token != step + 1:
             if self.joined.status.sessions == sessions:
                 # Sync: a token can only come from the update this push joined; another

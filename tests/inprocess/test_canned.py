@@ -14,6 +14,7 @@ import tensorflow as tf
 
 import sync_mnist.api as sm
 import sync_mnist.canned as canned
+from sync_mnist.core.shard import DataError
 from inprocess_cluster import run_cluster
 
 tf1 = tf.compat.v1
@@ -201,3 +202,23 @@ def test_a_warm_started_wide_part_moves_in_its_first_update_as_in_an_ordinary_on
                  for a, b in zip(steps, steps[1:])]
         # Without the slots: 0.038 then 0.0049 and 0.0033 (x's weights, at most 0.052).
         assert moved[0] < 2 * max(moved[1:]), (name, moved)
+
+
+def test_a_label_out_of_range_is_bad_input_naming_the_batch_and_the_label():
+    """Labels 1 and 4 for a binary classifier: the head's check, run in the step, is exit 2
+    (lockstep.refused_input), naming the batch, the check and the labels."""
+    from sync_mnist.task import lockstep
+
+    model = canned.LinearClassifier([fc.numeric_column("x")], train_input_fn=None,
+                                    eval_input_fn=None)
+    with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+        _with_logits_x(model, {"x": np.array([[0.5], [1.0]], np.float32)}, np.array([1, 4]),
+                       sm.ModeKeys.TRAIN, lambda spec: spec.loss)
+    refused = lockstep.refused_input(raised.value, 7, 1)
+    assert isinstance(refused, DataError)
+    assert str(refused) == (
+        "batch 7 of worker 1's input failed the model's check: [labels must be <= 1] "
+        "[Condition x <= y did not hold element-wise:] [x (head/strided_slice_4:0) = ] "
+        "[[1][4]] [y (head/Cast:0) = ] [1]")
+    other = tf.errors.InvalidArgumentError(None, None, "Received a label value of 4")
+    assert lockstep.refused_input(other, 7, 1) is other  # not a check: the error itself
