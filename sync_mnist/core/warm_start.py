@@ -208,8 +208,23 @@ def _check_held(settings: WarmStart, name: str, prev: str, whole: placement.Whol
 def unreadable(plan: Plan | None, error: tf.errors.OpError) -> ConfigError | None:
     """The ConfigError for a warm start whose source a ps could not read, as the chief
     initialised the model (it was read where the chief checked it); None for any other error."""
-    if plan is None or plan.source not in str(error):
+    if plan is None:
+        return None
+    if isinstance(error, (tf.errors.OutOfRangeError, tf.errors.DataLossError)) and \
+            "checkpoint_initializer" in error.message:  # warm_start's readers: the data
+        return ConfigError(f"--warm-start-from {plan.given}: {plan.source} is damaged: its "
+                           f"index lists values its data does not hold whole "
+                           f"({_tensorflow_reason(error)}); a checkpoint cut short as it was "
+                           "copied or written?")
+    if plan.source not in str(error):
         return None
     return ConfigError(f"--warm-start-from {plan.given}: a ps could not read {plan.source} "
                        f"({first_line(error)}): each ps reads its own variables' values from "
                        "it, so it must be at that path on every ps's host")
+
+
+def _tensorflow_reason(error: tf.errors.OpError) -> str:
+    """TensorFlow's own words in `error`: the line before the node it names."""
+    lines = [line.strip() for line in error.message.splitlines()]
+    at = next((k for k, line in enumerate(lines) if line.startswith("[[{{node")), len(lines))
+    return next((line for line in reversed(lines[:at]) if line), first_line(error))

@@ -205,6 +205,22 @@ def test_a_source_a_ps_cannot_read_is_named(source, tmp_path):
     assert warm_start.unreadable(None, raised.value) is None
 
 
+def test_a_source_whose_data_is_cut_short_is_named(source, tmp_path):
+    """An index whose data file lost its second half: found as the model is initialised, named
+    with TensorFlow's reason (it was OutOfRangeError naming neither the file nor why)."""
+    torn = tmp_path / "torn"
+    shutil.copytree(source.root / "logdir", torn)
+    data = next(torn.glob("model.ckpt-2.data-*"))
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    given = str(torn / "model.ckpt-2")
+    with pytest.raises(tf.errors.OutOfRangeError) as raised:
+        _warm_started(WarmStart(given), 1)
+    error = warm_start.unreadable(warm_start.Plan(given, given, {}), raised.value)
+    assert str(error) == (f"--warm-start-from {given}: {given} is damaged: its index lists "
+                          "values its data does not hold whole (Read less bytes than "
+                          "requested); a checkpoint cut short as it was copied or written?")
+
+
 def test_a_cluster_warm_starts_once_and_a_restarted_chief_resumes_its_own_checkpoint(
         source, tmp_path, caplog):
     from inprocess_cluster import run_cluster
