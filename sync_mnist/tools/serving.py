@@ -20,6 +20,7 @@ import base64
 import dataclasses
 import io
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -222,6 +223,11 @@ def _tfrecord_rows(path: Path, sig: Signature) -> Iterator[Row]:
                 raise InputError(f"{where}: not a serialized tf.train.Example") from None
             read, count = read + len(record) + TFRECORD_FRAMING, number
             yield where, {name: _string(record)}
+    except tf.errors.DataLossError as e:  # a gzip or a record cut short, or damaged
+        if count:
+            raise InputError(f"{path}: damaged or cut short after its {count} whole records: "
+                             f"{reason(e)}") from None
+        raise InputError(f"{path}: not a TFRecord file: {reason(e)}") from None
     except tf.errors.OpError as e:
         raise InputError(f"{path}: not a TFRecord file: {reason(e)}") from None
     # TensorFlow's reader takes a file too short for one more record as its end: so an
@@ -265,7 +271,10 @@ def reason(error: tf.errors.OpError) -> str:
     message, without the traceback of where the op was defined and the op's name after it."""
     lines = [line.strip() for line in error.message.splitlines()]
     lines = [line for line in lines if line and not line.startswith("[[")]
-    return (lines[-1] if lines else "no message").removeprefix("Name: <unknown>, ")
+    said = (lines[-1] if lines else "no message").removeprefix("Name: <unknown>, ")
+    # An eager op's error carries the function and the op around its words.
+    said = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", said)
+    return re.sub(r"\s*\[Op:[^\]]*\].*$", "", said) or "no message"
 
 
 def _call(sig: Signature, batch: list[Row]) -> dict[str, np.ndarray]:

@@ -12,6 +12,7 @@ CLI's main runs in this process too (each process would cost a TensorFlow start-
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -255,6 +256,19 @@ def test_predict_names_a_bad_tfrecord_file_and_a_feature_of_the_wrong_type(
     code, _, err = _predict(capsys, export_dir, tmp_path / "text.tfrecord")
     assert code == 2 and err.startswith(f"error: {tmp_path / 'text.tfrecord'}: not a TFRecord "
                                         "file"), err
+    cut = tmp_path / "cut.tfrecord.gz"  # a gzip of records, its second half lost
+    with tf.io.TFRecordWriter(str(tmp_path / "whole.gz"), options="GZIP") as writer:
+        for k in range(200):
+            writer.write(tf.train.Example(features=tf.train.Features(feature={
+                "x": tf.train.Feature(float_list=tf.train.FloatList(value=[k] * 50))}))
+                .SerializeToString())
+    whole = (tmp_path / "whole.gz").read_bytes()
+    cut.write_bytes(whole[:len(whole) // 2])
+    code, answers, err = _predict(capsys, export_dir, cut)
+    assert code == 2 and answers == [], err
+    assert re.fullmatch(rf"error: {re.escape(str(cut))}: damaged or cut short after its \d+ "
+                        r"whole records: truncated record at \d+' failed with EOF reached\n",
+                        err), err
     given = tmp_path / "ints.jsonl"  # whole numbers make an int64_list; x is float
     given.write_text(json.dumps(EXAMPLES[0]) + "\n" + '{"x": [1, 2], "color": "red"}\n')
     code, _, err = _predict(capsys, export_dir, given)
