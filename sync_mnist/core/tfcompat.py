@@ -13,6 +13,35 @@ import warnings
 AUTOGRAPH_MODULES = "__autograph_generated_file"
 
 
+# Whether defer_keras set TF_USE_LEGACY_KERAS (and so takes it back once TensorFlow is in).
+_KERAS_DEFERRED = False
+
+
+def defer_keras() -> None:
+    """Before TensorFlow is imported: keeps `import tensorflow` from importing Keras 3.
+
+    It imports Keras 3 eagerly, which this graph-mode program never uses: about 0.9 s of CPU
+    in every task's start-up, 4 tasks at once on a 2-core machine. With TF_USE_LEGACY_KERAS,
+    TensorFlow tries tf_keras instead, which is not installed, and goes on without either
+    (tests/cluster/test_task_process.py checks that Keras stays out). The variable is taken
+    back once TensorFlow is in (_keras_back), so that a model of the user's that reaches for
+    tf.keras gets Keras 3 then, not an ImportError for tf_keras. A TF_USE_LEGACY_KERAS of the
+    user's own (with tf_keras installed: the `layers` extra) stays as it is.
+    """
+    global _KERAS_DEFERRED
+    if "TF_USE_LEGACY_KERAS" not in os.environ:
+        os.environ["TF_USE_LEGACY_KERAS"] = "1"
+        _KERAS_DEFERRED = True
+
+
+def _keras_back() -> None:
+    """Once TensorFlow is imported: tf.keras, loaded when first used, is Keras 3 again."""
+    global _KERAS_DEFERRED
+    if _KERAS_DEFERRED:
+        os.environ.pop("TF_USE_LEGACY_KERAS", None)
+        _KERAS_DEFERRED = False
+
+
 def graph_mode(verbose: bool) -> None:
     """Switches TensorFlow to tf.compat.v1 graph mode; hides deprecation noise unless verbose.
 
@@ -21,6 +50,7 @@ def graph_mode(verbose: bool) -> None:
     """
     with contextlib.nullcontext() if verbose else _stderr_silenced():
         import tensorflow as tf
+    _keras_back()
     from tensorflow.python.util import deprecation
 
     tf.compat.v1.disable_eager_execution()
@@ -35,6 +65,7 @@ def eager_mode(verbose: bool) -> None:
     """Loads TensorFlow 2 as it comes (eager), to use an exported model; quiet unless verbose."""
     with contextlib.nullcontext() if verbose else _stderr_silenced():
         import tensorflow as tf
+    _keras_back()
     if not verbose:
         tf.get_logger().setLevel(logging.ERROR)
         # The loader's notes on a TF1 SavedModel ("Fingerprint not found") come through absl.

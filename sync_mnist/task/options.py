@@ -17,6 +17,7 @@ from pathlib import Path
 from sync_mnist.models import registry
 from sync_mnist import models
 from sync_mnist.core import config as config_lib
+from sync_mnist.core import tfcompat
 from sync_mnist.core.config import TrainConfig, first_line
 
 DEFAULT_EPOCHS = 12
@@ -267,11 +268,7 @@ def setup_logging(verbose: bool, tag: str) -> None:
 
 def before_tensorflow(verbose: bool) -> None:
     """Before TensorFlow is imported."""
-    # `import tensorflow` imports Keras 3 eagerly, which this graph-mode program never uses:
-    # about 0.9 s of CPU in every task's start-up, 4 tasks at once on a 2-core machine. With
-    # TF_USE_LEGACY_KERAS, TensorFlow tries tf_keras instead, which is not installed, and
-    # goes on without either (tests/test_task_identity.py checks that Keras stays out).
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    tfcompat.defer_keras()  # no Keras 3 at start-up; a model that uses it gets it
     if not verbose:
         # TensorFlow's C++ logs (cuInit, CPU features, gRPC start-up) say nothing a user needs.
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

@@ -59,6 +59,21 @@ def test_a_task_starts_tensorflow_without_keras():
     assert run.stdout.strip() == "[]"
 
 
+def test_a_model_that_uses_tf_keras_gets_keras_3_in_the_task():
+    # The start-up leaves Keras 3 out (above) and then lets it in: a model function with
+    # tf.keras.layers failed with "Keras cannot be imported" (tf_keras, not installed).
+    probe = ("import sys; from sync_mnist.task import options; from sync_mnist.core import "
+             "tfcompat; options.before_tensorflow(False); tfcompat.graph_mode(False); "
+             "import tensorflow as tf; before = 'keras' in sys.modules; "
+             "dense = tf.keras.layers.Dense(3); y = dense(tf.zeros([2, 4])); "
+             "print(before, type(dense).__module__, y.shape, len(dense.trainable_weights))")
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["False", "keras.src.layers.core.dense", "(2,", "3)", "2"]
+
+
 def test_real_command_names_an_unreachable_ps_and_ends():
     # The real entry point, with the start-up allowance cut from 120 s to 3 so that the wait for
     # the ps (nobody listens on its port) ends within seconds; the message must name the value
