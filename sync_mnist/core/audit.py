@@ -96,23 +96,25 @@ def state_deltas(update_ops: Sequence, model_ops: set[str],
 MOVING_STATISTIC = re.compile(r"(^|/)moving_(mean|variance)(_\d+)?$")  # a batch norm's
 
 
-def check_moving_statistics(model_ops: set[str], deltas: Sequence) -> None:
-    """Raises ContractError naming a batch norm's moving statistic of the model that nothing in
-    training writes: it would keep its start all the run, and the evaluation and the SavedModel
-    normalise by it. Keras 3's BatchNormalization, in graph mode, writes none (it has no
-    updates); tf_keras's has updates, but not in UPDATE_OPS, the one place read."""
+def frozen_statistics(model_ops: set[str], deltas: Sequence) -> str | None:
+    """The warning for the batch norm moving statistics of the model that nothing in training
+    writes (None: there are none): they keep their start all the run, and the evaluation and
+    the SavedModel normalise by them. Keras 3's BatchNormalization, in graph mode, writes none
+    (it has no updates); tf_keras's has updates, but not in UPDATE_OPS, the one place read. A
+    warning, not a refusal: statistics frozen on purpose (a fine-tune's) are frozen so too."""
     written = {s.op.name for _, s in deltas}
     frozen = [v.op.name for v in tf1.global_variables()
               if v.op.name in model_ops and not v.trainable
               and MOVING_STATISTIC.search(v.op.name) and v.op.name not in written]
-    if frozen:
-        more = f" (and {len(frozen) - 1} more)" if len(frozen) > 1 else ""
-        raise ContractError(
-            f"the model's batch norm statistic {frozen[0]}{more} is never updated in training: "
-            "no UPDATE_OPS op writes it, so it would keep its start all the run (Keras 3's "
-            "BatchNormalization writes none in graph mode). Use tf.compat.v1.layers."
-            "batch_normalization (the `layers` extra, with TF_USE_LEGACY_KERAS=1), which puts "
-            "its updates in UPDATE_OPS, or add a layer's own `updates` there")
+    if not frozen:
+        return None
+    more = f" (and {len(frozen) - 1} more)" if len(frozen) > 1 else ""
+    return (f"the model's batch norm statistic {frozen[0]}{more} is never updated in training: "
+            "no UPDATE_OPS op writes it, so it keeps its start all the run (Keras 3's "
+            "BatchNormalization writes none in graph mode). Unless frozen on purpose, use "
+            "tf.compat.v1.layers.batch_normalization (the `layers` extra, with "
+            "TF_USE_LEGACY_KERAS=1), which puts its updates in UPDATE_OPS, or add a layer's "
+            "own `updates` there")
 
 
 def check_step(fetches: Iterable, model_ops: set[str]) -> None:

@@ -26,6 +26,7 @@ in the task's graph (tf.gather on a PartitionedVariable concatenates it first) i
 from __future__ import annotations
 
 import re
+import sys
 import zlib
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
@@ -76,6 +77,7 @@ class Recorded(NamedTuple):
     trainable: bool
     kwargs: dict  # what the model passed to get_variable
     sparse: bool = False  # trainable, and read only through gathers: an embedding table
+    made_alone: bool = False  # made as tf.Variable (a Keras 3 layer's), not by get_variable
 
 
 class Built(NamedTuple):
@@ -91,23 +93,37 @@ def record(model_fn: Callable, features, labels, mode: str, params: Mapping[str,
     returns the variables it makes, in the order it makes them."""
     recorded: dict[str, Recorded] = {}
     made: dict[str, tf.Variable] = {}
+    getting = []  # a get_variable under way: its variable is the getter's to record
 
     def recording_getter(getter, name, *args, **kwargs):
-        v = getter(name, *args, **kwargs)
+        getting.append(name)
+        try:
+            v = getter(name, *args, **kwargs)
+        finally:
+            getting.pop()
         if name not in recorded:
             recorded[name] = Recorded(name, v.shape.as_list(), v.dtype.base_dtype.name,
                                       bool(kwargs.get("trainable", True)), dict(kwargs))
             made[name] = v
         return v
 
+    def recording_creator(next_creator, **kwargs):
+        v = next_creator(**kwargs)
+        if not getting and v.op.name not in recorded:
+            recorded[v.op.name] = Recorded(v.op.name, v.shape.as_list(),
+                                           v.dtype.base_dtype.name, bool(v.trainable), {},
+                                           made_alone=True)
+        return v
+
     with tf.Graph().as_default():
         tf1.train.get_or_create_global_step()
         like_features = _placeholders_like(features)
         like_labels = None if labels is None else _placeholders_like(labels)
-        with tf1.variable_scope(tf1.get_variable_scope(), custom_getter=recording_getter):
+        with tf1.variable_scope(tf1.get_variable_scope(), custom_getter=recording_getter), \
+                tf1.variable_creator_scope(recording_creator):
             call(model_fn, like_features, like_labels, mode, params)
         return [r._replace(sparse=r.trainable and _read_by_gathers_only(made[r.name]))
-                for r in recorded.values()]
+                if not r.made_alone else r for r in recorded.values()]
 
 
 _GATHERS = ("ResourceGather", "GatherV2", "Gather")
@@ -135,9 +151,23 @@ def fingerprint(recorded: Sequence[Recorded]) -> list[str]:
     return sorted(f"{r.name} {r.shape} {r.dtype}" for r in recorded)
 
 
+def _keras_names_afresh() -> None:
+    """Keras 3 names its layers (and so their variables: `dense_1/kernel`) by counters it keeps
+    for the whole process, not per graph: the evaluation's and the SavedModel's graphs would
+    then name a model's variables otherwise than its training graph did (`dense_3/kernel`), and
+    find none of them on the ps. Each call of the model function starts the counters afresh, as
+    a new process would. (keras.backend.clear_session does too, but also resets TensorFlow's
+    default graph, which a graph being built cannot survive.)"""
+    if "keras" in sys.modules:
+        from keras.src.utils import naming  # pylint: disable=import-outside-toplevel
+
+        naming.reset_uids()
+
+
 def call(model_fn: Callable, features, labels, mode: str, params) -> api.ModelSpec:
     """model_fn(features, labels, mode, params), checked to return a ModelSpec of `mode`."""
     _linear_model_takes_values()
+    _keras_names_afresh()
     try:
         spec = model_fn(features, labels, mode, dict(params))
     except api.ContractError:
@@ -181,8 +211,9 @@ def build(model_fn: Callable, features, labels, mode: str, params: Mapping[str, 
     first = len(graph.get_operations())
     updates = len(graph.get_collection(tf1.GraphKeys.UPDATE_OPS))
     getter = _Getter(num_ps, tf.as_dtype(wire_dtype), ps_job)
-    getter.create_first([r for r in recorded if r.trainable])
-    with tf1.variable_scope(tf1.get_variable_scope(), custom_getter=getter):
+    getter.create_first([r for r in recorded if r.trainable and not r.made_alone])
+    with tf1.variable_scope(tf1.get_variable_scope(), custom_getter=getter), \
+            tf1.variable_creator_scope(getter.create_alone):
         spec = call(model_fn, features, labels, mode, params)
     ops = {op.name for op in graph.get_operations()[first:]}
     _check_sparse_reads(getter.sparse, graph, ops)
@@ -211,6 +242,7 @@ class _Getter:
         self.values: dict[str, tf.Tensor] = {}  # full name -> what the model is handed
         self.state: dict[str, tf.Variable] = {}
         self.sparse: dict[str, list[tf.Variable]] = {}  # full name -> its slices
+        self._getting = 0  # get_variable calls under way (create_alone leaves theirs alone)
 
     def device(self, op) -> str:
         """Sync: slice k on ps k; a whole variable on the ps its name hashes to."""
@@ -256,7 +288,27 @@ class _Getter:
         for (name, _), value in zip(made, pulled([s for _, s in made], self.wire_dtype)):
             self.values[name] = value
 
+    def create_alone(self, next_creator, **kwargs):
+        """A variable the model makes as tf.Variable (a Keras 3 layer's), not by get_variable:
+        on the ps its name hashes to, uncut, read where the model reads it; a non-trainable one
+        is model state, as get_variable's. (get_variable's own come through here too, inside
+        __call__'s placement: left as they are.)"""
+        if self._getting:
+            return next_creator(**kwargs)
+        with tf1.device(self.device):
+            v = next_creator(**kwargs)
+        if not v.trainable:
+            self.state[v.op.name] = v
+        return v
+
     def __call__(self, getter, name, *args, **kwargs):
+        self._getting += 1
+        try:
+            return self._get(getter, name, *args, **kwargs)
+        finally:
+            self._getting -= 1
+
+    def _get(self, getter, name, *args, **kwargs):
         if name in self.values:
             return self.values[name]
         trainable = kwargs.get("trainable", True)

@@ -221,8 +221,7 @@ class Stream:
             return _read(self._sess, fetch, feed, f"{self._what}: reading " + (
                 where or f"batch {self._position} of worker {self._index}'s input"))
         except DataError as e:
-            # A file that is gone TensorFlow names itself; a search would name another (it
-            # reads each file alone, and the one gone fails none of them).
+            # A file that is gone TensorFlow names itself (a search would name another).
             if isinstance(e.__cause__, _BAD_DATA) and not isinstance(
                     e.__cause__, tf.errors.NotFoundError) and not any(
                     m in str(e) for m in _NOT_BY_FILE):

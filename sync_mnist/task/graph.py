@@ -92,7 +92,9 @@ def build_graph(config: TaskConfig, model: api.Model, example: tuple, num_tokens
         # (moving statistics) are averaged over the workers once per update (audit.py).
         audit.check_step([spec.loss, *spec.train_metrics.values()], built.ops)
         state_deltas = audit.state_deltas(built.update_ops, built.ops, built.state)
-        audit.check_moving_statistics(built.ops, state_deltas)
+        frozen = audit.frozen_statistics(built.ops, state_deltas)
+        if frozen and config.is_chief:
+            log.warning(frozen)
         uses, passed = _example_uses(train, features, config.train.aggregate(n), state_deltas)
         optimizer = spec.optimizer or _command_line_optimizer(train, decay_steps, target,
                                                               shared.state.global_step)
