@@ -52,11 +52,7 @@ def test_a_task_starts_tensorflow_without_keras():
     probe = ("import sys; from sync_mnist.task import options; options.before_tensorflow(False); "
              "import tensorflow as tf; tf.compat.v1.train.AdamOptimizer; "
              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('keras', 'tf_keras')))")
-    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
-    run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert run.stdout.strip() == "[]"
+    assert _as_a_task(probe) == "[]"
 
 
 def test_a_model_that_uses_tf_keras_gets_keras_3_in_the_task():
@@ -67,11 +63,18 @@ def test_a_model_that_uses_tf_keras_gets_keras_3_in_the_task():
              "import tensorflow as tf; before = 'keras' in sys.modules; "
              "dense = tf.keras.layers.Dense(3); y = dense(tf.zeros([2, 4])); "
              "print(before, type(dense).__module__, y.shape, len(dense.trainable_weights))")
+    assert _as_a_task(probe).split() == ["False", "keras.src.layers.core.dense", "(2,", "3)",
+                                         "2"]
+
+
+def _as_a_task(probe: str) -> str:
+    """What Python code `probe` prints, in a process whose environment is a user's (no
+    TF_USE_LEGACY_KERAS of the tests')."""
     env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
     run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert run.stdout.split() == ["False", "keras.src.layers.core.dense", "(2,", "3)", "2"]
+    return run.stdout.strip()
 
 
 def test_real_command_names_an_unreachable_ps_and_ends():
