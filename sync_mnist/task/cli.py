@@ -197,7 +197,20 @@ def _task(config: TaskConfig, verbose: bool):
     if not _load_tensorflow(verbose):  # stopped while TensorFlow loads: nothing to report yet
         return None, _interrupted()
     config_lib.TaskTimeout.last_resort = _last_resort(config)
-    return _run_role(config, verbose, result)
+    return stopped_as_interrupted(lambda: _run_role(config, verbose, result), result)
+
+
+def stopped_as_interrupted(run, result):
+    """run(), or, for a stop signal that lands outside its own handling of one (while it
+    reports a failure: found by make chaos, worker 1 timed out as the launcher stopped the
+    cluster, and its `log.error` raised the KeyboardInterrupt with a traceback), the task
+    interrupted: (result, 143 or 130), said in one line."""
+    try:
+        return run()
+    except KeyboardInterrupt:
+        logging.getLogger("sync_mnist").error("interrupted")
+        result.error = "interrupted"
+        return result, _interrupted()
 
 
 def _load_tensorflow(verbose: bool) -> bool:

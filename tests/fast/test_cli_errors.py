@@ -25,7 +25,7 @@ from sync_mnist import models
 from sync_mnist.launcher import cli as launcher_cli
 from sync_mnist.launcher import launch
 from sync_mnist.core.cluster import free_ports
-from sync_mnist.core.config import EXIT_USAGE, WarmStart
+from sync_mnist.core.config import EXIT_INTERRUPTED, EXIT_USAGE, TaskTimeout, WarmStart
 
 RAN = 99  # what the recorders return: validation passed and the task/cluster would have run
 RUN_CLUSTER = launch.run_cluster  # the real one, for the checks it makes before any task starts
@@ -589,3 +589,20 @@ def test_real_command_names_a_port_already_in_use_by_a_ps():
     assert "Traceback" not in err
     assert err.splitlines() == [f"error: port {ps} (ps 0, 127.0.0.1:{ps}) is already in use"]
     assert out == ""
+
+
+def test_a_stop_that_lands_while_a_failure_is_reported_is_an_interruption_in_one_line(caplog):
+    """make chaos (seed 13): worker 1 timed out as the launcher stopped the cluster, and the
+    KeyboardInterrupt its SIGTERM raised inside `log.error` came out as a traceback."""
+    from sync_mnist.task import report
+
+    def reporting():
+        try:
+            raise TaskTimeout("worker 1: waited 20 s for an update after local step 30")
+        except TaskTimeout:
+            raise KeyboardInterrupt from None  # the signal, inside the handler
+
+    result = report.TaskResult(role="worker", index=1, mode="sync")
+    assert cli.stopped_as_interrupted(reporting, result) == (result, EXIT_INTERRUPTED)
+    assert result.error == "interrupted"
+    assert [r.getMessage() for r in caplog.records] == ["interrupted"]
