@@ -224,7 +224,7 @@ def _load_tensorflow(verbose: bool) -> bool:
     except ImportError as e:
         # A stop that lands in a C extension's initialisation comes back as "ImportError:
         # initialization failed", caused by the KeyboardInterrupt (seen in the chaos soak).
-        if isinstance(e.__cause__, KeyboardInterrupt):
+        if _interrupt_inside(e):
             return False
         raise
     return True
@@ -283,7 +283,7 @@ def _run_role(config: TaskConfig, verbose: bool, result):
         log.error("interrupted")
         result.error, code = "interrupted", _interrupted()
     except Exception as e:  # a TensorFlow OpError or a bug: one line, then the exit code
-        if _interrupted_inside_tensorflow(e):
+        if _interrupt_inside(e):
             log.error("interrupted")
             result.error, code = "interrupted", _interrupted()
         else:
@@ -344,10 +344,22 @@ def _finish(config: TaskConfig, result, code: int) -> int:
     os._exit(code)
 
 
-def _interrupted_inside_tensorflow(error: Exception) -> bool:
-    """SIGTERM during a TensorFlow call: pybind11 wraps our KeyboardInterrupt in a RuntimeError
-    ("MISMATCH of original and normalized active exception types ... KeyboardInterrupt")."""
-    return isinstance(error, RuntimeError) and "KeyboardInterrupt" in str(error)
+def _interrupt_inside(error: BaseException) -> bool:
+    """Whether `error` is a stop signal's KeyboardInterrupt that C code passed on as another
+    error: pybind11 wraps it in a RuntimeError ("MISMATCH of original and normalized active
+    exception types ... KeyboardInterrupt"); CPython, when it lands inside a builtin that C
+    code called, raises "SystemError: <built-in function __import__> returned a result with
+    an exception set", caused by it (.ci/run: a SIGTERM during the graph's build, its
+    SystemError sent to sys.unraisablehook by TensorFlow's C++, lost, and the task ran on);
+    an extension module's initialisation, "ImportError: initialization failed"."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt) or (
+                isinstance(error, RuntimeError) and "KeyboardInterrupt" in str(error)):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _timed_out(error: Exception) -> bool:
@@ -383,9 +395,10 @@ def _interrupt_again(unraisable) -> None:
     """sys.unraisablehook: a stop whose KeyboardInterrupt landed in a destructor (a TensorFlow
     session's __del__ while the task unwinds, say) would be printed as "Exception ignored" and
     lost; it is delivered again instead, from another thread a moment later, so that it is
-    raised once the destructor has returned. If that moment comes while this hook still runs
+    raised once the destructor has returned. So is one that C code passed on as another error
+    (_interrupt_inside). If that moment comes while this hook still runs
     (a loaded machine), _raise_interrupt sends it again rather than raise it here."""
-    if unraisable.exc_type is KeyboardInterrupt:
+    if _interrupt_inside(unraisable.exc_value):
         _deliver_again()
         return
     sys.__unraisablehook__(unraisable)

@@ -269,8 +269,37 @@ def test_a_stop_delivered_again_while_the_unraisable_hook_runs_is_sent_again_not
     # again arrived while the hook still ran; raised there, it was lost like the first one.
     sent = []
     monkeypatch.setattr(cli, "_deliver_again", _landing_at_once(sent))
-    cli._interrupt_again(types.SimpleNamespace(exc_type=KeyboardInterrupt))
+    cli._interrupt_again(types.SimpleNamespace(exc_value=KeyboardInterrupt()))
     assert len(sent) == 2  # sent again, not raised and lost
+
+
+def _raised_from(cause: BaseException, error: Exception) -> Exception:
+    try:
+        raise error from cause
+    except Exception as e:
+        return e
+
+
+def test_a_stop_that_c_code_passed_on_as_another_error_is_delivered_again(monkeypatch):
+    # .ci/run: a SIGTERM landed in an import TensorFlow's C++ made while the graph was built;
+    # CPython raised a SystemError caused by the KeyboardInterrupt, the C++ sent it to
+    # sys.unraisablehook, and the task, its stop lost, ran on past the test's 240 s.
+    sent = []
+    monkeypatch.setattr(cli, "_deliver_again", lambda: sent.append(1))
+    landed = _raised_from(KeyboardInterrupt(), SystemError(
+        "<built-in function __import__> returned a result with an exception set"))
+    cli._interrupt_again(types.SimpleNamespace(exc_type=SystemError, exc_value=landed))
+    assert sent == [1]
+    wrapped = RuntimeError("MISMATCH of original and normalized active exception types: "
+                           "ORIGINAL KeyboardInterrupt")  # pybind11's wrapping
+    cli._interrupt_again(types.SimpleNamespace(exc_type=RuntimeError, exc_value=wrapped))
+    assert sent == [1, 1]
+    assert cli._interrupt_inside(_raised_from(KeyboardInterrupt(), ImportError("init failed")))
+    other = []
+    monkeypatch.setattr(sys, "__unraisablehook__", lambda u: other.append(u.exc_type))
+    cli._interrupt_again(types.SimpleNamespace(exc_type=SystemError, exc_value=_raised_from(
+        ValueError("a bug"), SystemError("returned a result with an exception set"))))
+    assert sent == [1, 1] and other == [SystemError]  # any other error is printed as ever
 
 
 def test_a_stop_that_lands_while_it_is_being_sent_again_is_sent_again_not_raised(monkeypatch):
