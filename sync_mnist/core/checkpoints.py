@@ -38,10 +38,10 @@ ROOM_RETRY_SECS = 1.0  # between tries of a write that found no room (retry_for_
 
 
 def retry_for_room(write: Callable, no_room: type[Exception], window: float,
-                   stop: Callable[[], bool] = lambda: False):
+                   stop: Callable[[], bool] = lambda: False, bound: str = "half of --timeout"):
     """(write(), tries): a write that found no room on its disk (raised `no_room`) is tried
-    again every ROOM_RETRY_SECS for up to `window` s (half of --timeout: a disk freed
-    meanwhile keeps it), with one warning; then, or once `stop()`, its error is raised."""
+    again every ROOM_RETRY_SECS for up to `window` s (`bound`, as its warning says: a disk
+    freed meanwhile keeps it), with one warning; then, or once `stop()`, its error is raised."""
     deadline, tries = time.monotonic() + window, 0
     while True:
         tries += 1
@@ -51,8 +51,8 @@ def retry_for_room(write: Callable, no_room: type[Exception], window: float,
             if deadline - time.monotonic() < ROOM_RETRY_SECS or stop():
                 raise
             if tries == 1:
-                log.warning("%s; trying again every %g s for up to %g s (half of --timeout)",
-                            e, ROOM_RETRY_SECS, window)
+                log.warning("%s; trying again every %g s for up to %g s (%s)",
+                            e, ROOM_RETRY_SECS, window, bound)
         time.sleep(ROOM_RETRY_SECS)  # a disk's room: nothing to wait on but time
 
 

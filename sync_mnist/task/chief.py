@@ -114,15 +114,16 @@ class Chief:
 
     def write_model(self) -> Exception | None:
         """Writes the SavedModel; the error if it could not. A disk with no room is tried again
-        for half of --timeout (checkpoints.retry_for_room: a disk freed meanwhile keeps the run's
-        product), well inside the ps's bound on the done reports (--timeout +
-        --restart-grace without progress); not once a preemption has been asked for."""
+        for up to --timeout (checkpoints.retry_for_room), so that a disk freed within the bound
+        every fault has keeps the run's product; the ps wait that long more for the chief's
+        done report (ps.py, _watchdog). Not once a preemption has been asked for."""
         w = self.w
         try:
             _, tries = checkpoints.retry_for_room(
                 lambda: export.write_saved_model(w.model, w.params, w.example, self.weights,
                                                  w.export_dir),
-                export.ExportError, w.config.train.timeout / 2, stop=preemption.signalled)
+                export.ExportError, w.config.train.timeout, stop=preemption.signalled,
+                bound="--timeout")
         except Exception as e:
             return e
         log.info("saved the trained model to %s%s", w.export_dir,

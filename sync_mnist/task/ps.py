@@ -192,7 +192,10 @@ class _Watch:
         # training runs, wait a little longer than the workers' own bound (--timeout, then
         # --restart-grace for a replacement: lockstep.py), so that they, who know more, speak
         # first, and a worker restarted within it finds its ps.
-        if idle > config.train.timeout + (
+        # The chief reports done last, once it has written the model, which a full disk holds
+        # up for as long as --timeout (chief.write_model).
+        writing = config.train.timeout if done and 0 not in done else 0.0
+        if idle > config.train.timeout + writing + (
                 START_SECS if step is None else config.train.restart_grace + SPEAK_FIRST_SECS):
             if not self.initialised:
                 raise TaskTimeout(self._never_initialised())

@@ -6,6 +6,7 @@ import contextlib
 import socket
 import threading
 import time
+import types
 
 import pytest
 import tensorflow as tf
@@ -210,3 +211,26 @@ def test_a_ps_that_saw_the_model_once_does_not_say_no_worker_joined(monkeypatch)
                                               r"unread: ps 0 did not answer; workers done: "
                                               r"none of 2\)$"):
             watch._watchdog(None)
+
+
+def test_a_ps_waits_for_the_chief_s_done_report_while_it_may_still_be_writing_the_model():
+    # The chief reports done last, after its SavedModel, which a full disk holds up for as
+    # long as --timeout (chief.write_model): the ps gives it that much more, and no more.
+    config = TaskConfig(role="ps", index=0, cluster=ClusterLayout(
+        ("127.0.0.1:1",), ("127.0.0.1:2", "127.0.0.1:3")), train=TrainConfig(
+            train_steps=30, timeout=2.0, restart_grace=1.0))
+    watch = ps._Watch(config, sess=None, shared=None, waiting=None, take_done=None,
+                      preempt=None)
+    reading = types.SimpleNamespace(global_step=30)
+    watch.last_step, watch.done, watch.initialised = 30, {1}, True
+    usual = config.train.timeout + config.train.restart_grace + ps.SPEAK_FIRST_SECS
+    watch.last_progress = time.monotonic() - usual - 1.0
+    watch._watchdog(reading)  # past the usual bound: the chief may still be writing
+    watch.last_progress -= config.train.timeout
+    with pytest.raises(TaskTimeout, match=r"^ps 0: no progress for 16 s \(global_step stuck "
+                                          r"at 30; workers done: \[1\] of 2\)$"):
+        watch._watchdog(reading)
+    watch.done, watch.lost = set(), [1]  # no done report yet (worker 1 lost): the usual bound
+    watch.last_progress = time.monotonic() - usual - 1.0
+    with pytest.raises(TaskTimeout):
+        watch._watchdog(reading)
