@@ -21,7 +21,7 @@ import tensorflow as tf
 from sync_mnist.core import bounded, early_stop, membership, protocol, sessions, sync
 from sync_mnist.task import preemption, report
 from sync_mnist.core import verdict as verdict_lib
-from sync_mnist.core.config import ConfigError, START_SECS, TaskConfig, TaskTimeout
+from sync_mnist.core.config import ConfigError, START_SECS, TaskConfig, TaskTimeout, TrainConfig
 
 tf1 = tf.compat.v1
 log = logging.getLogger(__name__)
@@ -74,6 +74,21 @@ def run_ps(config: TaskConfig, *, server=None) -> report.TaskResult:
              counters.global_step if counters else "unread", counters.accepted if counters
              else "unread (another ps had already exited)")
     return result
+
+
+def _idle_bound(train: TrainConfig, training: bool, done: set[int]) -> float:
+    """How long a ps waits without progress (global_step moved, a done report taken).
+
+    Before the chief has initialised anything, allow for the workers' start-up too (they
+    import TensorFlow and load data, possibly on hosts started later). Once training runs,
+    wait a little longer than the workers' own bound (--timeout, then --restart-grace for a
+    replacement: lockstep.py), so that they, who know more, speak first, and a worker
+    restarted within it finds its ps. The chief reports done last, once it has written the
+    model, which a full disk holds up for as long as --timeout (chief.write_model).
+    """
+    writing = train.timeout if done and 0 not in done else 0.0
+    return train.timeout + writing + (train.restart_grace + SPEAK_FIRST_SECS if training
+                                      else START_SECS)
 
 
 class _Watch:
@@ -187,16 +202,7 @@ class _Watch:
         if step != self.last_step:
             self.last_step, self.last_progress = step, time.monotonic()
         idle = time.monotonic() - self.last_progress
-        # Before the chief has initialised anything, allow for the workers' start-up too
-        # (they import TensorFlow and load data, possibly on hosts started later). Once
-        # training runs, wait a little longer than the workers' own bound (--timeout, then
-        # --restart-grace for a replacement: lockstep.py), so that they, who know more, speak
-        # first, and a worker restarted within it finds its ps.
-        # The chief reports done last, once it has written the model, which a full disk holds
-        # up for as long as --timeout (chief.write_model).
-        writing = config.train.timeout if done and 0 not in done else 0.0
-        if idle > config.train.timeout + writing + (
-                START_SECS if step is None else config.train.restart_grace + SPEAK_FIRST_SECS):
+        if idle > _idle_bound(config.train, step is not None, done):
             if not self.initialised:
                 raise TaskTimeout(self._never_initialised())
             seen = "global_step unread: ps 0 did not answer" if step is None else (
