@@ -23,8 +23,9 @@ def run_cluster(num_workers: int, model=None, num_ps: int = 1,
     ports = free_ports(num_workers + num_ps)
     layout = ClusterLayout(tuple(f"localhost:{p}" for p in ports[:num_ps]),
                            tuple(f"localhost:{p}" for p in ports[num_ps:]))
-    train = TrainConfig(data_options={"dataset": "synthetic"}, timeout=30.0, log_every=10,
-                        **train_kwargs)
+    if model is None or "dataset" in model.params:  # a model without it refuses it
+        train_kwargs.setdefault("data_options", {"dataset": "synthetic"})
+    train = TrainConfig(timeout=30.0, log_every=10, **train_kwargs)
     servers = {("ps", p): tf.distribute.Server(layout.spec(), job_name="ps", task_index=p)
                for p in range(num_ps)}
     for i in range(num_workers):

@@ -7,7 +7,8 @@ write_census.py says why), then train on them:
   python examples/census/write_census.py /tmp/census_data
   sync-mnist-cluster --model examples/census/census.py:MODEL --logdir /tmp/census_model \
       --workers 2 --batch-size 40 --epochs 40
-The data directory is $CENSUS_DATA (default /tmp/census_data): a model file has no flags.
+The data directory is its param data_dir (default /tmp/census_data), as --data-dir gives it
+(or --param data_dir=...).
 """
 
 import os
@@ -15,8 +16,6 @@ import os
 import tensorflow.compat.v1 as tf
 
 import sync_mnist.canned as canned
-
-DATA_DIR = os.environ.get("CENSUS_DATA", "/tmp/census_data")
 
 TRAINING_FILE = "adult.data"
 EVAL_FILE = "adult.test"
@@ -108,7 +107,7 @@ def build_model_columns():
 def input_fn(data_file, shuffle):
     """The input function of the Estimator: the CSV file's lines, parsed."""
     assert tf.gfile.Exists(data_file), (
-        "%s not found: set CENSUS_DATA to the directory that holds it." % data_file)
+        "%s not found: set --data-dir to the directory that holds it." % data_file)
 
     def parse_csv(value):
         tf.logging.info("Parsing {}".format(data_file))
@@ -128,11 +127,11 @@ def input_fn(data_file, shuffle):
 
 
 def train_input_fn(params):
-    return input_fn(os.path.join(DATA_DIR, TRAINING_FILE), True)
+    return input_fn(os.path.join(params["data_dir"], TRAINING_FILE), True)
 
 
 def eval_input_fn(params):
-    return input_fn(os.path.join(DATA_DIR, EVAL_FILE), False)
+    return input_fn(os.path.join(params["data_dir"], EVAL_FILE), False)
 
 
 def build_estimator(model_column_fn):
@@ -145,7 +144,8 @@ def build_estimator(model_column_fn):
         dnn_feature_columns=deep_columns,
         dnn_hidden_units=hidden_units,
         train_input_fn=train_input_fn,
-        eval_input_fn=eval_input_fn)
+        eval_input_fn=eval_input_fn,
+        params={"data_dir": "/tmp/census_data"})
 
 
 MODEL = build_estimator(build_model_columns)

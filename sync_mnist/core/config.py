@@ -185,10 +185,14 @@ class TrainConfig:
     lr_decay: str = "cosine"
     optimizer: str = "adam"  # wrapped by SyncReplicasOptimizer in sync mode
     seed: int = 0  # model init, shard partition and per-epoch reshuffle all derive from it
-    # The options of the built-in models that read their data from files (--dataset,
-    # --data-dir: sync_mnist.models.DATA_OPTIONS); they reach those models' params and no
-    # other model's. Empty: the models' defaults.
+    # The data options given (--dataset, --data-dir, --train-files, --eval-files:
+    # sync_mnist.models.DATA_OPTIONS): each reaches the model's param of its name, and a
+    # model without one refuses it (the click model reads its files from them). Empty: the
+    # model's defaults.
     data_options: dict = dataclasses.field(default_factory=dict)
+    # --param KEY=VALUE, as given: read as the model's own defaults' types, and refused where
+    # the model has no such param, once it is loaded (models/params.py).
+    params: dict = dataclasses.field(default_factory=dict)
     logdir: Path | None = None  # checkpoints and TensorBoard summaries (chief only); None: none
     timeout: float = 300.0  # seconds; the bound on every blocking wait
     mode: str = "sync"  # sync: SyncReplicasOptimizer; async: the plain optimizer, for comparison

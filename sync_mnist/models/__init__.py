@@ -33,7 +33,7 @@ def add_data_arguments(group) -> None:
     command line."""
     from pathlib import Path
 
-    group.add_argument("--dataset", default="mnist", choices=("mnist", "synthetic"),
+    group.add_argument("--dataset", default=None, choices=("mnist", "synthetic"),
                        help="for the built-in mlp and cnn: mnist, the complete MNIST (60,000 "
                             "train / 10,000 test digits); synthetic: generated, not digits, "
                             "for tests (default: mnist)")
@@ -54,9 +54,10 @@ def add_data_arguments(group) -> None:
 
 
 def data_options(args) -> dict:
-    """The data options of parsed command-line `args` (TrainConfig.data_options)."""
-    return {"dataset": args.dataset, "data_dir": args.data_dir,
-            "train_files": args.train_files, "eval_files": args.eval_files}
+    """The data options given on parsed command-line `args` (TrainConfig.data_options):
+    those not given are the model's own defaults."""
+    return {name: getattr(args, name) for name in DATA_OPTIONS
+            if getattr(args, name) is not None}
 
 
 def data_argv(options: dict) -> list[str]:
@@ -99,8 +100,9 @@ def check_data(train) -> None:
     """What can be checked of a built-in model's data before any task starts (the launcher):
     for the models that read MNIST, its files (the shipped copy's digests, or the user's files
     in --data-dir); for the click model, that its files match, can be read, are of one format,
-    and were written for its fields; that --train-files and --eval-files go to the click model
-    alone. Nothing for the others, which check their own data as they read it.
+    and were written for its fields; that --train-files and --eval-files go to the click model,
+    not the MNIST ones. Nothing for the others, which check their own data as they read it
+    (and refuse a data option they have no param of: models/params.py).
 
     Raises:
         sync_mnist.models.data.DataError: a file is missing, damaged or malformed.
@@ -117,6 +119,6 @@ def check_data(train) -> None:
             from sync_mnist.models import clicklog
 
             clicklog.check(params, BUILT_IN.get(train.model, train.model))
-    elif options["train_files"] or options["eval_files"]:
+    elif train.model in READ_DATASET and (options["train_files"] or options["eval_files"]):
         raise data.DataError(f"--train-files and --eval-files are the click model's (--model "
                              f"ctr), not --model {train.model}'s")

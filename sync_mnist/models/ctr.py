@@ -65,7 +65,9 @@ PARAMS = {
     "eval_examples": 50_000,
     "seed": 0,
     # Click files instead of the generated clicks (--data-dir or --train-files and
-    # --eval-files: sync_mnist/models/clicklog.py); None: generated in memory.
+    # --eval-files: sync_mnist/models/clicklog.py); None: generated in memory. data_dir's
+    # train-* and eval-* files become the two patterns (models.data_params).
+    "data_dir": None,
     "train_files": None,
     "eval_files": None,
     "shuffle_buffer": 10_000,  # examples a worker shuffles its files' clicks in

@@ -14,6 +14,7 @@ from sync_mnist import api, models
 from sync_mnist.core import stream as stream_lib
 from sync_mnist.core.config import TaskConfig
 from sync_mnist.core.shard import Shard
+from sync_mnist.models import params as model_params_lib
 from sync_mnist.models import registry
 
 tf1 = tf.compat.v1
@@ -21,10 +22,17 @@ log = logging.getLogger(__name__)
 
 
 def model_params(config: TaskConfig, model: api.Model) -> dict:
-    """The params a model's functions are given: its defaults, the data options it reads (the
-    built-in models that read files: models.data_params), and the seed."""
+    """The params a model's functions are given: its defaults; the data options given, each
+    its param of the same name, and --param's, typed by the defaults (models/params.py: a
+    model that has no such param refuses it, ConfigError); the seed. The click model reads
+    its files' patterns from its data options (models.data_params)."""
     train = config.train
-    return {**model.params, **models.data_params(train.model, train.data_options),
+    flags = {k: "--" + k.replace("_", "-") for k in train.data_options}
+    data = model_params_lib.typed(model.params, {k: str(v) for k, v in
+                                                 train.data_options.items()},
+                                  train.model, flags)
+    return {**model.params, **data, **models.data_params(train.model, train.data_options),
+            **model_params_lib.typed(model.params, train.params, train.model),
             "seed": train.seed}
 
 

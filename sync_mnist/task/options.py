@@ -14,11 +14,12 @@ import os
 import sys
 from pathlib import Path
 
+from sync_mnist.models import params as model_params
 from sync_mnist.models import registry
 from sync_mnist import models
 from sync_mnist.core import config as config_lib
 from sync_mnist.core import tfcompat
-from sync_mnist.core.config import TrainConfig, first_line
+from sync_mnist.core.config import ConfigError, TrainConfig, first_line
 
 DEFAULT_EPOCHS = 12
 
@@ -64,6 +65,11 @@ def _add_schedule_options(g) -> None:
                    help="the model to train: a built-in one (" + ", ".join(models.BUILT_IN)
                         + "), a module's (pkg.module:NAME) or a file's (path/to/file.py:NAME), "
                         f"NAME a sync_mnist.api.Model (default: {models.DEFAULT})")
+    g.add_argument("--param", action="append", type=_param, default=None, metavar="KEY=VALUE",
+                   help="one of the model's params (its api.Model params name them), read as "
+                        "its default's type: a number, true or false, text, or a comma-"
+                        "separated list; repeatable. A key the model has not is refused "
+                        "(default: the model's own)")
     length = g.add_mutually_exclusive_group()
     length.add_argument("--train-steps", type=int,
                         help="updates (global steps) to train; in async mode, local steps per "
@@ -193,6 +199,13 @@ def _add_protocol_options(g) -> None:
                         "in each checkpoint); an id outside is exit 2 (default: 1000000)")
 
 
+def _param(text: str) -> tuple[str, str]:
+    try:
+        return model_params.parse(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix(f"--param {text!r}: ")) from None
+
+
 def whole_number(text: str) -> int:
     try:
         return int(text)
@@ -205,11 +218,17 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
     epochs = args.epochs if args.epochs is not None or args.train_steps is not None \
         else models.DEFAULT_EPOCHS.get(args.model, DEFAULT_EPOCHS)
     registry.check(args.model)
+    params, data = model_params.given(args.param or ()), models.data_options(args)
+    for key in [k for k in params if k in models.DATA_OPTIONS]:  # the same door
+        if key in data:
+            raise ConfigError(f"--{key.replace('_', '-')} {data[key]} and --param "
+                              f"{key}={params[key]}: give one")
+        data[key] = params.pop(key)
     return TrainConfig(model=args.model, train_steps=args.train_steps, epochs=epochs,
                        batch_size=args.batch_size, learning_rate=args.learning_rate,
                        lr_decay=args.lr_decay,
                        optimizer=args.optimizer, seed=args.seed,
-                       data_options=models.data_options(args),
+                       data_options=data, params=params,
                        logdir=args.logdir, timeout=args.timeout,
                        mode=args.mode, log_every=args.log_every, save_steps=args.save_steps,
                        save_secs=args.save_secs, export_dir=_export_dir(args),

@@ -18,7 +18,6 @@ import sys
 
 import pytest
 
-import procs
 from procs import ROOT, processes_mentioning, read_json
 from sync_mnist.core.config import EXIT_OK
 
@@ -31,15 +30,15 @@ ESTIMATOR_METRICS = {"loss", "average_loss", "accuracy", "accuracy_baseline", "a
 
 
 def test_the_migrated_census_program_trains_verified_beside_the_planted_truth(
-        processes, tmp_path, monkeypatch):
+        processes, tmp_path):
     data = tmp_path / "census_data"
     subprocess.run([sys.executable, str(EXAMPLE / "write_census.py"), str(data),
                     "--eval-rows", "4000"], check=True, capture_output=True, timeout=60)
-    monkeypatch.setitem(procs.ENV, "CENSUS_DATA", str(data))
     summary = tmp_path / "cluster.json"
     launcher = processes.launcher(
-        "--model", f"{EXAMPLE / 'census.py'}:MODEL", "--base-port", "0", "--isolate", "off",
-        "--workers", "2", "--ps", "1", "--train-steps", str(STEPS), "--batch-size", "40",
+        "--model", f"{EXAMPLE / 'census.py'}:MODEL", "--data-dir", str(data), "--base-port",
+        "0", "--isolate", "off", "--workers", "2", "--ps", "1", "--train-steps", str(STEPS),
+        "--batch-size", "40",
         "--log-every", "100", "--timeout", "60", "--logdir", str(tmp_path / "model"),
         "--summary-json", str(summary))
     assert launcher.wait(BOUND) == EXIT_OK, launcher.output

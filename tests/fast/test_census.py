@@ -53,24 +53,25 @@ def shown_diff(before: list[str], after: list[str]) -> list[str]:
     return ["@@" if line.startswith("@@") else line.rstrip() for line in list(lines)[2:]]
 
 
-def test_the_migration_changes_19_lines_of_its_imports_and_input_and_replaces_its_driver():
+def test_the_migration_changes_17_lines_of_its_imports_and_input_and_replaces_its_driver():
     before, after = _code("census_tf1"), _code("census")
     cuts = [[lines.index(next(line for line in lines if line.startswith(start)))
              for start in ("def input_fn(", "def build_estimator(")] for lines in (before, after)]
     part = [(before[a:b], after[c:d]) for (a, b), (c, d) in
             zip(zip([0, *cuts[0]], [*cuts[0], None]), zip([0, *cuts[1]], [*cuts[1], None]))]
-    # The imports: sync_mnist.canned, TensorFlow's compat.v1, and the data directory (a model
-    # file has no flags). The feature columns are untouched.
-    assert changed_lines(*part[0]) == 5
+    # The imports: sync_mnist.canned and TensorFlow's compat.v1. The feature columns are
+    # untouched.
+    assert changed_lines(*part[0]) == 3
     assert part[0][0][part[0][0].index("def build_model_columns():"):] == \
         part[0][1][part[0][1].index("def build_model_columns():"):]
     # The input function returns examples (the package batches and repeats), and the train
     # and evaluation input functions leave the driver for the module, taking params.
     assert changed_lines(*part[1]) == 14
     # The Estimator, its RunConfig, the train-and-evaluate loop and the flags: the canned
-    # model with the input functions; the command line does the rest.
-    assert changed_lines(*part[2]) == 54
-    assert changed_lines(before, after) == 73
+    # model with the input functions and its param, the data directory; the command line
+    # does the rest.
+    assert changed_lines(*part[2]) == 55
+    assert changed_lines(before, after) == 72
 
 
 def test_the_docs_show_the_real_diff():
@@ -127,11 +128,11 @@ def test_the_planted_truth_is_what_its_rows_were_drawn_from():
 def test_the_migrated_program_reads_single_examples_and_builds_wide_and_deep(tmp_path,
                                                                              monkeypatch):
     _module("write_census").write(tmp_path, train_rows=50, eval_rows=50)
-    monkeypatch.setenv("CENSUS_DATA", str(tmp_path))
     census = _module("census")
     assert isinstance(census.MODEL, sm.Model)
+    assert census.MODEL.params == {"data_dir": "/tmp/census_data"}  # --data-dir's to set
     with tf.Graph().as_default():
-        dataset = census.train_input_fn({})
+        dataset = census.train_input_fn({"data_dir": str(tmp_path)})
         features, label = dataset.element_spec
         assert label.dtype == tf.bool and label.shape.rank == 0
         assert set(features) == set(census._CSV_COLUMNS) - {"income_bracket"}

@@ -496,7 +496,7 @@ TRAINING_OPTIONS = {"--model", "--train-steps", "--epochs", "--batch-size", "--l
                     "--target-accuracy",
                     "--restart-grace", "--preempt-grace", "--wire-dtype", "--train-files",
                     "--eval-files", "--warm-start-from", "--warm-start-vars",
-                    "--warm-start-map", "--count-examples", "--count-examples-ids"}
+                    "--warm-start-map", "--count-examples", "--count-examples-ids", "--param"}
 
 
 @pytest.mark.parametrize("entry, own_options, required", [
@@ -531,9 +531,9 @@ def test_task_help_states_the_real_defaults(capsys):
         else:
             assert stated == action.default, name
         checked += 1
-    assert checked == 16  # model, batch-size, learning-rate, lr-decay, optimizer, seed,
-    # dataset, save-steps, timeout, mode, setup, log-every, restart-grace, preempt-grace,
-    # wire-dtype, count-examples-ids
+    assert checked == 15  # model, batch-size, learning-rate, lr-decay, optimizer, seed,
+    # save-steps, timeout, mode, setup, log-every, restart-grace, preempt-grace, wire-dtype,
+    # count-examples-ids (--dataset's default is the model's: mnist for mlp and cnn)
     assert entries["--ps-hosts"].endswith("(default: TF_CONFIG if set, else localhost:2222)")
     assert "1/K of the model's bytes" in entries["--ps-hosts"]  # how the bytes are split
     assert entries["--worker-hosts"].endswith(

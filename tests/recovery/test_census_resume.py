@@ -8,7 +8,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import procs
 from procs import ROOT, kill_groups_mentioning, processes_mentioning, read_json
 from sync_mnist.core.config import EXIT_OK
 
@@ -20,20 +19,19 @@ STEPS, SAVE = 200, 50
 def _launch(processes, tmp_path, run: int):
     summary = tmp_path / f"cluster-{run}.json"
     launcher = processes.launcher(
-        "--model", f"{EXAMPLE / 'census.py'}:MODEL", "--base-port", "0", "--isolate", "off",
-        "--workers", "2", "--train-steps", str(STEPS), "--batch-size", "40",
+        "--model", f"{EXAMPLE / 'census.py'}:MODEL", "--data-dir",
+        str(tmp_path / "census_data"), "--base-port", "0", "--isolate", "off", "--workers", "2",
+        "--train-steps", str(STEPS), "--batch-size", "40",
         "--save-steps", str(SAVE), "--log-every", "10", "--timeout", "60",
         "--logdir", str(tmp_path / "model"), "--summary-json", str(summary))
     return launcher, summary
 
 
-def test_the_census_program_killed_whole_resumes_from_its_checkpoint(processes, tmp_path,
-                                                                      monkeypatch):
+def test_the_census_program_killed_whole_resumes_from_its_checkpoint(processes, tmp_path):
     data = tmp_path / "census_data"
     subprocess.run([sys.executable, str(EXAMPLE / "write_census.py"), str(data),
                     "--train-rows", "4000", "--eval-rows", "1000"], check=True,
                    capture_output=True, timeout=60)
-    monkeypatch.setitem(procs.ENV, "CENSUS_DATA", str(data))
 
     launcher, _ = _launch(processes, tmp_path, 1)
     launcher.wait_for_line(r"\[worker 0\] step=120 ", BOUND)  # past the checkpoint of 100

@@ -49,13 +49,14 @@ def cluster():
         yield running
 
 
-def _job(cluster, tmp_path, sbatch_options, *args, steps=STEPS, timeout=120):
-    """Submits the shipped script; returns the job and the marker in its tasks' argv."""
-    marker = str(tmp_path / "data")  # in every task's command line, to find leftovers
+def _job(cluster, tmp_path, sbatch_options, *args, steps=STEPS, timeout=120,
+         data=("--dataset", "synthetic")):
+    """Submits the shipped script; returns the job and the marker in its tasks' argv.
+    `data`: the data options (a model file of the user's refuses those it has no param of)."""
+    marker = str(tmp_path / "logdir")  # in every task's command line, to find leftovers
     return cluster.submit(sbatch_options, [
-        "--dataset", "synthetic", "--train-steps", str(steps), "--timeout", str(timeout),
-        "--log-every", "10", "--data-dir", marker, "--logdir", str(tmp_path / "logdir"),
-        *args]), marker
+        *data, "--train-steps", str(steps), "--timeout", str(timeout), "--log-every", "10",
+        "--logdir", marker, *args]), marker
 
 
 def _verdicts(output: str) -> dict[str, str]:
@@ -87,7 +88,7 @@ def test_a_model_file_of_the_users_trains_in_lockstep(cluster, tmp_path):
     path.parent.mkdir()
     shutil.copy(ROOT / "examples" / "your_model" / "my_model.py", path)
     job, marker = _job(cluster, tmp_path, ["--nodes=1", "--ntasks=4", "--cpus-per-task=1"],
-                       "--model", f"{path}:MODEL")
+                       "--model", f"{path}:MODEL", data=())
     _assert_verified(cluster, job, workers=3)
     assert re.search(r"\[worker 0\] test_accuracy=\S+ test_loss=\S+ on 500 evaluation "
                      r"examples \(accuracy=", job.output), job.output
