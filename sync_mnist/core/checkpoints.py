@@ -12,16 +12,13 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
 import tensorflow as tf
 
 from sync_mnist.core import placement
 from sync_mnist.core.bounded import bounded_call
 from sync_mnist.core.config import ConfigError, first_line
-
-if TYPE_CHECKING:
-    from sync_mnist.core.sessions import SessionStatus
 
 tf1 = tf.compat.v1
 log = logging.getLogger(__name__)
@@ -77,10 +74,13 @@ class _SharedCheckpointSaverHook(tf1.train.CheckpointSaverHook):
     bad input (ConfigError, exit 2), once it has been tried again (retry_for_room) for half
     of --timeout (a disk freed meanwhile: the run goes on; the workers wait for the
     chief's first update for --timeout).
+
+    `status`: the session's sessions.SessionStatus, whose failed_saves, save_error and
+    final_save the hook keeps (not imported here: sessions.py imports this module).
     """
 
     def __init__(self, checkpoint_dir: str, *, timeout: float, ps_hosts: Sequence[str],
-                 status: SessionStatus, events=None, **kwargs):
+                 status, events=None, **kwargs):
         super().__init__(checkpoint_dir, **kwargs)
         self._logdir, self._timeout, self._ps_hosts = checkpoint_dir, timeout, tuple(ps_hosts)
         self._status, self._checked, self._events = status, False, events

@@ -70,6 +70,7 @@ from pathlib import Path
 import numpy as np
 
 from sync_mnist.core.shard import DataError
+from sync_mnist.models import clicks as clicks_lib
 
 log = logging.getLogger(__name__)
 
@@ -457,10 +458,8 @@ def _planted_probability(ids, planted: dict):
     an empty id is the one its field writes empty."""
     import tensorflow as tf
 
-    from sync_mnist.models import ctr
-
     fields, vocabulary = planted["fields"], planted["vocabulary"]
-    weights = ctr.planted_weights(fields, vocabulary, planted["weight_scale"], planted["seed"])
+    weights = clicks_lib.planted_weights(fields, vocabulary, planted["weight_scale"], planted["seed"])
     rank = tf.where(ids < 0, tf.constant(planted["empty_ids"], tf.int64), ids)
     flat = tf.range(fields, dtype=tf.int64) * vocabulary + rank
     logit = planted["bias"] + tf.reduce_sum(tf.gather(tf.constant(weights.ravel()), flat), 1)
@@ -635,8 +634,6 @@ def file_names(part: str, files: int, kind: str, compress: bool) -> list[str]:
 
 def _pieces(chunks, bounds: list[int]):
     """(file k, its clicks): the chunks cut where the files' bounds fall."""
-    from sync_mnist.models import ctr
-
     k, written = 0, 0
     for clicks in chunks:
         start, n = 0, len(clicks.labels)
@@ -644,22 +641,20 @@ def _pieces(chunks, bounds: list[int]):
             while written == bounds[k + 1]:
                 k += 1
             rows = slice(start, start + min(n - start, bounds[k + 1] - written))
-            yield k, ctr.Clicks(clicks.ids[rows], clicks.labels[rows], clicks.planted[rows])
+            yield k, clicks_lib.Clicks(clicks.ids[rows], clicks.labels[rows], clicks.planted[rows])
             start, written = rows.stop, written + rows.stop - rows.start
 
 
 def write_part(out: Path, params: dict, part: int, examples: int, files: int, kind: str,
                compress: bool) -> dict:
-    """Writes ctr.generate(params, examples, part)'s clicks into `files` files of consecutive
-    clicks; returns their record for clicks.json (and, of the evaluation, the planted
-    log-loss, as ctr.Clicks.planted_log_loss computes it)."""
-    from sync_mnist.models import ctr
-
+    """Writes clicks.generate(params, examples, part)'s clicks into `files` files of
+    consecutive clicks; returns their record for clicks.json (and, of the evaluation, the
+    planted log-loss, as clicks.Clicks.planted_log_loss computes it)."""
     columns = _Columns(params, part)
     names = file_names(TRAIN if part == 0 else EVAL, files, kind, compress)
     bounds = [examples * k // files for k in range(files + 1)]
     loss, current, writer = 0.0, -1, None
-    for k, clicks in _pieces(ctr.generate_chunks(params, examples, part, CHUNK), bounds):
+    for k, clicks in _pieces(clicks_lib.generate_chunks(params, examples, part, CHUNK), bounds):
         if k != current:
             if writer is not None:
                 writer.close()
