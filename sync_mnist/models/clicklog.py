@@ -56,7 +56,6 @@ naming the file and the line or record (the record, not the click in it).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import glob
 import gzip
@@ -64,7 +63,6 @@ import json
 import logging
 import os
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -197,15 +195,19 @@ def click_files(params: dict) -> ClickFiles:
     return ClickFiles(train, evaluation, planted)
 
 
+# The click models whose clicks sync-mnist-clicks writes, by the names --model gives them.
+MODELS = {"ctr": "sync_mnist.models.ctr:MODEL", "sync_mnist.models.ctr:MODEL":
+          "sync_mnist.models.ctr:MODEL", "sync_mnist.models.ctr:SMALL":
+          "sync_mnist.models.ctr:SMALL"}
+
+
 def check(params: dict, model: str) -> None:
     """click_files' checks before any task starts (the launcher, without TensorFlow): the
     files, and that clicks.json was written for `model` (MODULE:NAME)."""
     resolve(params["train_files"], "training")
     manifest, planted = _planted(resolve(params["eval_files"], "evaluation"))
     if planted is not None:
-        from sync_mnist import models
-
-        written = models.BUILT_IN.get(planted.get("model"), planted.get("model"))
+        written = MODELS.get(planted.get("model"), planted.get("model"))
         if written != model:
             raise DataError(f"{manifest}: the clicks were written for --model "
                             f"{planted.get('model')} ({planted.get('fields')} fields), not "
@@ -692,77 +694,3 @@ def write(out: Path, params: dict, *, model: str, kind: str, compress: bool,
                 EVAL: write_part(out, params, 1, eval_examples, eval_files, kind, compress)}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
-
-
-# --------------------------------------------------------------------------- the command
-
-MODELS = {"ctr": "MODEL", "sync_mnist.models.ctr:MODEL": "MODEL",
-          "sync_mnist.models.ctr:SMALL": "SMALL"}
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="sync-mnist-clicks",
-        description="Write the click model's generated clicks (sync_mnist/models/ctr.py, its "
-                    "planted model) as a click log: Criteo's tab-separated format or TFRecord "
-                    "files of tf.train.Example, cut into files, with clicks.json; then "
-                    "`sync-mnist-cluster --model ctr --data-dir DIR` trains on them.")
-    p.add_argument("out", type=Path, metavar="DIR",
-                   help="directory to write train-*, eval-* and clicks.json into (new or empty)")
-    p.add_argument("--model", default="ctr", choices=tuple(MODELS),
-                   help="whose clicks: ctr (26 fields) or its SMALL variant (8 fields); train "
-                        "it with the same --model (default: ctr)")
-    p.add_argument("--format", default="tsv", choices=("tsv", "tfrecord"),
-                   help="tsv: Criteo's format, a click a line; tfrecord: tf.train.Example "
-                        "records (default: tsv)")
-    p.add_argument("--gzip", action="store_true", help="gzip every file (default: off)")
-    p.add_argument("--seed", type=int, default=0,
-                   help="the planted model's and the clicks' seed: --seed of a run that "
-                        "generates them in memory draws the same (default: 0)")
-    p.add_argument("--train-examples", type=int, default=None,
-                   help="training clicks (default: the model's, 600,000 for ctr, 40,000 for "
-                        "SMALL)")
-    p.add_argument("--eval-examples", type=int, default=None,
-                   help="evaluation clicks (default: the model's, 50,000 for ctr, 10,000 for "
-                        "SMALL)")
-    p.add_argument("--train-files", type=int, default=12,
-                   help="files the training clicks are cut into: the workers share them out "
-                        "by file when each gets files enough for a batch, so a multiple of the "
-                        "workers keeps their shards equal (default: 12)")
-    p.add_argument("--eval-files", type=int, default=1,
-                   help="files the evaluation clicks are cut into (default: 1)")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    from sync_mnist.models import ctr
-
-    params = {**getattr(ctr, MODELS[args.model]).params, "seed": args.seed}
-    train = params["train_examples"] if args.train_examples is None else args.train_examples
-    evaluation = params["eval_examples"] if args.eval_examples is None else args.eval_examples
-    for name, value in (("--train-examples", train), ("--eval-examples", evaluation),
-                        ("--train-files", args.train_files), ("--eval-files", args.eval_files)):
-        if value < 1:
-            print(f"error: {name} must be at least 1, got {value}", file=sys.stderr)
-            return 2
-    try:
-        manifest = write(args.out, params, model=args.model, kind=args.format,
-                         compress=args.gzip, train_examples=train, eval_examples=evaluation,
-                         train_files=args.train_files, eval_files=args.eval_files)
-    except (DataError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    size = sum((args.out / n).stat().st_size for n in
-               manifest[TRAIN]["files"] + manifest[EVAL]["files"])
-    print(f"wrote {train:,} training and {evaluation:,} evaluation clicks into "
-          f"{args.train_files} + {args.eval_files} files in {args.out} ({size / 1e6:,.1f} MB); "
-          f"the evaluation's planted log-loss is {manifest[EVAL]['planted_log_loss']:.4f}")
-    print(f"train on them: sync-mnist-cluster --model {args.model} --data-dir {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

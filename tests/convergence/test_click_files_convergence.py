@@ -19,7 +19,7 @@ import pytest
 
 from procs import processes_mentioning, read_json
 from sync_mnist.core.config import EXIT_OK
-from sync_mnist.models import clicklog, ctr
+from sync_mnist.models import clicklog, ctr, write_clicks
 
 BOUND = 240  # seconds a small cluster run may take on a loaded 2-core machine
 SMALL = "sync_mnist.models.ctr:SMALL"
@@ -33,7 +33,7 @@ WITHIN = 1.20
 
 def test_three_workers_train_on_click_files_verified(processes, tmp_path):
     data = tmp_path / "clicks"
-    assert clicklog.main([str(data), "--model", SMALL, "--format", "tsv",
+    assert write_clicks.main([str(data), "--model", SMALL, "--format", "tsv",
                           "--train-files", "6"]) == 0
     summary = tmp_path / "cluster.json"
     launcher = processes.launcher(

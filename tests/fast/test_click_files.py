@@ -16,7 +16,7 @@ import tensorflow as tf
 from sync_mnist import models
 from sync_mnist.core.config import TrainConfig
 from sync_mnist.core.shard import DataError
-from sync_mnist.models import clicklog, ctr
+from sync_mnist.models import clicklog, ctr, write_clicks
 
 from click_files import PARAMS, SMALL
 from click_files import params as _params
@@ -129,11 +129,11 @@ def test_the_command_writes_into_a_new_directory_only(tmp_path, capsys):
     out = tmp_path / "clicks"
     argv = [str(out), "--model", SMALL, "--train-examples", "50", "--eval-examples", "20",
             "--train-files", "2", "--gzip"]
-    assert clicklog.main(argv) == 0
+    assert write_clicks.main(argv) == 0
     assert "sync-mnist-cluster --model sync_mnist.models.ctr:SMALL --data-dir" in \
         capsys.readouterr().out
     with gzip.open(out / "train-00001-of-00002.tsv.gz", "rt") as f:
         assert len(f.read().splitlines()) == 25
-    assert clicklog.main(argv) == 2
+    assert write_clicks.main(argv) == 2
     assert "already holds click files" in capsys.readouterr().err
-    assert clicklog.main([str(tmp_path / "other"), "--train-files", "0"]) == 2
+    assert write_clicks.main([str(tmp_path / "other"), "--train-files", "0"]) == 2
