@@ -109,3 +109,57 @@ def test_the_layout_names_every_module_and_no_other():
     moved = layout_paths("## Layout, in full\n```\nsync_mnist/\n  core/\n    a.py   x\n"
                          "  b.py   y\n```\n")
     assert moved == {"sync_mnist/core/a.py", "sync_mnist/b.py"}
+
+
+def import_graph(package: Path) -> dict[str, set[str]]:
+    """{module: the package's modules it imports}, every import counted: at the top, in a
+    function, under TYPE_CHECKING. A package's __init__ is the package's name."""
+    import ast
+
+    names = {}
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def known(name: str) -> str | None:
+        while name and name not in names:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for module, path in names.items():
+        here = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        graph[module] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [known(a.name) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = here.split(".")[:len(here.split(".")) - node.level + 1]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                targets = [known(f"{base}.{a.name}") for a in node.names]
+            else:
+                continue
+            graph[module] |= {t for t in targets if t and t != module}
+    return graph
+
+
+def import_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    import graphlib
+
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as e:
+        return e.args[1]
+    return None
+
+
+def test_no_import_circle_in_the_package(tmp_path):
+    assert import_circle(import_graph(ROOT / "sync_mnist")) is None
+    # ...and the search sees one made through a function's import.
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "__init__.py").write_text("")
+    (tmp_path / "p" / "a.py").write_text("from p import b\n")
+    (tmp_path / "p" / "b.py").write_text("def f():\n    from . import a\n")
+    assert sorted(set(import_circle(import_graph(tmp_path / "p")))) == ["p.a", "p.b"]
