@@ -98,7 +98,7 @@ class ModelSpec:
         training session, around each step, as the Estimator ran them;
         training_chief_hooks the same on the chief's only; evaluation_hooks: EVAL: around
         each batch of the chief's evaluations. Each call is bounded by --timeout; a hook may
-        not request a stop (docs/your-model.md, "Hooks").
+        not request a stop (docs/model-reference.md, "Hooks").
       train_op: refused: see `optimizer`. It is a field so that the refusal can say so.
     """
 
@@ -225,7 +225,7 @@ class Model:
         length on every worker, in an order drawn from --seed. Or a tf.data.Dataset of single
         examples (features, labels), streamed: the package cuts it per worker, by file where
         it can, and batches it; train_input_fn(params, input_context) cuts its own share
-        (docs/your-model.md, "Your data").
+        (docs/model-reference.md, "Your data").
       eval_input_fn: eval_input_fn(params) -> (features, labels), the evaluation set, as
         arrays or a Dataset. Only the chief calls it, after training (or at the first
         --eval-every evaluation).

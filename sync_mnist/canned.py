@@ -19,7 +19,7 @@ says otherwise) and answers through the heads' signatures: "classification", "re
 binary classifier's logistic, and the regressors') and "predict"; its loss, the batch mean
 unless loss_reduction says otherwise (`_model_fn`), and hooks as a TrainSpec took them.
 What differs: the arguments in ESTIMATOR_ONLY are refused, naming what takes their place.
-docs/your-model.md, "Canned models", has the whole list.
+docs/model-reference.md, "Canned models", has the whole list.
 """
 
 # The public functions have the Estimator classes' names, so that a migrated program changes

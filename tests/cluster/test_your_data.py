@@ -1,5 +1,5 @@
 """An Estimator program over TFRecord files (examples/your_data/files_tf1.py) after the change
-docs/your-model.md ("Your data") shows: its lines counted, and the result trained through the
+docs/model-reference.md ("Your data") shows: its lines counted, and the result trained through the
 real command line, verified, from files of unequal size, where the first worker's input ends."""
 
 from __future__ import annotations

@@ -102,15 +102,15 @@ def test_a_mistake_in_a_column_is_bad_input_in_tensorflows_words(model_fn, words
 
 
 def _docs_example() -> str:
-    """The model file of docs/your-model.md's "Feature columns"."""
-    text = (Path(__file__).resolve().parents[2] / "docs" / "your-model.md").read_text()
+    """The model file of docs/model-reference.md's "Feature columns"."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "model-reference.md").read_text()
     section = text.split("\n## Feature columns\n", 1)[1]
     return section.split("```python\n", 1)[1].split("```\n", 1)[0]
 
 
 def test_the_docs_example_makes_its_columns_tables_embedding_tables():
     namespace: dict = {}
-    exec(compile(_docs_example(), "your-model.md", "exec"), namespace)
+    exec(compile(_docs_example(), "model-reference.md", "exec"), namespace)
     words = tf1.SparseTensorValue(np.array([[0, 0], [0, 1], [2, 0]], np.int64),
                                   np.array([b"cheap", b"flights", b"hotel"], object),
                                   np.array([3, 2], np.int64))
