@@ -24,6 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
+KILL_BOUND = 30.0  # seconds for a SIGKILLed process to be gone (kill_groups_mentioning)
 
 
 class Proc:
@@ -158,12 +159,21 @@ def kill_groups_mentioning(text: str) -> None:
     """SIGKILLs the process group of every live process whose argv contains `text`: a test's
     own marker (its tmp_path), so only what it started. The launcher starts each task in a
     session of its own, so killing the launcher's group alone does not reach them."""
+    killed = set()
     for line in processes_mentioning(text):
         pid = int(line.split(":", 1)[0])
         try:
             os.killpg(os.getpgid(pid), signal.SIGKILL)
         except ProcessLookupError:
             pass
+        killed.add(pid)
+    # SIGKILL is delivered at once, but a large process takes a moment to go (its memory torn
+    # down), during which its argv still reads: wait until each is gone, within a bound
+    # (.ci/run saw a TensorFlow task still listed just after its kill).
+    deadline = time.monotonic() + KILL_BOUND
+    while time.monotonic() < deadline and killed & {
+            int(line.split(":", 1)[0]) for line in processes_mentioning(text)}:
+        time.sleep(0.05)
 
 
 def processes_mentioning(text: str) -> list[str]:
