@@ -27,13 +27,10 @@ def model_params(config: TaskConfig, model: api.Model) -> dict:
     model that has no such param refuses it, ConfigError); the seed. The click model reads
     its files' patterns from its data options (models.data_params)."""
     train = config.train
+    given = {**{k: str(v) for k, v in train.data_options.items()}, **train.params}
     flags = {k: "--" + k.replace("_", "-") for k in train.data_options}
-    data = model_params_lib.typed(model.params, {k: str(v) for k, v in
-                                                 train.data_options.items()},
-                                  train.model, flags)
-    return {**model.params, **data, **models.data_params(train.model, train.data_options),
-            **model_params_lib.typed(model.params, train.params, train.model),
-            "seed": train.seed}
+    return {**model.params, **model_params_lib.typed(model.params, given, train.model, flags),
+            **models.data_params(train.model, train.data_options), "seed": train.seed}
 
 
 def takes_input_context(input_fn) -> bool:
