@@ -70,8 +70,8 @@ class ModelSpec:
       mode: the mode the model function was called in.
       predictions: PREDICT: a dict of tensors, the SavedModel's outputs (export_outputs).
       loss: TRAIN: the float scalar to minimise; each update averages one from each worker.
-        The mean over the batch, usually (a canned model's is v1's sum with
-        loss_reduction=SUM). EVAL: a float scalar, the mean over the batch (the chief's
+        The mean over the batch, usually (a canned model's is v1's sum over it, unless its
+        loss_reduction says otherwise). EVAL: a float scalar, the mean over the batch (the chief's
         test_loss averages it over the evaluation set).
       optimizer: TRAIN: the base optimizer (AdamOptimizer, say), or None for the one the
         command line names (--optimizer, --learning-rate, --lr-decay). The package wraps it

@@ -16,8 +16,8 @@ scope "dnn" and the wide part "linear", each with its own optimizer in one synch
 evaluation metrics under the Estimator's keys; its SavedModel, which takes serialized
 tf.train.Examples (parsed by the columns' make_parse_example_spec, unless serving_input_fn
 says otherwise) and answers through the heads' signatures: "classification", "regression" (the
-binary classifier's logistic, and the regressors') and "predict"; its loss, the batch mean
-unless loss_reduction says otherwise (`_model_fn`), and hooks as a TrainSpec took them.
+binary classifier's logistic, and the regressors') and "predict"; its loss, summed over the batch as
+v1's was unless loss_reduction says otherwise (`_model_fn`), and hooks as a TrainSpec took them.
 What differs: the arguments in ESTIMATOR_ONLY are refused, naming what takes their place.
 docs/model-reference.md, "Canned models", has the whole list.
 """
@@ -66,8 +66,9 @@ REDUCTION = tf1.losses.Reduction
 LOSS_REDUCTIONS = {**{r: r for r in (REDUCTION.SUM, REDUCTION.SUM_OVER_BATCH_SIZE,
                                      REDUCTION.MEAN, REDUCTION.SUM_BY_NONZERO_WEIGHTS)},
                    "sum": REDUCTION.SUM, "sum_over_batch_size": REDUCTION.SUM_OVER_BATCH_SIZE}
-# The default: the batch mean (TensorFlow 2's); v1's was SUM (_model_fn says what each does).
-BATCH_MEAN = REDUCTION.SUM_OVER_BATCH_SIZE
+# The default: v1's sum over the batch, as these are v1's canned models (TensorFlow 2's took
+# the batch mean, SUM_OVER_BATCH_SIZE); _model_fn says what each does.
+V1_SUM = REDUCTION.SUM
 
 
 # --------------------------------------------------------------------------- the two parts
@@ -373,15 +374,16 @@ def _model_fn(head, parts: Sequence[_Part], weight_column, reduction: str, hooks
               chief_hooks: Sequence) -> Callable:
     """The model function: the parts' logits, added, through the head.
 
-    The loss trained is the weighted losses reduced by `reduction`: by default their mean over
-    the batch (SUM_OVER_BATCH_SIZE, TensorFlow 2's default), so that each update averages N
-    batch means and a learning rate means the same at any batch size. With SUM, v1's default,
-    each update averages N batch sums, as SyncReplicasOptimizer did over an Estimator, and a
-    program migrated from TF 1.x takes the steps it took (the mean's are 1/B of them for SGD,
-    and smaller first steps for Adagrad and FTRL, whose starting accumulator of 0.1 then
-    weighs more). The `loss` metric is that loss's mean over the evaluation batches, as
-    Estimator.evaluate reported it; the EVAL spec's own loss is the batch mean, as ModelSpec's
-    contract asks, so that the chief's test_loss is per example.
+    The loss trained is the weighted losses reduced by `reduction`: by default their sum over
+    the batch (SUM, the default of v1's canned models, whose names and arguments these are), so
+    that each update averages N batch sums, as SyncReplicasOptimizer did over an Estimator, and
+    a program migrated from TF 1.x takes the steps it took at the same settings. With
+    SUM_OVER_BATCH_SIZE (the default of TensorFlow 2's canned Estimators) each update averages
+    N batch means, and a learning rate means the same at any batch size; the steps are then 1/B
+    of the sum's for SGD, and smaller first steps for Adagrad and FTRL, whose starting
+    accumulator of 0.1 then weighs more. The `loss` metric is that loss's mean over the
+    evaluation batches, as Estimator.evaluate reported it; the EVAL spec's own loss is the
+    batch mean, as ModelSpec's contract asks, so that the chief's test_loss is per example.
     """
     def model_fn(features, labels, mode, params):
         if not isinstance(features, Mapping):
@@ -421,14 +423,14 @@ def _reduction(loss_reduction) -> str:
     if not isinstance(loss_reduction, str) or loss_reduction not in LOSS_REDUCTIONS:
         raise ValueError(
             f"loss_reduction {loss_reduction!r} is not taken here: tf.compat.v1.losses."
-            "Reduction.SUM (v1's canned models' default), SUM_OVER_BATCH_SIZE (TensorFlow 2's, "
-            "and these), MEAN or SUM_BY_NONZERO_WEIGHTS")
+            "Reduction.SUM (v1's canned models' default, and "
+            "these), SUM_OVER_BATCH_SIZE (TensorFlow 2's), MEAN or SUM_BY_NONZERO_WEIGHTS")
     return LOSS_REDUCTIONS[loss_reduction]
 
 
 def _model(head, parts: Sequence[_Part], weight_column, estimator_only: Mapping[str, Any],
            train_input_fn, eval_input_fn, serving_input_fn, params, hooks=(),
-           chief_hooks=(), loss_reduction=BATCH_MEAN) -> api.Model:
+           chief_hooks=(), loss_reduction=V1_SUM) -> api.Model:
     for name in estimator_only:
         if name in ESTIMATOR_ONLY:
             raise TypeError(f"{name} is an argument of the Estimator, not of sync_mnist's "
@@ -508,7 +510,7 @@ def DNNClassifier(hidden_units, feature_columns, *, train_input_fn, eval_input_f
                   serving_input_fn=None, params=None, hooks=(), chief_hooks=(), n_classes=2,
                   weight_column=None, label_vocabulary=None, optimizer="Adagrad",
                   activation_fn=tf.nn.relu, dropout=None, batch_norm=False,
-                  loss_reduction=BATCH_MEAN, **estimator_only) -> api.Model:
+                  loss_reduction=V1_SUM, **estimator_only) -> api.Model:
     """tf.estimator.DNNClassifier: dense layers over `feature_columns`, Adagrad at 0.05."""
     part = _dnn(hidden_units, feature_columns, optimizer, DNN_LEARNING_RATE, activation_fn,
                 dropout, batch_norm)
@@ -521,7 +523,7 @@ def DNNRegressor(hidden_units, feature_columns, *, train_input_fn, eval_input_fn
                  serving_input_fn=None, params=None, hooks=(), chief_hooks=(),
                  label_dimension=1, weight_column=None, optimizer="Adagrad",
                  activation_fn=tf.nn.relu, dropout=None, batch_norm=False,
-                 loss_reduction=BATCH_MEAN, **estimator_only) -> api.Model:
+                 loss_reduction=V1_SUM, **estimator_only) -> api.Model:
     """tf.estimator.DNNRegressor: dense layers over `feature_columns`, Adagrad at 0.05."""
     part = _dnn(hidden_units, feature_columns, optimizer, DNN_LEARNING_RATE, activation_fn,
                 dropout, batch_norm)
@@ -533,7 +535,7 @@ def DNNRegressor(hidden_units, feature_columns, *, train_input_fn, eval_input_fn
 def LinearClassifier(feature_columns, *, train_input_fn, eval_input_fn, serving_input_fn=None,
                      params=None, hooks=(), chief_hooks=(), n_classes=2, weight_column=None,
                      label_vocabulary=None, optimizer="Ftrl", sparse_combiner="sum",
-                     loss_reduction=BATCH_MEAN, **estimator_only) -> api.Model:
+                     loss_reduction=V1_SUM, **estimator_only) -> api.Model:
     """tf.estimator.LinearClassifier: linear_model over `feature_columns`, FTRL at 0.2 (with
     optimizer=None, at min(0.2, 1 / sqrt(len(feature_columns))))."""
     part = _linear(feature_columns, *_linear_default(optimizer, feature_columns),
@@ -546,7 +548,7 @@ def LinearClassifier(feature_columns, *, train_input_fn, eval_input_fn, serving_
 def LinearRegressor(feature_columns, *, train_input_fn, eval_input_fn, serving_input_fn=None,
                     params=None, hooks=(), chief_hooks=(), label_dimension=1,
                     weight_column=None, optimizer="Ftrl", sparse_combiner="sum",
-                    loss_reduction=BATCH_MEAN, **estimator_only) -> api.Model:
+                    loss_reduction=V1_SUM, **estimator_only) -> api.Model:
     """tf.estimator.LinearRegressor: linear_model over `feature_columns`, FTRL as
     LinearClassifier's."""
     part = _linear(feature_columns, *_linear_default(optimizer, feature_columns),
@@ -563,7 +565,7 @@ def DNNLinearCombinedClassifier(*, train_input_fn, eval_input_fn, serving_input_
                                 dnn_optimizer="Adagrad", dnn_hidden_units=None,
                                 dnn_activation_fn=tf.nn.relu, dnn_dropout=None, n_classes=2,
                                 weight_column=None, label_vocabulary=None, batch_norm=False,
-                                linear_sparse_combiner="sum", loss_reduction=BATCH_MEAN,
+                                linear_sparse_combiner="sum", loss_reduction=V1_SUM,
                                 **estimator_only) -> api.Model:
     """tf.estimator.DNNLinearCombinedClassifier (wide & deep): the linear part's logits plus
     the deep part's, each trained by its own optimizer in one update: FTRL at
@@ -583,7 +585,7 @@ def DNNLinearCombinedRegressor(*, train_input_fn, eval_input_fn, serving_input_f
                                dnn_optimizer="Adagrad", dnn_hidden_units=None,
                                dnn_activation_fn=tf.nn.relu, dnn_dropout=None,
                                label_dimension=1, weight_column=None, batch_norm=False,
-                               linear_sparse_combiner="sum", loss_reduction=BATCH_MEAN,
+                               linear_sparse_combiner="sum", loss_reduction=V1_SUM,
                                **estimator_only) -> api.Model:
     """tf.estimator.DNNLinearCombinedRegressor: wide & deep, regressing."""
     parts = _combined(linear_feature_columns, linear_optimizer, dnn_feature_columns,

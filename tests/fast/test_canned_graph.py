@@ -200,7 +200,7 @@ def test_wide_and_deep_on_two_ps_gives_each_part_its_optimizers_slots_beside_it(
      "that is the command line's --logdir"),
     (lambda: _make("LinearRegressor", loss_reduction=tf1.losses.Reduction.NONE),
      "loss_reduction 'none' is not taken here: tf.compat.v1.losses.Reduction.SUM (v1's "
-     "canned models' default), SUM_OVER_BATCH_SIZE (TensorFlow 2's, and these), MEAN or "
+     "canned models' default, and these), SUM_OVER_BATCH_SIZE (TensorFlow 2's), MEAN or "
      "SUM_BY_NONZERO_WEIGHTS"),
     (lambda: _make("DNNClassifier", hidden_unit=[3]), "unexpected keyword argument "
                                                       "'hidden_unit'"),

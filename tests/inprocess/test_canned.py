@@ -26,9 +26,10 @@ BINARY = ["accuracy", "accuracy_baseline", "auc", "auc_precision_recall", "avera
 
 def test_the_binary_heads_loss_is_the_weighted_batch_mean_and_its_metrics_the_estimators():
     """logits = x (weight 1, bias 0) on four examples, weighted 1, 2, 1, 1, labelled by name.
-    The loss is the mean of the weighted losses over the batch (by default; v1's sum with
-    loss_reduction=SUM, below), and the `loss` metric its mean over batches (here one);
-    average_loss and the other metrics are weighted means, as the Estimator's were."""
+    The EVAL loss is the mean of the weighted losses over the batch (the chief's test_loss is
+    per example); the `loss` metric is the trained loss, by default v1's sum over the batch
+    (loss_reduction, below), averaged over batches (here one), as Estimator.evaluate reported
+    it; average_loss and the other metrics are weighted means, as the Estimator's were."""
     x = np.array([-2.0, -1.0, 0.5, 3.0], np.float32)
     weights = np.array([1.0, 2.0, 1.0, 1.0], np.float32)
     labels = np.array(["no", "yes", "yes", "yes"])
@@ -44,7 +45,7 @@ def test_the_binary_heads_loss_is_the_weighted_batch_mean_and_its_metrics_the_es
     losses = np.log1p(np.exp(-x)) * y + np.log1p(np.exp(x)) * (1 - y)
     p = 1 / (1 + np.exp(-x.astype(np.float64)))
     assert loss == pytest.approx(np.sum(weights * losses) / 4, rel=1e-6)
-    assert metrics["loss"] == pytest.approx(loss, rel=1e-6)
+    assert metrics["loss"] == pytest.approx(np.sum(weights * losses), rel=1e-6)
     assert sorted(metrics) == BINARY
     expected = {
         "average_loss": np.sum(weights * losses) / 5,
@@ -142,7 +143,9 @@ def test_wide_and_deep_trains_synchronously_with_two_optimizers_and_the_estimato
     label_mean = _data(EVAL_ROWS, 2)[1].mean()
     assert metrics["label/mean"] == pytest.approx(label_mean, rel=1e-6)
     assert metrics["accuracy_baseline"] == pytest.approx(max(label_mean, 1 - label_mean))
-    assert metrics["loss"] == pytest.approx(chief.test_loss, rel=1e-5)
+    # `loss` is the trained loss, v1's batch sum, over one evaluation batch of all EVAL_ROWS;
+    # test_loss is per example.
+    assert metrics["loss"] == pytest.approx(chief.test_loss * EVAL_ROWS, rel=1e-5)
     assert chief.test_accuracy == metrics["accuracy"]
     # Each part moved by its own optimizer: FTRL's accumulator of the linear weights, and
     # Adagrad's of the deep kernels, both from their start of 0.1.
