@@ -100,7 +100,9 @@ def test_each_canned_model_trains_verified_near_its_planted_truth(name, tmp_path
     assert chief.contributions == [STEPS, STEPS]
     metrics = chief.test_metrics
     assert sorted(metrics) == names
-    assert metrics["loss"] == pytest.approx(chief.test_loss, rel=1e-5)
+    # `loss` is the trained loss, v1's batch sum, over one evaluation batch of all EVAL_ROWS;
+    # test_loss is per example.
+    assert metrics["loss"] == pytest.approx(chief.test_loss * EVAL_ROWS, rel=1e-5)
     # A positive bound is a floor (accuracy); a negative one, -f, caps the average loss at the
     # fraction f of the labels' variance (predicting their mean scores 1.0; the truth 0.01/20).
     if bound > 0:
