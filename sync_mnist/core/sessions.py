@@ -240,7 +240,8 @@ class _OneLineRecoveryLog(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
         if "may be due to a preemption" in text:
-            lines = [line.strip() for line in text.split("Error: ", 1)[-1].splitlines()]
+            lines = [line.strip() for line in text.split("Error: ", 1)[-1].splitlines()
+                     if line.strip().strip("=")]  # not TensorFlow's ===== rules
             record.msg, record.args = "a ps was lost (%s); re-creating the session", (
                 " ".join(lines[:2]),)
             record.levelno, record.levelname = logging.WARNING, "WARNING"

@@ -21,7 +21,8 @@ import tensorflow as tf
 from sync_mnist.core import bounded, early_stop, membership, protocol, sessions, sync
 from sync_mnist.task import preemption, report
 from sync_mnist.core import verdict as verdict_lib
-from sync_mnist.core.config import ConfigError, START_SECS, TaskConfig, TaskTimeout, TrainConfig
+from sync_mnist.core.config import (ConfigError, START_SECS, TaskConfig, TaskTimeout,
+                                     TrainConfig, first_line)
 
 tf1 = tf.compat.v1
 log = logging.getLogger(__name__)
@@ -58,11 +59,17 @@ def run_ps(config: TaskConfig, *, server=None) -> report.TaskResult:
                                         config.train.mode)
     log.info("serving %s; waiting for %d workers to report done (timeout %g s without progress)",
              config.cluster.address("ps", config.index), n, timeout)
-    with bounded.closed_bounded(tf1.Session(server.target, graph=graph,
-                                            config=sessions.session_config(["/job:ps"]))) as sess:
-        watch = _Watch(config, sess, shared, waiting, take_done, preempt)
+
+    def new_session():
+        return tf1.Session(server.target, graph=graph,
+                           config=sessions.session_config(["/job:ps"]))
+
+    watch = _Watch(config, new_session, shared, waiting, take_done, preempt)
+    try:
         watch.wait_for_the_other_ps()
         watch.until_every_worker_is_done()
+    finally:
+        bounded.close_bounded(watch.sess.close, watch.sess)
     lost, counters = watch.lost, watch.counters
     result.train_s = time.monotonic() - started
     result.lost = lost or None
@@ -95,9 +102,10 @@ class _Watch:
     """The ps's wait for the done entries, as its jobs: drain the done entries, read the final
     counters, check the chief's settings, follow the lost marks, and the no-progress watchdog."""
 
-    def __init__(self, config: TaskConfig, sess, shared: protocol.Shared, waiting, take_done,
-                 preempt):
-        self.config, self.sess, self.shared = config, sess, shared
+    def __init__(self, config: TaskConfig, new_session, shared: protocol.Shared, waiting,
+                 take_done, preempt):
+        self.config, self.shared = config, shared
+        self.new_session, self.sess = new_session, new_session()
         self.waiting, self.take_done, self.preempt = waiting, take_done, preempt
         self.asked_to_stop = False
         self.preempted_at: int | None = None  # read with the final counters
@@ -143,8 +151,12 @@ class _Watch:
                 continue
             time.sleep(sessions.READY_POLL_SECS)
             # One read of ps 0 a poll, whichever ps this is (it costs ps 0 a run per poll).
-            reading = _read_shared(self.sess, self.shared.state, self.shared.members,
-                                   with_published=not self.checked)
+            try:
+                reading = _read_shared(self.sess, self.shared.state, self.shared.members,
+                                       with_published=not self.checked)
+            except tf.errors.AbortedError as e:
+                self._renew_session(e)
+                reading = None
             self._check_the_chiefs_settings(reading)
             if reading:
                 self.initialised = True
@@ -153,6 +165,17 @@ class _Watch:
             self._watchdog(reading)
         if self.counters is None:  # every worker was lost
             self.counters = _final_counters(self.sess, self.shared.state, self.poll)
+
+    def _renew_session(self, error: tf.errors.AbortedError) -> None:
+        """ps 0 was restarted (empty) since this session last read it: the session still names
+        the graph the old process held, and each read would fail so. A new session registers
+        its reads afresh; the restarted ps 0 waits for the chief to initialise it again, as the
+        workers do. (Before: the ps ended 201, and with it the restarted ps 0, which lost it:
+        `make chaos`, 2 ps, ps 0 killed near the end, the run failed on the second fault.)"""
+        log.warning("ps 0 was restarted (%s); re-creating the session", first_line(error))
+        bounded.close_bounded(self.sess.close, self.sess)
+        self.sess = self.new_session()
+        self.wait_for_the_other_ps()  # its first run, which waits for every ps, bounded
 
     def _ask_to_stop(self) -> None:
         """Preempted: the next update is the cluster's last. Before any worker has trained

@@ -135,7 +135,8 @@ def _watch(sess, timeout: float = 2.0):
     layout = ClusterLayout(("127.0.0.1:1", "127.0.0.1:2"), ("127.0.0.1:3",))
     config = TaskConfig(role="ps", index=0, cluster=layout,
                         train=TrainConfig(train_steps=1, timeout=timeout))
-    return ps._Watch(config, sess, shared=None, waiting=None, take_done=None, preempt=None)
+    return ps._Watch(config, lambda: sess, shared=None, waiting=None, take_done=None,
+                     preempt=None)
 
 
 def test_a_poll_cut_short_is_not_an_answer_from_the_other_ps(monkeypatch):
@@ -169,8 +170,8 @@ def _watch_past_the_start_up_bound(monkeypatch, workers: tuple[str, ...]):
     monkeypatch.setattr(ps, "START_SECS", 3.0)
     config = TaskConfig(role="ps", index=0, cluster=ClusterLayout(("127.0.0.1:1",), workers),
                         train=TrainConfig(train_steps=1, timeout=2.0))
-    watch = ps._Watch(config, sess=None, shared=None, waiting=None, take_done=None,
-                      preempt=None)
+    watch = ps._Watch(config, new_session=lambda: None, shared=None, waiting=None,
+                      take_done=None, preempt=None)
     watch.last_progress = time.monotonic() - 5.5  # 3 s + --timeout 2 s, and a little more
     return watch
 
@@ -219,8 +220,8 @@ def test_a_ps_waits_for_the_chief_s_done_report_while_it_may_still_be_writing_th
     config = TaskConfig(role="ps", index=0, cluster=ClusterLayout(
         ("127.0.0.1:1",), ("127.0.0.1:2", "127.0.0.1:3")), train=TrainConfig(
             train_steps=30, timeout=2.0, restart_grace=1.0))
-    watch = ps._Watch(config, sess=None, shared=None, waiting=None, take_done=None,
-                      preempt=None)
+    watch = ps._Watch(config, new_session=lambda: None, shared=None, waiting=None,
+                      take_done=None, preempt=None)
     reading = types.SimpleNamespace(global_step=30)
     watch.last_step, watch.done, watch.initialised = 30, {1}, True
     usual = config.train.timeout + config.train.restart_grace + ps.SPEAK_FIRST_SECS

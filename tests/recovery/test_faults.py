@@ -207,10 +207,12 @@ def test_a_frozen_worker_is_the_one_task_restarted_and_the_run_ends_verified(pro
     assert processes_mentioning(marker) == []
 
 
-def _signal_the_ps(processes, tmp_path, signum, *, at_step, steps, timeout, save_steps):
+def _signal_the_ps(processes, tmp_path, signum, *, at_step, steps, timeout, save_steps,
+                   num_ps=1):
     """A 2-worker launcher run with --max-restarts 1 and a --logdir, ps 0 sent `signum` once the
     chief logs `at_step`; returns the launcher."""
-    launcher = processes.launcher("--base-port", "0", "--workers", "2", *COMMON,
+    launcher = processes.launcher("--base-port", "0", "--workers", "2", "--ps", str(num_ps),
+                                  *COMMON,
                                   "--train-steps", str(steps), "--timeout", str(timeout),
                                   "--max-restarts", "1", "--logdir", str(tmp_path / "logdir"),
                                   "--save-steps", str(save_steps),
@@ -239,6 +241,23 @@ def test_a_ps_killed_as_training_ends_costs_one_restart(processes, tmp_path):
     assert summary["synchronous"] is True and summary["contributions"] == [steps, steps]
     assert summary["restarts"]["ps 0"] == 1
     assert max(checkpoint_steps(tmp_path / "logdir")) == steps
+
+
+def test_a_ps_of_two_killed_mid_run_is_the_one_task_restarted(processes, tmp_path):
+    """Found by make chaos: 2 ps, ps 0 SIGKILLed and restarted, --max-restarts 1. ps 1's next
+    read of ps 0 failed with AbortedError ("Session handle is not found ... just restarted"),
+    ps 1 ended 201, and the restarted ps 0, which lost it, ended 201 too: a second fault, and
+    the run failed. ps 1 now re-creates its session and carries on."""
+    steps = 200
+    launcher = _signal_the_ps(processes, tmp_path, signal.SIGKILL, at_step=50, steps=steps,
+                              timeout=30, save_steps=10, num_ps=2)
+
+    assert launcher.wait(BOUND) == EXIT_OK, launcher.output
+    launcher.wait_for_line(r"\[ps 1\] warning: ps 0 was restarted \(.*Session handle is not "
+                           r"found.*\); re-creating the session", 1)
+    summary = read_json(tmp_path / "cluster.json")
+    assert summary["synchronous"] is True and summary["contributions"] == [steps, steps]
+    assert summary["restarts"] == {"ps 0": 1}, launcher.output
 
 
 def test_a_ps_frozen_mid_run_is_named_restarted_and_the_run_ends_verified(processes, tmp_path):
