@@ -227,7 +227,7 @@ class _Watch:
         idle = time.monotonic() - self.last_progress
         if idle > _idle_bound(config.train, step is not None, done):
             if not self.initialised:
-                raise TaskTimeout(self._never_initialised())
+                raise TaskTimeout(_never_initialised(config))
             seen = "global_step unread: ps 0 did not answer" if step is None else (
                 f"global_step stuck at {step}")
             missing = []
@@ -240,24 +240,24 @@ class _Watch:
                 f"{sorted(done) or 'none'} of {config.cluster.num_workers}"
                 f"{'; lost: ' + str(lost) if lost else ''})", missing=missing)
 
-    def _never_initialised(self) -> str:
-        """The watchdog's message when no worker has initialised the model since this ps
-        started: whose server answers. A worker that exited at start (its model failed to
-        import, say) and one not started yet look alike from here: neither answers."""
-        config = self.config
-        bound = (f"the start-up bound, {START_SECS + config.train.timeout:g} s ({START_SECS:g} s "
-                 f"+ --timeout {config.train.timeout:g} s)")
-        silent = membership.silent_workers(config.cluster)
-        named = "; ".join(f"worker {w}: {why}" for w, why in silent.items())
-        if len(silent) == config.cluster.num_workers:
-            return (f"ps {config.index}: no worker joined within {bound}: the model was never "
-                    f"initialised, and no worker's server answers ({named}); each exited at "
-                    "start or never started")
-        answer = [w for w in range(config.cluster.num_workers) if w not in silent]
-        return (f"ps {config.index}: the model was not initialised within {bound}; the "
-                f"servers of worker{'s' if len(answer) > 1 else ''} "
-                f"{', '.join(map(str, answer))} answer"
-                f"{'; silent: ' + named if named else ''}")
+
+def _never_initialised(config: TaskConfig) -> str:
+    """The watchdog's message when no worker has initialised the model since this ps
+    started: whose server answers. A worker that exited at start (its model failed to
+    import, say) and one not started yet look alike from here: neither answers."""
+    bound = (f"the start-up bound, {START_SECS + config.train.timeout:g} s ({START_SECS:g} s "
+             f"+ --timeout {config.train.timeout:g} s)")
+    silent = membership.silent_workers(config.cluster)
+    named = "; ".join(f"worker {w}: {why}" for w, why in silent.items())
+    if len(silent) == config.cluster.num_workers:
+        return (f"ps {config.index}: no worker joined within {bound}: the model was never "
+                f"initialised, and no worker's server answers ({named}); each exited at "
+                "start or never started")
+    answer = [w for w in range(config.cluster.num_workers) if w not in silent]
+    return (f"ps {config.index}: the model was not initialised within {bound}; the "
+            f"servers of worker{'s' if len(answer) > 1 else ''} "
+            f"{', '.join(map(str, answer))} answer"
+            f"{'; silent: ' + named if named else ''}")
 
 
 def _final_counters(sess, state: sync.SharedState, options) -> verdict_lib.Counters | None:
