@@ -25,6 +25,10 @@ ps tasks or workers.
     MODEL = sm.Model(model_fn, train_input_fn=..., eval_input_fn=..., params={...})
 
 and `sync-mnist-cluster --model path/to/file.py:MODEL`.
+
+Bad input of the user's is one of two errors, each exit 2 with its one line (`error: ...`),
+wherever the model's code raises it (its input functions, its check): `ConfigError`, a value
+given that cannot work (a param, say); `DataError`, data missing, malformed or inconsistent.
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import tensorflow as tf
 
-from sync_mnist.core.config import ConfigError
+from sync_mnist.core.config import ConfigError  # noqa: F401 (the model's to raise)
+from sync_mnist.core.shard import DataError  # noqa: F401 (the model's to raise)
 
 tf1 = tf.compat.v1
 
