@@ -237,8 +237,14 @@ class Model:
       serving_input_fn: serving_input_fn(params) -> (inputs, features), for the SavedModel;
         parsing_serving_input_fn(feature_spec) for serialized tf.train.Examples; None: the
         signature takes the features as the training data has them.
-      params: the `params` the functions are given, with the data options added: "dataset",
-        "data_dir" and "seed". No command-line option overrides them.
+      params: the model's options and their defaults: what its functions are given, each
+        settable by `--param KEY=VALUE` (read as its default's type), plus "seed" (--seed).
+      check: check(params), what can be checked of the model's data before any task starts:
+        the launcher calls it once with the params the tasks will give the functions, and
+        DataError or ConfigError raised there is exit 2 with its line, no task started (the
+        built-in mlp and cnn check their files: a digest, a header). Cheap, as the launcher
+        waits for it; the input functions still check what they read. None: nothing to
+        check.
     """
 
     model_fn: Callable
@@ -246,6 +252,7 @@ class Model:
     eval_input_fn: InputFn
     serving_input_fn: ServingInputFn | None = None
     params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    check: Callable[[Mapping[str, Any]], None] | None = None
 
 
 # ------------------------------------------------------ serving: what the SavedModel answers
