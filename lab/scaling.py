@@ -260,7 +260,7 @@ def partition(num_ps: int, num_workers: int = 1) -> tuple[list[int], list[int]]:
         ",".join(f"ps{i}:2222" for i in range(num_ps)),
         ",".join(f"w{i}:2222" for i in range(num_workers)))
     config = TaskConfig(role="worker", index=0, cluster=layout,
-                        train=TrainConfig(train_steps=10, data_options={"dataset": "synthetic"}))
+                        train=TrainConfig(train_steps=10, params={"dataset": "synthetic"}))
     nbytes, tensors = [0] * num_ps, [0] * num_ps
     with tf.Graph().as_default():
         dataset = data.make_synthetic(0)

@@ -25,6 +25,10 @@ ps tasks or workers.
     MODEL = sm.Model(model_fn, train_input_fn=..., eval_input_fn=..., params={...})
 
 and `sync-mnist-cluster --model path/to/file.py:MODEL`.
+
+Bad input of the user's is one of two errors, each exit 2 with its one line (`error: ...`),
+wherever the model's code raises it (its input functions, its check): `ConfigError`, a value
+given that cannot work (a param, say); `DataError`, data missing, malformed or inconsistent.
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import tensorflow as tf
 
-from sync_mnist.core.config import ConfigError
+from sync_mnist.core.config import ConfigError  # noqa: F401 (the model's to raise)
+from sync_mnist.core.shard import DataError  # noqa: F401 (the model's to raise)
 
 tf1 = tf.compat.v1
 
@@ -232,8 +237,14 @@ class Model:
       serving_input_fn: serving_input_fn(params) -> (inputs, features), for the SavedModel;
         parsing_serving_input_fn(feature_spec) for serialized tf.train.Examples; None: the
         signature takes the features as the training data has them.
-      params: the `params` the functions are given, with the data options added: "dataset",
-        "data_dir" and "seed". No command-line option overrides them.
+      params: the model's options and their defaults: what its functions are given, each
+        settable by `--param KEY=VALUE` (read as its default's type), plus "seed" (--seed).
+      check: check(params), what can be checked of the model's data before any task starts:
+        the launcher calls it once with the params the tasks will give the functions, and
+        DataError or ConfigError raised there is exit 2 with its line, no task started (the
+        built-in mlp and cnn check their files: a digest, a header). Cheap, as the launcher
+        waits for it; the input functions still check what they read. None: nothing to
+        check.
     """
 
     model_fn: Callable
@@ -241,6 +252,7 @@ class Model:
     eval_input_fn: InputFn
     serving_input_fn: ServingInputFn | None = None
     params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    check: Callable[[Mapping[str, Any]], None] | None = None
 
 
 # ------------------------------------------------------ serving: what the SavedModel answers

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sync_mnist import models
 from sync_mnist.models import clicklog, ctr
 
 SMALL = "sync_mnist.models.ctr:SMALL"
@@ -21,4 +20,4 @@ def write(out: Path, kind: str, compress: bool = False, train: int = 300, files:
 
 def params(directory: Path) -> dict:
     """PARAMS, reading the files in `directory` (--data-dir)."""
-    return {**PARAMS, **models.data_params(SMALL, {"data_dir": directory})}
+    return {**PARAMS, "data_dir": str(directory)}

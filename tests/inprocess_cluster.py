@@ -24,7 +24,7 @@ def run_cluster(num_workers: int, model=None, num_ps: int = 1,
     layout = ClusterLayout(tuple(f"localhost:{p}" for p in ports[:num_ps]),
                            tuple(f"localhost:{p}" for p in ports[num_ps:]))
     if model is None or "dataset" in model.params:  # a model without it refuses it
-        train_kwargs.setdefault("data_options", {"dataset": "synthetic"})
+        train_kwargs.setdefault("params", {"dataset": "synthetic"})
     train = TrainConfig(timeout=30.0, log_every=10, **train_kwargs)
     servers = {("ps", p): tf.distribute.Server(layout.spec(), job_name="ps", task_index=p)
                for p in range(num_ps)}

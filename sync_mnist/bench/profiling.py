@@ -76,7 +76,7 @@ class _Profiled:
         layout = cluster_lib.ClusterLayout.parse(ps, worker_address)
         config = TaskConfig(role="worker", index=0, cluster=layout,
                             train=TrainConfig(model=model_name, train_steps=10**6,
-                                              data_options={} if model_name == "ctr" else
+                                              params={} if model_name == "ctr" else
                                               {"dataset": "synthetic"},
                                               proof=proof))
         # Kept on self: the server lives as long as the session that runs on it.

@@ -185,13 +185,10 @@ class TrainConfig:
     lr_decay: str = "cosine"
     optimizer: str = "adam"  # wrapped by SyncReplicasOptimizer in sync mode
     seed: int = 0  # model init, shard partition and per-epoch reshuffle all derive from it
-    # The data options given (--dataset, --data-dir, --train-files, --eval-files:
-    # sync_mnist.models.DATA_OPTIONS): each reaches the model's param of its name, and a
-    # model without one refuses it (the click model reads its files from them). Empty: the
-    # model's defaults.
-    data_options: dict = dataclasses.field(default_factory=dict)
-    # --param KEY=VALUE, as given: read as the model's own defaults' types, and refused where
-    # the model has no such param, once it is loaded (models/params.py).
+    # --param KEY=VALUE, and the options that spell one (--data-dir DIR is --param
+    # data_dir=DIR: models/params.py's SPELLED), as given: {KEY: text}, read as the model's
+    # own defaults' types, and refused where the model has no such param, once it is loaded
+    # (models/params.py). Empty: the model's defaults.
     params: dict = dataclasses.field(default_factory=dict)
     logdir: Path | None = None  # checkpoints and TensorBoard summaries (chief only); None: none
     timeout: float = 300.0  # seconds; the bound on every blocking wait

@@ -25,11 +25,13 @@ from pathlib import Path
 
 from sync_mnist.core import cluster as cluster_lib
 from sync_mnist.core import config as config_lib
-from sync_mnist import models
-from sync_mnist.models import data
-from sync_mnist.task import preflight, report
+from sync_mnist.core import tfcompat
+from sync_mnist.models import params as model_params
+from sync_mnist.models import registry
+from sync_mnist.task import options, preflight, report
 from sync_mnist.launcher import netns, progress
 from sync_mnist.core.config import TrainConfig
+from sync_mnist.core.shard import DataError
 
 log = logging.getLogger(__name__)
 
@@ -245,15 +247,16 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
     """
     started = time.time()
     try:
-        # A missing or damaged data file is the user's to fix: say so once, before any task
-        # starts, rather than once per task (for the built-in models that read files; the
-        # others check their own data as they read it).
-        models.check_data(train)
+        # A param the model has not, or a missing or damaged data file, is the user's to fix:
+        # say so once, before any task starts, rather than once per task.
+        check_model(train, verbose)
         if summary_json:  # and the cluster's record, which is written only at the end
             preflight.check_output_file(Path(summary_json), "--summary-json")
-    except (data.DataError, config_lib.ConfigError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return config_lib.EXIT_USAGE
+    except (DataError, config_lib.ConfigError) as e:
+        return options.usage_error(e)
+    except KeyboardInterrupt:  # Ctrl-C while the model (and TensorFlow) loads: no task yet
+        log.error("interrupted")
+        return config_lib.EXIT_INTERRUPTED
     try:
         # None: --isolate off, or auto where impossible, or a network of namespaces
         namespace = netns.for_cluster("off" if network else isolate)
@@ -281,7 +284,7 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
                     # Sync: the others wait for the tasks the launcher restarts.
                     *(["--restart-grace", f"{config_lib.START_SECS:g}"]
                       if max_restarts else []),
-                    *models.data_argv(train.data_options), "--summary-json", str(summary)]
+                    "--summary-json", str(summary)]
             entry = network.entry(role, index) if network else namespace
             tasks.append(_Task(role, index, argv, summary, entry, display.task_line))
             return tasks[-1]
@@ -292,6 +295,34 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
         results = [t.result() for t in tasks]
     return _report(tasks, results, time.time() - started, train, failed=failed,
                    interrupted=interrupted, summary_json=summary_json, display=display)
+
+
+def check_model(train: TrainConfig, verbose: bool) -> None:
+    """The model's params, typed as every task will type them, and the model's own check of
+    them (api.Model.check: its data, say). Loads the model, and with it TensorFlow, which its
+    module imports.
+
+    Raises:
+      api.ConfigError: a param the model has not, or a value its type cannot read; the model
+        cannot be loaded (api.ContractError); its check raised another error than these two
+        (api.ContractError, with the user's traceback).
+      api.DataError: the check found the data missing or malformed.
+    """
+    tfcompat.graph_mode(verbose)
+    from sync_mnist import api  # imports TensorFlow: after its log settings
+
+    model = registry.resolve(train.model)
+    params = model_params.of(model, train)
+    if model.check is None:
+        return
+    try:
+        model.check(dict(params))
+    except (api.DataError, api.ConfigError):
+        raise
+    except Exception as e:
+        raise api.ContractError(f"--model {train.model}'s check raised {type(e).__name__}: "
+                                f"{' '.join(str(e).split()) or '-'}",
+                                registry.user_traceback(e)) from None
 
 
 def _run_tasks(start, tasks: list[_Task], *, num_ps: int, num_workers: int, train: TrainConfig,

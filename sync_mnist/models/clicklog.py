@@ -165,11 +165,12 @@ class ClickFiles:
     planted: dict | None
 
 
-def patterns(options: dict) -> tuple[str, str] | None:
-    """(training, evaluation) patterns of the data options: --train-files and --eval-files, or
-    --data-dir's train-* and eval-*; None: neither given (the clicks are generated)."""
-    train, evaluation, data_dir = (options.get(k) for k in ("train_files", "eval_files",
-                                                            "data_dir"))
+def patterns(params: dict) -> tuple[str, str] | None:
+    """(training, evaluation) patterns of the click model's params: "train_files" and
+    "eval_files" (--train-files, --eval-files), or "data_dir"'s train-* and eval-* (--data-dir);
+    None: none of them set (the clicks are generated)."""
+    train, evaluation, data_dir = (params.get(k) for k in ("train_files", "eval_files",
+                                                           "data_dir"))
     if train or evaluation:
         if not (train and evaluation):
             raise DataError("--train-files and --eval-files go together: the click model "
@@ -183,10 +184,11 @@ def patterns(options: dict) -> tuple[str, str] | None:
 
 
 def click_files(params: dict) -> ClickFiles:
-    """The files of params["train_files"] and params["eval_files"], checked, and the planted
-    model beside the evaluation files, checked against the model's fields."""
-    train = resolve(params["train_files"], "training")
-    evaluation = resolve(params["eval_files"], "evaluation")
+    """The files of the params' patterns, checked, and the planted model beside the evaluation
+    files, checked against the model's fields."""
+    train_patterns, eval_patterns = patterns(params)
+    train = resolve(train_patterns, "training")
+    evaluation = resolve(eval_patterns, "evaluation")
     manifest, planted = _planted(evaluation)
     if planted is not None and planted.get("fields") != params["fields"]:
         raise DataError(f"{manifest}: the clicks were written for a model of "
@@ -202,10 +204,14 @@ MODELS = {"ctr": "sync_mnist.models.ctr:MODEL", "sync_mnist.models.ctr:MODEL":
 
 
 def check(params: dict, model: str) -> None:
-    """click_files' checks before any task starts (the launcher, without TensorFlow): the
-    files, and that clicks.json was written for `model` (MODULE:NAME)."""
-    resolve(params["train_files"], "training")
-    manifest, planted = _planted(resolve(params["eval_files"], "evaluation"))
+    """click_files' checks before any task starts (the click model's api.Model.check), where
+    the params name files: the files, and that clicks.json was written for `model`
+    (MODULE:NAME)."""
+    given = patterns(params)
+    if given is None:
+        return
+    resolve(given[0], "training")
+    manifest, planted = _planted(resolve(given[1], "evaluation"))
     if planted is not None:
         written = MODELS.get(planted.get("model"), planted.get("model"))
         if written != model:

@@ -72,5 +72,5 @@ def batch_norm(x: tf.Tensor, training: bool, axes: list[int]) -> tf.Tensor:
 
 
 MODEL = sm.Model(model_fn, mnist.train_input_fn, mnist.eval_input_fn,
-                 serving_input_fn=mnist.serving_input_fn,
+                 serving_input_fn=mnist.serving_input_fn, check=mnist.check,
                  params={**mnist.PARAMS, "channels": [16, 32], "dense_units": 128})

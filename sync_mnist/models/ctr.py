@@ -36,10 +36,12 @@ and fewer, smaller fields, for tests and quick runs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import tensorflow as tf
 
 import sync_mnist.api as sm
+from sync_mnist.models import clicklog
 from sync_mnist.models.clicks import IDS, PLANTED, generate
 
 tf1 = tf.compat.v1
@@ -61,9 +63,9 @@ PARAMS = {
     "train_examples": 600_000,
     "eval_examples": 50_000,
     "seed": 0,
-    # Click files instead of the generated clicks (--data-dir or --train-files and
+    # Click files instead of the generated clicks (--data-dir, or --train-files and
     # --eval-files: sync_mnist/models/clicklog.py); None: generated in memory. data_dir's
-    # train-* and eval-* files become the two patterns (models.data_params).
+    # train-* and eval-* files are the two patterns (clicklog.patterns).
     "data_dir": None,
     "train_files": None,
     "eval_files": None,
@@ -123,18 +125,14 @@ def log_loss(labels: tf.Tensor, p: tf.Tensor) -> tf.Tensor:
 
 
 def train_input_fn(params):
-    if params.get("train_files"):  # --data-dir or --train-files: a tf.data.Dataset of them
-        from sync_mnist.models import clicklog
-
+    if clicklog.patterns(params):  # --data-dir or --train-files: a tf.data.Dataset of them
         return clicklog.train_dataset(params)
     clicks = generate(params, params["train_examples"], part=0)
     return {IDS: clicks.ids}, clicks.labels  # the planted probability: evaluation only
 
 
 def eval_input_fn(params):
-    if params.get("eval_files"):
-        from sync_mnist.models import clicklog
-
+    if clicklog.patterns(params):
         return clicklog.eval_arrays(params)
     clicks = generate(params, params["eval_examples"], part=1)
     return clicks.features(), clicks.labels
@@ -145,10 +143,14 @@ def serving_input_fn(params):
     return {IDS: ids}, {IDS: ids}
 
 
+# The check (before any task starts): the click files, where the params name them, and that
+# they were written for this model.
 MODEL = sm.Model(model_fn, train_input_fn, eval_input_fn, serving_input_fn=serving_input_fn,
-                 params=PARAMS)
+                 params=PARAMS,
+                 check=functools.partial(clicklog.check, model="sync_mnist.models.ctr:MODEL"))
 # Small enough for tests: 10,000 rows, 8 fields of 200 ids.
 SMALL = dataclasses.replace(MODEL, params={
     **PARAMS, "rows": 10_000, "fields": 8, "vocabulary": 200, "hidden_units": [16],
     "weight_scale": 0.5, "train_examples": 40_000, "eval_examples": 10_000,
-    "learning_rate": 0.5, "initial_accumulator": 0.1})
+    "learning_rate": 0.5, "initial_accumulator": 0.1},
+    check=functools.partial(clicklog.check, model="sync_mnist.models.ctr:SMALL"))

@@ -47,5 +47,5 @@ def variable_shapes(hidden_units=HIDDEN_UNITS) -> list[list[int]]:
 
 
 MODEL = sm.Model(model_fn, mnist.train_input_fn, mnist.eval_input_fn,
-                 serving_input_fn=mnist.serving_input_fn,
+                 serving_input_fn=mnist.serving_input_fn, check=mnist.check,
                  params={**mnist.PARAMS, "hidden_units": list(HIDDEN_UNITS)})

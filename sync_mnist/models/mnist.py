@@ -1,7 +1,8 @@
 """MNIST for the built-in models: input functions in the shape sync_mnist.api asks for.
 
 params: "dataset" ("mnist": the shipped digits, or the user's IDX or npz files in "data_dir";
-"synthetic": generated from "seed"), "data_dir", "seed" (--dataset, --data-dir, --seed).
+"synthetic": generated from "seed"), "data_dir", "seed" (--dataset, --data-dir, --seed); `check`
+checks the files before any task starts.
 Features are the pixels as stored, uint8 [n, 784]: a worker's shard stays a quarter of the
 float32 size, and the model scales them (`pixels`).
 """
@@ -30,6 +31,12 @@ def train_input_fn(params):
 
 def eval_input_fn(params):
     return data.load_test(params["dataset"], params["data_dir"], seed=params["seed"])
+
+
+def check(params):
+    """The files train_input_fn and eval_input_fn will read, checked before any task starts:
+    the shipped MNIST's digests, or that "data_dir" holds MNIST."""
+    data.check_source(params["dataset"], params["data_dir"])
 
 
 def serving_input_fn(params):

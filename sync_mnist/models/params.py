@@ -4,15 +4,16 @@ A model's own `params` (sync_mnist.api.Model) name the options it takes, and the
 their types: a value on the command line is read as its default's type (a bool, an int, a
 float, a string, or a list of one of these, comma-separated), so that "3" reaches a model
 as 3 where its default is 2. A key the model does not have is refused, never ignored, and so
-is a value its type cannot read. The data options (--dataset, --data-dir, --train-files,
---eval-files) are the same door: each reaches the model's param of its name, and a model
-without that param refuses it.
+is a value its type cannot read. The options SPELLED (the built-in models' data: --dataset,
+--data-dir, --train-files, --eval-files) are the same door: each reaches the model's param of
+its name, and a model without that param refuses it.
 
 This module imports only the standard library.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from sync_mnist.core.config import ConfigError
@@ -22,6 +23,34 @@ _BOOLEANS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "
 _SCALARS = (bool, int, float, str)
 # The params the package sets itself, with the option that sets them.
 OWN = {"seed": "--seed"}
+# The params the command line also spells as options of their own, and those options: the
+# built-in models' data (mlp's and cnn's dataset and data_dir, ctr's data_dir or files). A
+# value of one is named by its option in an error, however it was given.
+SPELLED = {"dataset": "--dataset", "data_dir": "--data-dir", "train_files": "--train-files",
+           "eval_files": "--eval-files"}
+
+
+def add_spelled_options(g) -> None:
+    """The options SPELLED, in an argparse group of the command line: each a param of the
+    built-in models' data under its own name (--data-dir DIR is --param data_dir=DIR)."""
+    g.add_argument(SPELLED["dataset"], default=None, choices=("mnist", "synthetic"),
+                   help="for the built-in mlp and cnn: mnist, the complete MNIST (60,000 "
+                        "train / 10,000 test digits); synthetic: generated, not digits, "
+                        "for tests; --param dataset=NAME (default: mnist)")
+    g.add_argument(SPELLED["data_dir"], type=Path, default=None,
+                   help="for the built-in mlp and cnn: a directory with your own MNIST: "
+                        "the four IDX files (raw or .gz) or mnist.npz; for ctr: a click "
+                        "log written by sync-mnist-clicks (its train-* and eval-* files); "
+                        "--param data_dir=DIR, for any model that has it (default: none: the "
+                        "MNIST that ships with sync_mnist; ctr generates its clicks)")
+    g.add_argument(SPELLED["train_files"], default=None, metavar="PATTERN",
+                   help="for ctr: the click log to train on, comma-separated globs of "
+                        "Criteo TSV files (a label, 13 integer, 26 hexadecimal columns; "
+                        ".gz too) or TFRecord files (.tfrecord, .tfrecord.gz); with "
+                        "--eval-files (default: none)")
+    g.add_argument(SPELLED["eval_files"], default=None, metavar="PATTERN",
+                   help="for ctr: the clicks to evaluate on, as --train-files (default: "
+                        "none)")
 
 
 def parse(text: str) -> tuple[str, str]:
@@ -47,22 +76,30 @@ def given(pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
     return seen
 
 
-def typed(defaults: Mapping[str, Any], values: Mapping[str, str], spec: str,
-          flags: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """`values` ({KEY: text}) read as the types of the model's `defaults`.
+def of(model, train) -> dict[str, Any]:
+    """The params the functions of `model` (a sync_mnist.api.Model) are given in a run of
+    `train` (a TrainConfig): the model's defaults, the values given (train.params) typed by
+    them, and the seed.
 
-    flags: {KEY: the option that gave it} for a value not given as --param KEY=... (the data
-    options), named in the errors instead.
+    Raises:
+      ConfigError: as `typed`.
+    """
+    return {**model.params, **typed(model.params, train.params, train.model),
+            "seed": train.seed}
+
+
+def typed(defaults: Mapping[str, Any], values: Mapping[str, str],
+          spec: str) -> dict[str, Any]:
+    """`values` ({KEY: text}) read as the types of the model's `defaults`.
 
     Raises:
       ConfigError: a KEY the model has no param of, or a text its default's type cannot read;
-        the message names the option, the value and the model.
+        the message names the option (--param KEY=, or one of SPELLED), the value and the
+        model.
     """
-    flags = flags or {}
     typed_values = {}
     for key, text in values.items():
-        option = flags.get(key, f"--param {key}=")
-        shown = f"{option} {text}" if key in flags else f"{option}{text}"
+        shown = f"{SPELLED[key]} {text}" if key in SPELLED else f"--param {key}={text}"
         if key not in defaults:
             names = ", ".join(sorted(k for k in defaults if k not in OWN)) or "none"
             raise ConfigError(f"{shown}: --model {spec} has no param {key!r}, so it would be "

@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from sync_mnist import api, models
+from sync_mnist import api
 from sync_mnist.core.shard import Shard
 from sync_mnist.models import registry
 from sync_mnist.task import evaluation, ps, report
@@ -35,7 +35,7 @@ from sync_mnist.core import verdict as verdict_lib
 from sync_mnist.core.config import START_SECS, TaskConfig
 from sync_mnist.task.progress_log import Progress, contributions_so_far, write_summaries
 from sync_mnist.task.graph import build_graph
-from sync_mnist.task.inputs import input_data, load_shard, model_params
+from sync_mnist.task.inputs import data_name, input_data, load_shard, model_params
 
 tf1 = tf.compat.v1
 log = logging.getLogger(__name__)
@@ -97,12 +97,13 @@ def run_question_worker(config: TaskConfig, *, model: api.Model | None = None,
                                       start=True)
     # The question's stop rule: every worker runs its own epochs, whatever the others do.
     model = model or registry.resolve(train.model)
+    params = model_params(config, model)
     shard, local_steps, description = load_shard(config, model)
     example = shard.batch(0)
     q = _supervised_graph(config, model, example, local_steps)
     result = report.TaskResult(role="worker", index=i, mode=train.mode, target_steps=local_steps,
                                replicas_to_aggregate=train.aggregate(n),
-                               dataset=models.data_name(train.model, train.data_options),
+                               dataset=data_name(params),
                                dataset_description=description, model=train.model)
     tf_config = sessions.session_config(config.cluster.device_filters("worker", i))
     sess = _prepare_or_wait(config, server, q, tf_config, result, started, local_steps)
@@ -118,7 +119,6 @@ def run_question_worker(config: TaskConfig, *, model: api.Model | None = None,
     result.record_counters(counters)
     result.synchronous, result.verdict = verdict.synchronous, verdict.line
     if config.is_chief:
-        params = model_params(config, model)
         evaluator = evaluation.Evaluator(
             model, params, num_ps=config.cluster.num_ps, worker=f"/job:worker/task:{i}",
             target=server.target, tf_config=tf_config, ps_hosts=config.cluster.ps_hosts)

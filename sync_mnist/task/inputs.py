@@ -10,7 +10,7 @@ import logging
 import numpy as np
 import tensorflow as tf
 
-from sync_mnist import api, models
+from sync_mnist import api
 from sync_mnist.core import stream as stream_lib
 from sync_mnist.core.config import TaskConfig
 from sync_mnist.core.shard import Shard
@@ -22,15 +22,21 @@ log = logging.getLogger(__name__)
 
 
 def model_params(config: TaskConfig, model: api.Model) -> dict:
-    """The params a model's functions are given: its defaults; the data options given, each
-    its param of the same name, and --param's, typed by the defaults (models/params.py: a
-    model that has no such param refuses it, ConfigError); the seed. The click model reads
-    its files' patterns from its data options (models.data_params)."""
-    train = config.train
-    given = {**{k: str(v) for k, v in train.data_options.items()}, **train.params}
-    flags = {k: "--" + k.replace("_", "-") for k in train.data_options}
-    return {**model.params, **model_params_lib.typed(model.params, given, train.model, flags),
-            **models.data_params(train.model, train.data_options), "seed": train.seed}
+    """The params a model's functions are given: its defaults, --param's values (and the
+    options that spell one, --data-dir's say) typed by them, and the seed (models/params.py:
+    a model that has no such param refuses it, ConfigError)."""
+    return model_params_lib.of(model, config.train)
+
+
+# The params that name a model's data, first to last in the order a run's lines name it by:
+# the built-in mlp's and cnn's "dataset", the click model's files, a directory.
+DATA_NAMES = ("dataset", "train_files", "data_dir")
+
+
+def data_name(params: dict) -> str | None:
+    """The data a model reads, as its params name it: the first of DATA_NAMES set to text;
+    None where none is (ctr's generated clicks; a model that names its data otherwise)."""
+    return next((params[k] for k in DATA_NAMES if isinstance(params.get(k), str)), None)
 
 
 def takes_input_context(input_fn) -> bool:
@@ -42,12 +48,15 @@ def takes_input_context(input_fn) -> bool:
 
 
 def call_input_fn(what: str, input_fn, params: dict, context=None):
-    """input_fn(params), or input_fn(params, input_context=context) where it takes one; what it
-    raises is the model's error (api.ContractError, with the user's traceback)."""
+    """input_fn(params), or input_fn(params, input_context=context) where it takes one. What it
+    raises is the model's error (api.ContractError, with the user's traceback), but for bad
+    input it names itself (api.DataError, api.ConfigError): that, as it is."""
     try:
         if context is not None and takes_input_context(input_fn):
             return input_fn(dict(params), input_context=context)
         return input_fn(dict(params))
+    except (api.DataError, api.ConfigError):
+        raise
     except Exception as e:
         raise api.ContractError(f"{what} raised {type(e).__name__}: "
                                 f"{' '.join(str(e).split()) or '-'}",
@@ -111,7 +120,7 @@ def load_shard(config: TaskConfig, model: api.Model):
         context = tf.distribute.InputContext(num_input_pipelines=n, input_pipeline_id=i,
                                              num_replicas_in_sync=n)
         value = call_input_fn("train_input_fn", model.train_input_fn, params, context)
-    source = models.data_name(train.model, train.data_options) or train.model
+    source = data_name(params) or train.model
     if stream_lib.is_dataset(value):
         stream = stream_lib.Stream(graph, value, index=i, num_workers=n,
                                    batch_size=train.batch_size, epochs=train.epochs,

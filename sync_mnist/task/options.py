@@ -98,7 +98,7 @@ def _add_schedule_options(g) -> None:
 
 def _add_file_options(g) -> None:
     """What it reads and writes."""
-    models.add_data_arguments(g)
+    model_params.add_spelled_options(g)
     g.add_argument("--logdir", type=Path, default=None,
                    help="chief's checkpoints and TensorBoard summaries; an existing checkpoint "
                         "is resumed (default: none)")
@@ -218,17 +218,18 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
     epochs = args.epochs if args.epochs is not None or args.train_steps is not None \
         else models.DEFAULT_EPOCHS.get(args.model, DEFAULT_EPOCHS)
     registry.check(args.model)
-    params, data = model_params.given(args.param or ()), models.data_options(args)
-    for key in [k for k in params if k in models.DATA_OPTIONS]:  # the same door
-        if key in data:
-            raise ConfigError(f"--{key.replace('_', '-')} {data[key]} and --param "
-                              f"{key}={params[key]}: give one")
-        data[key] = params.pop(key)
+    params = model_params.given(args.param or ())
+    for key, option in model_params.SPELLED.items():  # the same door
+        value = getattr(args, key)
+        if value is not None and key in params:
+            raise ConfigError(f"{option} {value} and --param {key}={params[key]}: give one")
+        if value is not None:
+            params[key] = str(value)
     return TrainConfig(model=args.model, train_steps=args.train_steps, epochs=epochs,
                        batch_size=args.batch_size, learning_rate=args.learning_rate,
                        lr_decay=args.lr_decay,
                        optimizer=args.optimizer, seed=args.seed,
-                       data_options=data, params=params,
+                       params=params,
                        logdir=args.logdir, timeout=args.timeout,
                        mode=args.mode, log_every=args.log_every, save_steps=args.save_steps,
                        save_secs=args.save_secs, export_dir=_export_dir(args),

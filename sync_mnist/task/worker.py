@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 
-from sync_mnist import api, models
+from sync_mnist import api
 from sync_mnist.models import registry
 from sync_mnist.core.config import TaskConfig
 from sync_mnist.core import stream
-from sync_mnist.task import lockstep, report
+from sync_mnist.task import inputs, lockstep, report
 from sync_mnist.task.chief import Chief, Evaluated
 from sync_mnist.task.finish import Finished, awaiting, finish, say_done
 from sync_mnist.task.join import Joined, join
@@ -79,8 +79,7 @@ def _result(w: Worker, joined: Joined, trained: Trained, finished: Finished,
     result = report.TaskResult(role="worker", index=config.index, mode=train.mode,
                                replicas_to_aggregate=w.aggregate, model=train.model)
     result.target_steps = None if w.target == stream.UNTIL_INPUT_ENDS else w.target
-    # The built-in models' data option; a model of the user's brings its own data.
-    result.dataset = models.data_name(train.model, train.data_options)
+    result.dataset = inputs.data_name(w.params)
     result.dataset_description = w.description
     result.ready_at, result.startup_s = joined.ready_at, joined.startup_s
     result.chief_wait_s = joined.chief_wait_s

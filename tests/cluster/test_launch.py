@@ -41,12 +41,13 @@ fake, behaviour, marks, grace, options = sys.argv[1:6]
 options = json.loads(options)
 logging.basicConfig(level=logging.INFO, format="%(asctime)s [cluster] %(message)s")
 launch.TASK_COMMAND = [sys.executable, fake, behaviour, marks]
+launch.check_model = lambda train, verbose: None  # the fake tasks train no model: no TensorFlow
 launch.EXIT_GRACE_SECS = float(grace)
 if "stall" in options:
     launch.STALL_ALLOWANCE_SECS = options["stall"]
 sys.exit(launch.run_cluster(
     num_ps=1, num_workers=3, base_port=0, isolate="off", task_args=["--timeout", "1"],
-    train=TrainConfig(train_steps=2, timeout=1.0, data_options={"dataset": "synthetic"},
+    train=TrainConfig(train_steps=2, timeout=1.0, params={"dataset": "synthetic"},
                       replicas_to_aggregate=options.get("replicas")),
     max_restarts=options.get("max_restarts", 0), summary_json=Path(marks) / "cluster.json"))
 """
@@ -140,7 +141,7 @@ def test_the_launchers_summary_json_is_checked_before_any_task_starts(tmp_path, 
                                                  str(tmp_path)])
     code = launch.run_cluster(num_ps=1, num_workers=2, base_port=0, isolate="off", task_args=[],
                               train=TrainConfig(train_steps=2, timeout=1.0,
-                                                data_options={"dataset": "synthetic"}),
+                                                params={"dataset": "synthetic"}),
                               summary_json=tmp_path)
     assert code == EXIT_USAGE
     assert capsys.readouterr().err.splitlines() == [

@@ -111,6 +111,10 @@ BROKEN = {
         "return _data(params, 3000, seed=1)",
         "return _data(params, 3000, seed=1)[0], _data(params, 2999, seed=1)[1]",
         "error: train_input_fn returned 3000 rows of features but 2999 labels"),
+    "its own data error": (
+        "return _data(params, 3000, seed=1)",
+        'raise sm.DataError(f"no training data for {params[\'classes\']} classes")',
+        "error: no training data for 4 classes"),
     "no model of that name": ("MODEL = sm.Model(", "OTHER = sm.Model(", None),
 }
 

@@ -415,6 +415,48 @@ def test_launcher_checks_mnist_files_only_for_the_models_that_read_them(tmp_path
                      "t10k-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz] or mnist.npz")
 
 
+CHECKED_MODEL = """
+import sync_mnist.api as sm
+
+
+def check(params):
+    if params["units"] < 0:
+        params["nothing"]
+    if params["units"] == 0:
+        raise KeyboardInterrupt  # Ctrl-C, as the launcher loads the model
+    raise sm.DataError(f"no rows in {params['data_dir']} for units={params['units']!r}, "
+                       f"seed={params['seed']}")
+
+
+MODEL = sm.Model(lambda *a: None, lambda p: None, lambda p: None,
+                 params={"data_dir": "/data", "units": 2}, check=check)
+"""
+
+
+def test_the_launcher_calls_the_model_s_check_with_its_typed_params_before_any_task_starts(
+        tmp_path, monkeypatch, capsys):
+    # A model file's check (api.Model.check) is called once, with the params every task would
+    # give its functions; what it raises is exit 2 before any task starts, as a param the
+    # model has not is. Each check here raises, so no task would start.
+    monkeypatch.setattr(launch, "run_cluster", RUN_CLUSTER)
+    path = tmp_path / "checked.py"
+    path.write_text(CHECKED_MODEL)
+    argv = ["--model", f"{path}:MODEL", "--isolate", "off", "--base-port", "0"]
+    assert _call(launcher_cli.main, [*argv, "--data-dir", "/census", "--param", "units=3",
+                                     "--seed", "4"]) == 2
+    _assert_one_line(capsys.readouterr(), "error: no rows in /census for units=3, seed=4")
+    assert _call(launcher_cli.main, [*argv, "--param", "units=x"]) == 2
+    _assert_one_line(capsys.readouterr(), "error: --param units=x: 'x' is not a whole number, "
+                                          "as the model's default 2 is")
+    assert _call(launcher_cli.main, [*argv, "--param", "units=-1"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[:2] == [f"error: --model {path}:MODEL's check raised KeyError: 'nothing'",
+                         "Traceback (most recent call last):"]
+    assert f'File "{path}", line 7, in check' in "\n".join(lines)
+    assert _call(launcher_cli.main, [*argv, "--param", "units=0"]) == EXIT_INTERRUPTED
+    assert "Traceback" not in capsys.readouterr().err
+
+
 # Abbreviations: argparse would take `--worker 2` for `--workers 2`, and the launcher would then
 # forward it verbatim to every task, where it abbreviates --worker-hosts ("malformed host:port
 # '2'"); `--max`, `--iso` and `--base` made every task fail with "unrecognized arguments".

@@ -1,7 +1,8 @@
 """models/clicklog.py, without a session: the click log written as Criteo's TSV and as
 TFRecord files of tf.train.Example (gzipped too), beside clicks.json; a pattern that matches
 nothing, a file that cannot be read, files of two formats, or clicks written for another model,
-refused with one line before training; the click model's data options (models/__init__.py).
+refused with one line before training (the click model's check); the click model's data
+params.
 tests/inprocess/test_click_files_reading.py reads the files back."""
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from sync_mnist import models
-from sync_mnist.core.config import TrainConfig
+from sync_mnist.core.config import ConfigError, TrainConfig
 from sync_mnist.core.shard import DataError
-from sync_mnist.models import clicklog, ctr, write_clicks
+from sync_mnist.models import clicklog, ctr, mlp, write_clicks
+from sync_mnist.models import params as model_params
+from sync_mnist.task import inputs
 
 from click_files import PARAMS, SMALL
 from click_files import params as _params
@@ -70,7 +72,7 @@ def test_patterns_that_match_nothing_or_files_that_cannot_be_read_are_named(tmp_
     _write(tmp_path, "tsv", train=30, files=1)
     options = {"train_files": str(tmp_path / "nothing-*"), "eval_files": str(tmp_path / "e*")}
     with pytest.raises(DataError, match=r"no training clicks: no file matches .*nothing-\*"):
-        models.check_data(TrainConfig(model=SMALL, epochs=1, data_options=options))
+        ctr.SMALL.check({**PARAMS, **options})
     (tmp_path / "train-bad.tsv.gz").write_text("not gzip")
     with pytest.raises(DataError, match=r"train-bad.tsv.gz: named .gz but not gzip"):
         clicklog.resolve(str(tmp_path / "train-bad*"), "training")
@@ -81,7 +83,7 @@ def test_patterns_that_match_nothing_or_files_that_cannot_be_read_are_named(tmp_
                                         r"gzipped Criteo TSV, but .* is Criteo TSV"):
         clicklog.resolve(f"{tmp_path}/train-0*,{tmp_path}/train-bad*", "training")
     with pytest.raises(DataError, match=r"--data-dir .*: no such directory"):
-        models.data_params("ctr", {"data_dir": tmp_path / "absent"})
+        clicklog.patterns({"data_dir": str(tmp_path / "absent")})
 
 
 def test_clicks_written_for_another_model_are_refused_before_training(tmp_path):
@@ -89,11 +91,9 @@ def test_clicks_written_for_another_model_are_refused_before_training(tmp_path):
     with pytest.raises(DataError, match=r"clicks.json: the clicks were written for --model "
                                         r"sync_mnist.models.ctr:SMALL \(8 fields\), not "
                                         r"sync_mnist.models.ctr:MODEL"):
-        models.check_data(TrainConfig(model="ctr", epochs=1,
-                                      data_options={"data_dir": tmp_path}))
+        ctr.MODEL.check({**ctr.PARAMS, "data_dir": str(tmp_path)})
     with pytest.raises(DataError, match="written for a model of 8 fields"):
-        ctr.train_input_fn({**ctr.PARAMS,
-                            **models.data_params("ctr", {"data_dir": tmp_path})})
+        ctr.train_input_fn({**ctr.PARAMS, "data_dir": str(tmp_path)})
 
 
 def test_a_planted_model_without_what_the_evaluation_needs_is_refused_before_training(
@@ -109,20 +109,24 @@ def test_a_planted_model_without_what_the_evaluation_needs_is_refused_before_tra
                                  "clicks again, or remove it to read them as a real log")
 
 
-def test_the_click_model_s_data_options():
-    assert models.data_params("ctr", {}) == {}  # generated in memory, as before
-    assert models.data_params("mlp", {"train_files": "a"}) == {"dataset": "mnist",
-                                                               "data_dir": None}
-    options = {"dataset": "mnist", "data_dir": None, "train_files": "t*", "eval_files": "e*"}
-    assert models.data_params(SMALL, options) == {"train_files": "t*", "eval_files": "e*"}
-    assert models.data_argv(options) == ["--dataset", "mnist", "--train-files", "t*",
-                                         "--eval-files", "e*"]
-    assert models.data_name("ctr", options) == "t*"
+def test_the_click_model_s_data_params(tmp_path):
+    assert clicklog.patterns(ctr.PARAMS) is None  # generated in memory, as before
+    ctr.MODEL.check(ctr.PARAMS)  # nothing to check
+    assert inputs.data_name(ctr.PARAMS) is None
+    given = {**ctr.PARAMS, "train_files": "t*", "eval_files": "e*"}
+    assert clicklog.patterns(given) == ("t*", "e*")
+    assert inputs.data_name(given) == "t*"
+    assert clicklog.patterns({**ctr.PARAMS, "data_dir": str(tmp_path)}) == (
+        f"{tmp_path}/train-*", f"{tmp_path}/eval-*")
+    assert inputs.data_name(mlp.MODEL.params) == "mnist"
     with pytest.raises(DataError, match="--train-files and --eval-files go together"):
-        models.data_params("ctr", {"train_files": "t*"})
-    with pytest.raises(DataError, match="the click model's .*not --model mlp's"):
-        models.check_data(TrainConfig(model="mlp", epochs=1, data_options={
+        clicklog.patterns({**ctr.PARAMS, "train_files": "t*"})
+    with pytest.raises(ConfigError) as raised:
+        model_params.of(mlp.MODEL, TrainConfig(model="mlp", epochs=1, params={
             "dataset": "synthetic", "eval_files": "e*"}))
+    assert str(raised.value) == ("--eval-files e*: --model mlp has no param 'eval_files', so "
+                                 "it would be ignored (its params: data_dir, dataset, "
+                                 "hidden_units)")
 
 
 def test_the_command_writes_into_a_new_directory_only(tmp_path, capsys):

@@ -41,7 +41,6 @@ from hypothesis import strategies as st
 
 from sync_mnist.task import cli, options
 from sync_mnist.core import cluster, config
-from sync_mnist import models
 from sync_mnist.models import data
 from sync_mnist.tools import png
 from sync_mnist.launcher import cli as launcher_cli
@@ -314,7 +313,7 @@ def test_fuzz_launcher_command_line(argv):
     for role, index in sorted({("ps", 0), ("worker", 0), ("worker", num_workers - 1)}):
         task_argv = ["--role", role, "--index", str(index), "--ps-hosts", ",".join(ps_hosts),
                      "--worker-hosts", ",".join(worker_hosts), *kwargs["task_args"],
-                     *models.data_argv(train.data_options), "--summary-json", "record.json"]
+                     "--summary-json", "record.json"]
         code, out, err, tasks = run_entry(cli.main, task_argv)
         assert code == RAN and err == "", (task_argv, err)
         assert tasks[0].train == train

@@ -3,6 +3,7 @@ model, and no test infrastructure or study among what gets installed."""
 
 from __future__ import annotations
 
+import ast
 import re
 import sys
 import tomllib
@@ -163,3 +164,13 @@ def test_no_import_circle_in_the_package(tmp_path):
     (tmp_path / "p" / "a.py").write_text("from p import b\n")
     (tmp_path / "p" / "b.py").write_text("def f():\n    from . import a\n")
     assert sorted(set(import_circle(import_graph(tmp_path / "p")))) == ["p.a", "p.b"]
+
+
+def test_the_models_package_is_a_table_of_names():
+    """sync_mnist/models/__init__.py names the built-in models and nothing else: their data
+    reaches them as any model's does, through their params (models/params.py)."""
+    tree = ast.parse((ROOT / "sync_mnist" / "models" / "__init__.py").read_text())
+    kinds = {type(node).__name__ for node in tree.body[1:]}  # the docstring first
+    assert kinds == {"Assign"}
+    names = {target.id for node in tree.body[1:] for target in node.targets}
+    assert names == {"BUILT_IN", "DEFAULT", "DEFAULT_EPOCHS"}

@@ -9,7 +9,7 @@ from sync_mnist import api as sm
 from sync_mnist.core.config import ConfigError, TaskConfig, TrainConfig
 from sync_mnist.core.cluster import ClusterLayout
 from sync_mnist.models import params
-from sync_mnist.task import cli, inputs
+from sync_mnist.task import cli, inputs, options
 
 DEFAULTS = {"units": 2, "rate": 0.1, "use_bias": True, "hidden_units": [256, 256],
             "name": "wide", "data_dir": None, "table": {"a": 1}, "seed": 0}
@@ -25,11 +25,10 @@ def _params(defaults: dict, given: tuple[str, ...] = (), **data) -> dict:
     args = cli.task_parser().parse_args(
         ["--model", "m.py:MODEL", *[a for text in given for a in ("--param", text)],
          *[a for k, v in data.items() for a in ("--" + k.replace("_", "-"), v)]])
-    train = TrainConfig(model=args.model, train_steps=1, data_options={k: v for k, v in vars(args).items()
-                                                        if k in data},
-                        params=params.given(args.param or ()))
+    given_params = {**params.given(args.param or ()),
+                    **{k: str(getattr(args, k)) for k in data}}  # as options.train_config
     config = TaskConfig(role="worker", index=0, cluster=ClusterLayout(("h:1",), ("h:2",)),
-                        train=train)
+                        train=TrainConfig(model=args.model, train_steps=1, params=given_params))
     return inputs.model_params(config, _model(defaults))
 
 
@@ -92,11 +91,30 @@ def test_the_form_the_seed_and_a_key_given_twice_are_refused_on_the_command_line
 
 
 def test_a_data_option_given_both_ways_is_refused():
-    from sync_mnist.task import options
-
     args = cli.task_parser().parse_args(["--data-dir", "/a", "--param", "data_dir=/b"])
     with pytest.raises(ConfigError, match=r"^--data-dir /a and --param data_dir=/b: give one$"):
         options.train_config(args)
     args = cli.task_parser().parse_args(["--param", "data_dir=/b", "--param", "units=3"])
     train = options.train_config(args)
-    assert (train.data_options, train.params) == ({"data_dir": "/b"}, {"units": "3"})
+    assert train.params == {"data_dir": "/b", "units": "3"}
+    train = options.train_config(cli.task_parser().parse_args(["--data-dir", "/b"]))
+    assert train.params == {"data_dir": "/b"}  # the same door
+
+
+def test_the_built_in_models_params_come_through_the_same_door():
+    """mlp's and ctr's data are params like any model's: spelled options and --param alike
+    reach them, typed; what a model has not is refused (ctr has no dataset)."""
+    from sync_mnist.models import ctr, mlp
+
+    args = cli.task_parser().parse_args(["--model", "mlp", "--data-dir", "/digits",
+                                         "--param", "hidden_units=64"])
+    got = params.of(mlp.MODEL, options.train_config(args))
+    assert got == {"dataset": "mnist", "data_dir": "/digits", "hidden_units": [64], "seed": 0}
+    args = cli.task_parser().parse_args(["--model", "ctr", "--train-files", "t*", "--param",
+                                         "eval_files=e*", "--param", "rows=100"])
+    got = params.of(ctr.MODEL, options.train_config(args))
+    assert (got["train_files"], got["eval_files"], got["rows"]) == ("t*", "e*", 100)
+    args = cli.task_parser().parse_args(["--model", "ctr", "--dataset", "synthetic"])
+    with pytest.raises(ConfigError, match=r"^--dataset synthetic: --model ctr has no param "
+                                          r"'dataset', so it would be ignored"):
+        params.of(ctr.MODEL, options.train_config(args))

@@ -113,7 +113,7 @@ def test_a_chief_refuses_a_checkpoint_already_past_its_planned_updates(tmp_path)
 
     def chief(train_steps: int):
         return prepared_graph(TaskConfig(role="worker", index=0, cluster=layout, train=TrainConfig(
-            train_steps=train_steps, data_options={"dataset": "synthetic"}, logdir=tmp_path,
+            train_steps=train_steps, params={"dataset": "synthetic"}, logdir=tmp_path,
             timeout=30.0)))
 
     # The chief's own model, at global_step 10, saved as a checkpoint in its --logdir.

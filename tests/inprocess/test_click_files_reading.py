@@ -144,7 +144,7 @@ def test_a_line_not_of_the_format_names_the_file_and_line(tmp_path, edit, messag
     _, whole = _stream_error(_params(tmp_path))
     assert f"{path}:{LINE}: {message}" in whole
     # The evaluation reads its files itself: one line, the file and the line first.
-    params = {**_params(tmp_path), "eval_files": str(path)}
+    params = {**_params(tmp_path), "train_files": str(path), "eval_files": str(path)}
     expected = f"the evaluation clicks: {path}:{LINE}: {message}"
     with pytest.raises(DataError, match="^" + re.escape(expected)):
         ctr.eval_input_fn(params)

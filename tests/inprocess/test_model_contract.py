@@ -180,6 +180,20 @@ def test_an_input_function_that_breaks_the_contract_is_named_in_one_line(input_f
     assert str(raised.value) == line
 
 
+@pytest.mark.parametrize("error", [sm.DataError, sm.ConfigError])
+def test_an_input_function_s_own_bad_input_error_is_its_line_alone(error):
+    """sm.DataError or sm.ConfigError raised by the user's input function is bad input as it
+    is (exit 2, `error: ` and its line): not wrapped as `train_input_fn raised ...`, and no
+    traceback below it."""
+    def train_input_fn(params):
+        raise error(f"no rows in /data/{params['seed']}")
+
+    with pytest.raises(error) as raised:
+        _graph(train_input_fn=train_input_fn)
+    assert str(raised.value) == "no rows in /data/0"
+    assert type(raised.value) is error  # not a ContractError, which shows a traceback
+
+
 def test_eval_every_needs_an_accuracy_metric():
     with pytest.raises(sm.ContractError) as raised:
         _graph(eval_every=2)  # _good has a loss but no eval_metric_ops

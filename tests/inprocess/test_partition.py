@@ -39,7 +39,7 @@ class _Chief:
         hosts = spec.as_dict()
         layout = ClusterLayout(tuple(hosts["ps"]), tuple(hosts["worker"]))
         self.config = TaskConfig(role="worker", index=0, cluster=layout, train=TrainConfig(
-            train_steps=100, data_options={"dataset": "synthetic"}, logdir=logdir,
+            train_steps=100, params={"dataset": "synthetic"}, logdir=logdir,
             wire_dtype=wire_dtype))
         dataset = data.make_synthetic(0)
         self.shard = Shard(dataset.train_images, dataset.train_labels, index=0,
@@ -315,7 +315,7 @@ def test_a_chief_refuses_to_initialise_a_model_one_ps_of_which_kept_its_share():
     hosts = spec.as_dict()
     layout = ClusterLayout(tuple(hosts["ps"]), tuple(hosts["worker"]))
     config = TaskConfig(role="worker", index=0, cluster=layout,
-                        train=TrainConfig(train_steps=10, data_options={"dataset": "synthetic"}))
+                        train=TrainConfig(train_steps=10, params={"dataset": "synthetic"}))
     graph = tf.Graph()
     with graph.as_default():
         g = mlp_graph.build_graph(config, target=10)
