@@ -44,7 +44,7 @@ def test_the_migrated_census_program_trains_verified_beside_the_planted_truth(
         "--log-every", "100", "--timeout", "60", "--logdir", str(tmp_path / "model"),
         "--summary-json", str(summary))
     assert launcher.wait(BOUND) == EXIT_OK, launcher.output
-    launcher.wait_for_line(r"\[worker 1\] dataset .*census\.py:MODEL: streamed, sharded by "
+    launcher.wait_for_line(r"\[worker 1\] dataset .*census_data: streamed, sharded by "
                            r"record", 1)
     record = read_json(summary)
     assert record["synchronous"] is True, record["verdict"]
