@@ -129,8 +129,8 @@ def frozen_statistics(model_ops: set[str], deltas: Sequence) -> str | None:
     """The warning for the batch norm moving statistics of the model that nothing in training
     writes (None: there are none): they keep their start all the run, and the evaluation and
     the SavedModel normalise by them. A Keras BatchNormalization called with training=False
-    (or a bare `training=None` that Keras reads as inference) writes none. A warning, not a
-    refusal: statistics frozen on purpose (a fine-tune's) are frozen so too."""
+    in training writes none. A warning, not a refusal: statistics frozen on purpose (a
+    fine-tune's) are frozen so too."""
     written = {s.op.name for _, s in deltas}
     frozen = [v.op.name for v in tf1.global_variables()
               if v.op.name in model_ops and not v.trainable
