@@ -146,11 +146,11 @@ def _read_by_gathers_only(v) -> bool:
 
 
 def _refuse_partitioner(v) -> None:
-    """Raises ContractError if `v`, made as tf.Variable (by a Keras layer, say), was made under
-    a variable_scope with a partitioner: tf.Variable ignores it (Keras 3 and tf_keras alike),
-    so the variable would stay whole on one ps where the model asked for it cut."""
-    partitioner = tf1.get_variable_scope().partitioner
-    if partitioner is not None:
+    """Raises ContractError if `v`, trainable and made as tf.Variable (by a Keras layer, say),
+    was made under a variable_scope with a partitioner: tf.Variable ignores it (Keras 3 and
+    tf_keras alike), so the variable would stay whole on one ps where the model asked for it
+    cut. (A metric's variables, local and small, are left alone.)"""
+    if v.trainable and tf1.get_variable_scope().partitioner is not None:
         raise api.ContractError(
             f"the model function makes {v.op.name} as tf.Variable (a Keras layer's, say) under "
             f"the variable_scope {tf1.get_variable_scope().name!r}, whose partitioner it ignores:"

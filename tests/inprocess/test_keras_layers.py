@@ -245,3 +245,17 @@ def test_a_keras_3_variable_under_a_partitioner_is_refused(keras):
         "one ps. For a table cut over every ps, make it with tf.compat.v1.get_variable "
         "(sync_mnist cuts it over the ps) and look its rows up with tf.nn.embedding_lookup, as "
         "the ctr model does")
+
+
+def test_a_non_trainable_variable_under_a_partitioner_is_left_alone(keras):
+    """A metric's, say: local and small, no table to cut."""
+    def model_fn(features, labels, mode, params):
+        with tf1.variable_scope("deep", partitioner=tf1.fixed_size_partitioner(2)):
+            seen = tf.Variable(0.0, trainable=False, name="seen",
+                               collections=[tf1.GraphKeys.LOCAL_VARIABLES])
+        logits = tf.keras.layers.Dense(2)(features["x"])
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=labels, logits=logits)) + 0 * seen
+        return sm.ModelSpec(mode, loss=loss)
+
+    _worker_graph(sm.Model(model_fn, _data, _data))
