@@ -1,12 +1,11 @@
 """A model of the user's own, in a file outside the repository, through the real command line:
 the Estimator-era example after its documented change, a model with Keras 3's layers, and every
-way a model can be bad input
-(exit 2, one line, the user's traceback below it). The same model file runs as the TFJob's
-pods in tests/container/test_tf_config_cluster.py, and with a worker killed and restarted in
-tests/recovery/test_model_file_restarts.py.
+way a model can be bad input (exit 2, one line, the user's traceback below it). The example's
+model file runs as the TFJob's pods in tests/container/test_tf_config_cluster.py, and with a
+worker killed and restarted in tests/recovery/test_model_file_restarts.py.
 
 The model file is the documented example (examples/your_model/my_model.py), copied to the
-test's temporary directory as a user would keep it.
+test's temporary directory as a user would keep it; the Keras model's is written there.
 """
 
 from __future__ import annotations
