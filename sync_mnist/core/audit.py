@@ -13,6 +13,13 @@ m, `d = (s - batch_mean) * (1 - m)`, so each update moves it once, towards the m
 workers' batch means, as one batch N times larger would. A moving variance moves towards the
 mean of the workers' batch variances. The statistics are then the same whichever worker
 computed them, counted like the gradients, and they do not race.
+
+Keras layers put no update in UPDATE_OPS: Keras 3's BatchNormalization, called with
+training=True, makes its two writes (`moving_mean = moving_mean * m + batch_mean * (1 - m)`)
+and leaves them in the graph, run by nothing; tf_keras's makes them too (its `layer.updates`).
+Such writes are the model's updates all the same (layer_updates): every write the model
+function made, and nothing runs, of a float non-trainable global variable made as tf.Variable
+(a Keras layer's; get_variable's go through UPDATE_OPS) is taken as if in UPDATE_OPS.
 """
 
 from __future__ import annotations
@@ -57,12 +64,34 @@ def closure(fetches: Iterable) -> list[tf.Operation]:
     return list(seen.values())
 
 
+def layer_updates(update_ops: Sequence, model_ops: set[str], variables: dict[str, tf.Variable],
+                  made_alone: frozenset[str]) -> list[tf.Operation]:
+    """The writes of Keras layers' state that nothing runs, in the order they were made: each
+    write the model function made of a float non-trainable global variable made as tf.Variable,
+    but its initialiser and those UPDATE_OPS holds already (so that none is applied twice).
+
+    Args:
+      update_ops: what the model function added to UPDATE_OPS.
+      model_ops: names of the ops the model function made.
+      variables: the model's non-trainable variables by name.
+      made_alone: the names of the model's variables made as tf.Variable, not by get_variable.
+    """
+    graph = tf1.get_default_graph()
+    layers = {v.op.name: v for v in tf1.global_variables()
+              if v.op.name in variables and v.op.name in made_alone and v.dtype.is_floating}
+    initializers = {v.initializer.name for v in layers.values()}
+    queued = {op.name for op in closure(update_ops)}
+    return [op for op in graph.get_operations()
+            if op.name in model_ops and is_write(op) and written(op) in layers
+            and op.name not in initializers and op.name not in queued]
+
+
 def state_deltas(update_ops: Sequence, model_ops: set[str],
                  variables: dict[str, tf.Variable]) -> list[tuple[tf.Tensor, tf.Variable]]:
     """(d, s) for each write of the model's UPDATE_OPS, to push and average as `s -= mean(d)`.
 
     Args:
-      update_ops: what the model function added to UPDATE_OPS.
+      update_ops: what the model function added to UPDATE_OPS, and its layer_updates.
       model_ops: names of the ops the model function made (its writes are among them).
       variables: the model's non-trainable variables by name, the only ones it may update.
 
@@ -86,9 +115,9 @@ def state_deltas(update_ops: Sequence, model_ops: set[str],
         elif op.type in _SET:
             delta = state.read_value() - op.inputs[1]
         else:
-            raise ContractError(f"UPDATE_OPS op {op.name} ({op.type}) writes {name} in a way "
-                                "sync_mnist cannot average over the workers: use assign, "
-                                "assign_add or assign_sub")
+            raise ContractError(f"the model's update op {op.name} ({op.type}; in UPDATE_OPS, or a "
+                                f"Keras layer's) writes {name} in a way sync_mnist cannot "
+                                "average over the workers: use assign, assign_add or assign_sub")
         deltas.append((tf.identity(delta, name=f"{op.name}/sync_delta"), state))
     return deltas
 
@@ -99,9 +128,9 @@ MOVING_STATISTIC = re.compile(r"(^|/)moving_(mean|variance)(_\d+)?$")  # a batch
 def frozen_statistics(model_ops: set[str], deltas: Sequence) -> str | None:
     """The warning for the batch norm moving statistics of the model that nothing in training
     writes (None: there are none): they keep their start all the run, and the evaluation and
-    the SavedModel normalise by them. Keras 3's BatchNormalization, in graph mode, writes none
-    (it has no updates); tf_keras's has updates, but not in UPDATE_OPS, the one place read. A
-    warning, not a refusal: statistics frozen on purpose (a fine-tune's) are frozen so too."""
+    the SavedModel normalise by them. A Keras BatchNormalization called with training=False
+    in training writes none. A warning, not a refusal: statistics frozen on purpose (a
+    fine-tune's) are frozen so too."""
     written = {s.op.name for _, s in deltas}
     frozen = [v.op.name for v in tf1.global_variables()
               if v.op.name in model_ops and not v.trainable
@@ -110,11 +139,9 @@ def frozen_statistics(model_ops: set[str], deltas: Sequence) -> str | None:
         return None
     more = f" (and {len(frozen) - 1} more)" if len(frozen) > 1 else ""
     return (f"the model's batch norm statistic {frozen[0]}{more} is never updated in training: "
-            "no UPDATE_OPS op writes it, so it keeps its start all the run (Keras 3's "
-            "BatchNormalization writes none in graph mode). Unless frozen on purpose, use "
-            "tf.compat.v1.layers.batch_normalization (the `layers` extra, with "
-            "TF_USE_LEGACY_KERAS=1), which puts its updates in UPDATE_OPS, or add a layer's "
-            "own `updates` there")
+            "nothing writes it (no UPDATE_OPS op, no Keras layer's update), so it keeps its "
+            "start all the run. Unless frozen on purpose, call the layer with "
+            "training=(mode == ModeKeys.TRAIN)")
 
 
 def check_step(fetches: Iterable, model_ops: set[str]) -> None:

@@ -85,6 +85,8 @@ class Built(NamedTuple):
     state: dict[str, tf.Variable]  # its non-trainable ones by name (moving statistics, say)
     ops: set[str]  # names of the ops the model function made (audit.py)
     update_ops: list  # what it added to UPDATE_OPS
+    # The names of the variables it made as tf.Variable (a Keras layer's), not by get_variable.
+    made_alone: frozenset[str] = frozenset()
 
 
 def record(model_fn: Callable, features, labels, mode: str, params: Mapping[str, Any]
@@ -109,6 +111,8 @@ def record(model_fn: Callable, features, labels, mode: str, params: Mapping[str,
 
     def recording_creator(next_creator, **kwargs):
         v = next_creator(**kwargs)
+        if not getting:
+            _refuse_partitioner(v)
         if not getting and v.op.name not in recorded:
             recorded[v.op.name] = Recorded(v.op.name, v.shape.as_list(),
                                            v.dtype.base_dtype.name, bool(v.trainable), {},
@@ -139,6 +143,20 @@ def _read_by_gathers_only(v) -> bool:
             reads.remove(c)
             reads += c.outputs[0].consumers()
     return bool(reads) and all(c.type in _GATHERS for c in reads)
+
+
+def _refuse_partitioner(v) -> None:
+    """Raises ContractError if `v`, trainable and made as tf.Variable (by a Keras layer, say),
+    was made under a variable_scope with a partitioner: tf.Variable ignores it (Keras 3 and
+    tf_keras alike), so the variable would stay whole on one ps where the model asked for it
+    cut. (A metric's variables, local and small, are left alone.)"""
+    if v.trainable and tf1.get_variable_scope().partitioner is not None:
+        raise api.ContractError(
+            f"the model function makes {v.op.name} as tf.Variable (a Keras layer's, say) under "
+            f"the variable_scope {tf1.get_variable_scope().name!r}, whose partitioner it ignores:"
+            " it would stay whole on one ps. For a table cut over every ps, make it with "
+            "tf.compat.v1.get_variable (sync_mnist cuts it over the ps) and look its rows up "
+            "with tf.nn.embedding_lookup, as the ctr model does")
 
 
 def sparse_names(recorded: Sequence[Recorded]) -> list[str]:
@@ -218,7 +236,8 @@ def build(model_fn: Callable, features, labels, mode: str, params: Mapping[str, 
     ops = {op.name for op in graph.get_operations()[first:]}
     _check_sparse_reads(getter.sparse, graph, ops)
     return Built(spec, getter.state, ops,
-                 graph.get_collection(tf1.GraphKeys.UPDATE_OPS)[updates:])
+                 graph.get_collection(tf1.GraphKeys.UPDATE_OPS)[updates:],
+                 frozenset(getter.made_alone))
 
 
 def _check_sparse_reads(sparse: dict[str, list], graph: tf.Graph, model_ops: set[str]) -> None:
@@ -242,6 +261,7 @@ class _Getter:
         self.values: dict[str, tf.Tensor] = {}  # full name -> what the model is handed
         self.state: dict[str, tf.Variable] = {}
         self.sparse: dict[str, list[tf.Variable]] = {}  # full name -> its slices
+        self.made_alone: set[str] = set()  # the names of those create_alone made
         self._getting = 0  # get_variable calls under way (create_alone leaves theirs alone)
 
     def device(self, op) -> str:
@@ -297,6 +317,8 @@ class _Getter:
             return next_creator(**kwargs)
         with tf1.device(self.device):
             v = next_creator(**kwargs)
+        _refuse_partitioner(v)
+        self.made_alone.add(v.op.name)
         if not v.trainable:
             self.state[v.op.name] = v
         return v

@@ -15,6 +15,10 @@ AUTOGRAPH_MODULES = "__autograph_generated_file"
 
 # Whether defer_keras set TF_USE_LEGACY_KERAS (and so takes it back once TensorFlow is in).
 _KERAS_DEFERRED = False
+# Set beside TF_USE_LEGACY_KERAS by defer_keras: the value is the package's, not the user's.
+# A process started by one that deferred Keras (a task by the launcher, which never takes it
+# back) inherits both, and takes TF_USE_LEGACY_KERAS back as its own.
+KERAS_DEFERRED_ENV = "SYNC_MNIST_KERAS_DEFERRED"
 
 
 def defer_keras() -> None:
@@ -25,13 +29,18 @@ def defer_keras() -> None:
     TensorFlow tries tf_keras instead, which is not installed, and goes on without either
     (tests/cluster/test_task_process.py checks that Keras stays out). The variable is taken
     back once TensorFlow is in (_keras_back), so that a model of the user's that reaches for
-    tf.keras gets Keras 3 then, not an ImportError for tf_keras. A TF_USE_LEGACY_KERAS of the
-    user's own (with tf_keras installed: the `layers` extra) stays as it is.
+    tf.keras gets Keras 3 then, not an ImportError for tf_keras; so is the one a process
+    inherits from the launcher that set it (KERAS_DEFERRED_ENV). A TF_USE_LEGACY_KERAS of the
+    user's own (with tf_keras installed: the `layers` extra) stays as it is. Once TensorFlow
+    is in (an srun step's task imports it to read its host list), it does nothing.
     """
     global _KERAS_DEFERRED
+    if "tensorflow" in sys.modules:  # too late: tf.keras would look for tf_keras, and fail
+        return
     if "TF_USE_LEGACY_KERAS" not in os.environ:
         os.environ["TF_USE_LEGACY_KERAS"] = "1"
-        _KERAS_DEFERRED = True
+        os.environ[KERAS_DEFERRED_ENV] = "1"
+    _KERAS_DEFERRED = os.environ.get(KERAS_DEFERRED_ENV) == "1"
 
 
 def _keras_back() -> None:
@@ -39,6 +48,7 @@ def _keras_back() -> None:
     global _KERAS_DEFERRED
     if _KERAS_DEFERRED:
         os.environ.pop("TF_USE_LEGACY_KERAS", None)
+        os.environ.pop(KERAS_DEFERRED_ENV, None)
         _KERAS_DEFERRED = False
 
 

@@ -88,13 +88,10 @@ def build_graph(config: TaskConfig, model: api.Model, example: tuple, num_tokens
         if not tf1.trainable_variables():
             raise api.ContractError("the model function made no trainable variables: nothing "
                                     "to train")
-        # Sync: the proof holds for any model: its step writes nothing, and its UPDATE_OPS
+        # Sync: the proof holds for any model: its step writes nothing, and its updates
         # (moving statistics) are averaged over the workers once per update (audit.py).
         audit.check_step([spec.loss, *spec.train_metrics.values()], built.ops)
-        state_deltas = audit.state_deltas(built.update_ops, built.ops, built.state)
-        frozen = audit.frozen_statistics(built.ops, state_deltas)
-        if frozen and config.is_chief:
-            log.warning(frozen)
+        state_deltas = _state_deltas(built, config.is_chief)
         uses, passed = _example_uses(train, features, config.train.aggregate(n), state_deltas)
         optimizer = spec.optimizer or _command_line_optimizer(train, decay_steps, target,
                                                               shared.state.global_step)
@@ -114,6 +111,19 @@ def build_graph(config: TaskConfig, model: api.Model, example: tuple, num_tokens
     return WorkerGraph(features, labels, spec, model_settings, shared.state, training,
                        shared.members, report_done, shared.stop, stop,
                        tuple(r.name for r in recorded), uses, passed, stream.build_position_vars(n))
+
+
+def _state_deltas(built: placement.Built, is_chief: bool) -> list:
+    """(d, s) for each of the model's updates (audit.state_deltas): its UPDATE_OPS, and the
+    writes its Keras layers leave for nothing to run (audit.layer_updates). The chief names
+    the batch norm statistics that nothing writes (audit.frozen_statistics)."""
+    updates = [*built.update_ops, *audit.layer_updates(built.update_ops, built.ops,
+                                                       built.state, built.made_alone)]
+    deltas = audit.state_deltas(updates, built.ops, built.state)
+    frozen = audit.frozen_statistics(built.ops, deltas)
+    if frozen and is_chief:
+        log.warning(frozen)
+    return deltas
 
 
 def _command_line_optimizer(train, decay_steps: int | None, target: int | None,

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from procs import operator_tf_config, run_task_process
+from procs import ROOT, operator_tf_config, run_task_process
 from sync_mnist.core import config
 from sync_mnist.core.cluster import free_ports
 from sync_mnist.core.config import EXIT_TIMEOUT, START_SECS
@@ -67,10 +67,30 @@ def test_a_model_that_uses_tf_keras_gets_keras_3_in_the_task():
                                          "2"]
 
 
-def _as_a_task(probe: str) -> str:
+@pytest.mark.parametrize("users, module", [
+    ({}, "keras.src.layers.core.dense"),
+    ({"TF_USE_LEGACY_KERAS": "1",  # and tf-keras, the `layers` extra, as `make install` has it
+      "PYTHONPATH": os.pathsep.join([str(ROOT / ".venv" / "layers"), os.environ["PYTHONPATH"]])},
+     "tf_keras.src.layers.core.dense")], ids=["Keras 3", "TF_USE_LEGACY_KERAS=1"])
+def test_a_task_the_launcher_starts_gets_the_keras_of_the_users_environment(users, module):
+    # The launcher defers Keras too (options.setup_logging) and never takes it back; its tasks
+    # took its TF_USE_LEGACY_KERAS for the user's, and a model with Keras 3's layers failed
+    # with "Keras cannot be imported". A task in an srun step defers Keras again after
+    # TensorFlow is in (cli.task_in_cluster), which set it back for good.
+    task = ("import sys; from sync_mnist.task import options; from sync_mnist.core import "
+            "tfcompat; options.before_tensorflow(False); tfcompat.graph_mode(False); "
+            "options.before_tensorflow(False); import tensorflow as tf; "
+            "print(type(tf.keras.layers.Dense(3)).__module__)")
+    launcher = ("import subprocess, sys; from sync_mnist.task import options; "
+                "options.before_tensorflow(False); "
+                f"sys.exit(subprocess.run([sys.executable, '-c', {task!r}]).returncode)")
+    assert _as_a_task(launcher, users) == module
+
+
+def _as_a_task(probe: str, users: dict | None = None) -> str:
     """What Python code `probe` prints, in a process whose environment is a user's (no
-    TF_USE_LEGACY_KERAS of the tests')."""
-    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    TF_USE_LEGACY_KERAS of the tests'), with `users` in it."""
+    env = {**{k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}, **(users or {})}
     run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]

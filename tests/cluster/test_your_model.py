@@ -1,11 +1,11 @@
 """A model of the user's own, in a file outside the repository, through the real command line:
-the Estimator-era example after its documented change, and every way a model can be bad input
-(exit 2, one line, the user's traceback below it). The same model file runs as the TFJob's
-pods in tests/container/test_tf_config_cluster.py, and with a worker killed and restarted in
-tests/recovery/test_model_file_restarts.py.
+the Estimator-era example after its documented change, a model with Keras 3's layers, and every
+way a model can be bad input (exit 2, one line, the user's traceback below it). The example's
+model file runs as the TFJob's pods in tests/container/test_tf_config_cluster.py, and with a
+worker killed and restarted in tests/recovery/test_model_file_restarts.py.
 
 The model file is the documented example (examples/your_model/my_model.py), copied to the
-test's temporary directory as a user would keep it.
+test's temporary directory as a user would keep it; the Keras model's is written there.
 """
 
 from __future__ import annotations
@@ -66,6 +66,65 @@ def test_an_estimator_era_model_fn_trains_verified_after_the_documented_change(
     reader = tf.train.load_checkpoint(str(tmp_path / "logdir"))
     assert reader.get_tensor("global_step") == steps
     assert reader.get_tensor("batch_normalization/moving_mean").any()
+
+
+# A user's model with Keras 3's layers, as TensorFlow 2.16+ code is written.
+KERAS_MODEL = """
+import numpy as np
+import tensorflow as tf
+
+import sync_mnist.api as sm
+
+
+def model_fn(features, labels, mode, params):
+    layers = tf.keras.layers
+    embedded = tf.reduce_mean(layers.Embedding(50, 4)(features["ids"]), axis=1)
+    x = layers.BatchNormalization()(features["x"], training=mode == sm.ModeKeys.TRAIN)
+    logits = layers.Dense(2)(layers.Dense(16, activation="relu")(tf.concat([embedded, x], 1)))
+    if mode == sm.ModeKeys.PREDICT:
+        return sm.ModelSpec(mode, predictions={"logits": logits})
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels,
+                                                                         logits=logits))
+    if mode == sm.ModeKeys.TRAIN:
+        return sm.ModelSpec(mode, loss=loss, optimizer=tf.compat.v1.train.AdagradOptimizer(0.1))
+    return sm.ModelSpec(mode, loss=loss)
+
+
+def _data(rows, seed):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, 50, size=(rows, 3))
+    x = rng.normal(loc=3.0, size=(rows, 2)).astype(np.float32)
+    return {"ids": ids, "x": x}, (ids[:, 0] % 2).astype(np.int64)
+
+
+MODEL = sm.Model(model_fn, lambda params: _data(2000, 1), lambda params: _data(500, 2))
+"""
+
+
+def test_a_model_with_keras_3_layers_trains_verified_through_the_launcher(processes,
+                                                                          tmp_path):
+    # The environment of a user who set no TF_USE_LEGACY_KERAS: the launcher sets it at its
+    # start-up, as every task does (tfcompat.defer_keras); its tasks took it for the user's,
+    # and the model failed with "Keras cannot be imported".
+    path = tmp_path / "keras_model.py"
+    path.write_text(KERAS_MODEL)
+    steps = 30
+    launcher = processes.start(
+        ["env", "-u", "TF_USE_LEGACY_KERAS", str(ROOT / "bin" / "sync-mnist-cluster"),
+         "--model", f"{path}:MODEL", "--base-port", "0", "--isolate", "off", "--workers", "2",
+         "--ps", "2", "--train-steps", str(steps), "--logdir", str(tmp_path / "logdir"),
+         "--summary-json", str(tmp_path / "cluster.json")], "launcher")
+    assert launcher.wait(BOUND) == EXIT_OK, launcher.output
+    summary = read_json(tmp_path / "cluster.json")
+    assert summary["synchronous"] is True and summary["contributions"] == [steps, steps]
+    import numpy as np
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(str(tmp_path / "logdir"))
+    # Keras 3's batch norm: its moving mean moved from 0 towards x's mean, 3 (audit.py), by
+    # 1 - 0.99 ** 30 of the way (momentum 0.99), within the batches' noise.
+    np.testing.assert_allclose(reader.get_tensor("batch_normalization/moving_mean"),
+                               3 * (1 - 0.99 ** steps), atol=0.05)
 
 
 def _worker_alone(tmp_path, model: str) -> tuple[int, list[str]]:
