@@ -10,10 +10,12 @@ with loopback only (netns.py, --isolate), so no one else can reach the cluster's
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import json
 import logging
 import math
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -299,30 +301,71 @@ def run_cluster(*, num_ps: int, num_workers: int, base_port: int, train: TrainCo
 
 def check_model(train: TrainConfig, verbose: bool) -> None:
     """The model's params, typed as every task will type them, and the model's own check of
-    them (api.Model.check: its data, say). Loads the model, and with it TensorFlow, which its
-    module imports.
+    them (api.Model.check: its data, say), in a process of its own: loading the model loads
+    TensorFlow, which its module imports, and the launcher would hold it (about 550 MB) for
+    the whole run. Bounded by the start-up a task is allowed.
 
     Raises:
-      api.ConfigError: a param the model has not, or a value its type cannot read; the model
-        cannot be loaded (api.ContractError); its check raised another error than these two
-        (api.ContractError, with the user's traceback).
-      api.DataError: the check found the data missing or malformed.
+      ConfigError: a param the model has not, or a value its type cannot read; the model
+        cannot be loaded; its check raised another error than ConfigError or DataError (with
+        the user's traceback in `details`); the check took longer than the bound.
+      DataError: the check found the data missing or malformed.
+      KeyboardInterrupt: a stop while it ran (the process is stopped too).
     """
-    tfcompat.graph_mode(verbose)
-    from sync_mnist import api  # imports TensorFlow: after its log settings
-
-    model = registry.resolve(train.model)
-    params = model_params.of(model, train)
-    if model.check is None:
-        return
+    context = multiprocessing.get_context("fork")  # the launcher has not loaded TensorFlow
+    reader, writer = context.Pipe(duplex=False)
+    child = context.Process(target=_check_model_here, args=(train, verbose, writer),
+                            name="check-model", daemon=True)
+    child.start()
+    writer.close()
+    bound = config_lib.START_SECS + train.timeout
     try:
-        model.check(dict(params))
-    except (api.DataError, api.ConfigError):
-        raise
-    except Exception as e:
-        raise api.ContractError(f"--model {train.model}'s check raised {type(e).__name__}: "
-                                f"{' '.join(str(e).split()) or '-'}",
-                                registry.user_traceback(e)) from None
+        if not reader.poll(bound):
+            raise config_lib.ConfigError(f"--model {train.model}: loading it and checking its "
+                                         f"params took longer than {bound:g} s (the start-up "
+                                         "a task is allowed)")
+        refusal = reader.recv()
+    except EOFError:
+        refusal = ("ConfigError", f"--model {train.model}: the process that loads and checks "
+                   "it ended without an answer", None)
+    finally:
+        if child.is_alive():
+            child.kill()
+        child.join(config_lib.START_SECS)
+    if refusal is not None:
+        kind, message, details = refusal
+        if kind == "KeyboardInterrupt":
+            raise KeyboardInterrupt
+        error = DataError(message) if kind == "DataError" else config_lib.ConfigError(message)
+        error.details = details  # the user's traceback, if any (options.usage_error)
+        raise error
+
+
+def _check_model_here(train: TrainConfig, verbose: bool, writer) -> None:
+    """check_model's process: sends None (the model and its params pass), or the refusal as
+    (DataError or ConfigError, its line, the user's traceback or None)."""
+    try:
+        tfcompat.graph_mode(verbose)
+        from sync_mnist import api  # imports TensorFlow: after its log settings
+
+        model = registry.resolve(train.model)
+        params = model_params.of(model, train)
+        if model.check is not None:
+            try:
+                model.check(dict(params))
+            except (api.DataError, api.ConfigError):
+                raise
+            except Exception as e:
+                raise api.ContractError(f"--model {train.model}'s check raised "
+                                        f"{type(e).__name__}: {' '.join(str(e).split()) or '-'}",
+                                        registry.user_traceback(e)) from None
+        writer.send(None)
+    except (DataError, config_lib.ConfigError) as e:
+        writer.send(("DataError" if isinstance(e, DataError) else "ConfigError", str(e),
+                     getattr(e, "details", None)))
+    except KeyboardInterrupt:  # a stop (the launcher's too, as a rule: the same group)
+        with contextlib.suppress(OSError):  # the launcher may have stopped listening
+            writer.send(("KeyboardInterrupt", "", None))
 
 
 def _run_tasks(start, tasks: list[_Task], *, num_ps: int, num_workers: int, train: TrainConfig,

@@ -15,6 +15,8 @@ import logging
 import re
 import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -455,6 +457,26 @@ def test_the_launcher_calls_the_model_s_check_with_its_typed_params_before_any_t
     assert f'File "{path}", line 7, in check' in "\n".join(lines)
     assert _call(launcher_cli.main, [*argv, "--param", "units=0"]) == EXIT_INTERRUPTED
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_the_launcher_checks_the_model_in_a_process_of_its_own_and_holds_no_tensorflow():
+    # Loading a model loads TensorFlow (about 550 MB), which the launcher would hold for the
+    # whole run: the check runs in a process of its own, and a refusal still reaches it.
+    probe = (
+        "import sys\n"
+        "from sync_mnist.launcher import launch\n"
+        "from sync_mnist.core.config import ConfigError, TrainConfig\n"
+        "launch.check_model(TrainConfig(train_steps=1), False)\n"
+        "try:\n"
+        "    launch.check_model(TrainConfig(train_steps=1, params={'units': '3'}), False)\n"
+        "except ConfigError as e:\n"
+        "    print('refused:', e)\n"
+        "print('tensorflow loaded:', 'tensorflow' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.splitlines()
+    assert out == ["refused: --param units=3: --model mlp has no param 'units', so it would be "
+                   "ignored (its params: data_dir, dataset, hidden_units)",
+                   "tensorflow loaded: False"]
 
 
 # Abbreviations: argparse would take `--worker 2` for `--workers 2`, and the launcher would then
