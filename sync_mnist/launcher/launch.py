@@ -345,20 +345,11 @@ def _check_model_here(train: TrainConfig, verbose: bool, writer) -> None:
     """check_model's process: sends None (the model and its params pass), or the refusal as
     (DataError or ConfigError, its line, the user's traceback or None)."""
     try:
-        tfcompat.graph_mode(verbose)
-        from sync_mnist import api  # imports TensorFlow: after its log settings
-
+        tfcompat.graph_mode(verbose)  # before TensorFlow, which loading the model loads
         model = registry.resolve(train.model)
         params = model_params.of(model, train)
         if model.check is not None:
-            try:
-                model.check(dict(params))
-            except (api.DataError, api.ConfigError):
-                raise
-            except Exception as e:
-                raise api.ContractError(f"--model {train.model}'s check raised "
-                                        f"{type(e).__name__}: {' '.join(str(e).split()) or '-'}",
-                                        registry.user_traceback(e)) from None
+            registry.call(f"--model {train.model}'s check", model.check, dict(params))
         writer.send(None)
     except (DataError, config_lib.ConfigError) as e:
         writer.send(("DataError" if isinstance(e, DataError) else "ConfigError", str(e),

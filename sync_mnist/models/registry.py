@@ -101,6 +101,23 @@ def _raised(spec: str, where: str, error: BaseException):
                              f"loaded{': ' + text if text else ''}", user_traceback(error))
 
 
+def call(what: str, function, *args, **kwargs):
+    """function(*args, **kwargs), a function of a user's model (an input function, its check).
+    What it raises for bad input, naming it itself (api.DataError, api.ConfigError), as it is;
+    anything else as the model's error (api.ContractError: "WHAT raised TYPE: message", with
+    the user's traceback)."""
+    from sync_mnist import api
+
+    try:
+        return function(*args, **kwargs)
+    except (api.DataError, api.ConfigError):
+        raise
+    except Exception as e:
+        raise api.ContractError(f"{what} raised {type(e).__name__}: "
+                                f"{' '.join(str(e).split()) or '-'}",
+                                user_traceback(e)) from None
+
+
 def user_traceback(error: BaseException) -> str:
     """The traceback of `error`, from the first frame outside this package on; "" when every
     frame is the package's (a built-in model's data error: its message says it all)."""

@@ -51,16 +51,9 @@ def call_input_fn(what: str, input_fn, params: dict, context=None):
     """input_fn(params), or input_fn(params, input_context=context) where it takes one. What it
     raises is the model's error (api.ContractError, with the user's traceback), but for bad
     input it names itself (api.DataError, api.ConfigError): that, as it is."""
-    try:
-        if context is not None and takes_input_context(input_fn):
-            return input_fn(dict(params), input_context=context)
-        return input_fn(dict(params))
-    except (api.DataError, api.ConfigError):
-        raise
-    except Exception as e:
-        raise api.ContractError(f"{what} raised {type(e).__name__}: "
-                                f"{' '.join(str(e).split()) or '-'}",
-                                registry.user_traceback(e)) from None
+    if context is not None and takes_input_context(input_fn):
+        return registry.call(what, input_fn, dict(params), input_context=context)
+    return registry.call(what, input_fn, dict(params))
 
 
 def input_data(what: str, input_fn, params: dict) -> tuple:
