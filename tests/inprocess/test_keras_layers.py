@@ -42,6 +42,18 @@ def _data(params):
         (ids[:, 0] % 2).astype(np.int64)
 
 
+def _spec(mode, labels, logits) -> sm.ModelSpec:
+    """The ModelSpec of two-class `logits`: softmax cross-entropy, SGD at 0.1, accuracy."""
+    if mode == sm.ModeKeys.PREDICT:
+        return sm.ModelSpec(mode, predictions={"logits": logits})
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels,
+                                                                         logits=logits))
+    if mode == sm.ModeKeys.TRAIN:
+        return sm.ModelSpec(mode, loss=loss, optimizer=tf1.train.GradientDescentOptimizer(0.1))
+    accuracy = tf1.metrics.accuracy(labels, tf.argmax(logits, 1))
+    return sm.ModelSpec(mode, loss=loss, eval_metric_ops={"accuracy": accuracy})
+
+
 def _model(keras_module, batch_norm: bool, training=True) -> sm.Model:
     """Embedding and two Dense layers, and a BatchNormalization of the feature x (called with
     training=`training` in TRAIN mode) if `batch_norm`. `keras_module()` is the Keras whose
@@ -57,15 +69,7 @@ def _model(keras_module, batch_norm: bool, training=True) -> sm.Model:
                 x, training=training and mode == sm.ModeKeys.TRAIN)
         x = layers.Dense(8, activation="relu", name="hidden")(tf.concat([embedded, x], 1))
         logits = layers.Dense(2, name="logits")(x)
-        if mode == sm.ModeKeys.PREDICT:
-            return sm.ModelSpec(mode, predictions={"logits": logits})
-        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=labels, logits=logits))
-        if mode == sm.ModeKeys.TRAIN:
-            return sm.ModelSpec(mode, loss=loss,
-                                optimizer=tf1.train.GradientDescentOptimizer(0.1))
-        accuracy = tf1.metrics.accuracy(labels, tf.argmax(logits, 1))
-        return sm.ModelSpec(mode, loss=loss, eval_metric_ops={"accuracy": accuracy})
+        return _spec(mode, labels, logits)
 
     return sm.Model(model_fn, _data, _data)
 
@@ -145,15 +149,7 @@ def test_keras_3_embedding_and_dense_train_synchronously_on_two_ps(keras, tmp_pa
         embedded = tf.reduce_mean(layers.Embedding(50, 4)(features["ids"]), axis=1)
         x = layers.Dense(8, activation="relu")(tf.concat([embedded, features["x"]], 1))
         logits = layers.Dense(2)(x)
-        if mode == sm.ModeKeys.PREDICT:
-            return sm.ModelSpec(mode, predictions={"logits": logits})
-        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=labels, logits=logits))
-        if mode == sm.ModeKeys.TRAIN:
-            return sm.ModelSpec(mode, loss=loss,
-                                optimizer=tf1.train.GradientDescentOptimizer(0.1))
-        accuracy = tf1.metrics.accuracy(labels, tf.argmax(logits, 1))
-        return sm.ModelSpec(mode, loss=loss, eval_metric_ops={"accuracy": accuracy})
+        return _spec(mode, labels, logits)
 
     logdir, export = tmp_path / "logdir", tmp_path / "export"
     run = run_cluster(1, sm.Model(model_fn, _data, _data), num_ps=2, train_steps=STEPS,
