@@ -41,7 +41,7 @@ def test_three_workers_train_on_click_files_verified(processes, tmp_path):
         "--workers", "3", "--epochs", "1", "--log-every", "50", "--timeout", "60",
         "--summary-json", str(summary))
     assert launcher.wait(BOUND) == EXIT_OK, launcher.output
-    launcher.wait_for_line(r"\[worker 2\] dataset .*train-\*: streamed, sharded by file", 1)
+    launcher.wait_for_line(r"\[worker 2\] dataset .*/clicks: streamed, sharded by file", 1)
     record = read_json(summary)
     updates = ctr.SMALL.params["train_examples"] // 300  # 2 files of 6,667 clicks a worker
     assert record["synchronous"] is True and record["contributions"] == [updates] * 3
