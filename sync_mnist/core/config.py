@@ -117,8 +117,8 @@ def first_line(error: Exception) -> str:
     if lines[0].startswith(_GRAPH_EXECUTION):
         after = [k + 1 for k, line in enumerate(lines) if line.startswith("Node: '")]
         own = [line.strip() for line in lines[after[-1] if after else 1:]
-               if line.strip() and not line.strip().startswith("[[") and
-               not line.startswith(("Detected at node", " "))]
+               if line.strip().strip("=") and not line.strip().startswith("[[") and
+               not line.startswith(("Detected at node", " "))]  # nor a rule of =====
         if own:  # a tf.data function's error says where it ran first: that is not the news
             lines = [_IN_DATASET_FUNCTION.sub("", own[0]), *own[1:]]
     if _FROM_TASK.match(lines[0]) and len(lines) > 1:  # where it ran, then what happened
@@ -127,7 +127,7 @@ def first_line(error: Exception) -> str:
 
 
 _GRAPH_EXECUTION = "Graph execution error:"
-_FROM_TASK = re.compile(r"^From /job:\w+/replica:\d+/task:\d+:$")
+_FROM_TASK = re.compile(r"^(?:[A-Z_]+: )?From /job:\w+/replica:\d+/task:\d+:$")  # (ABORTED: )
 _IN_DATASET_FUNCTION = re.compile(r"^Error in user-defined function passed to .*? "
                                   r"transformation with iterator: \S+: ")
 

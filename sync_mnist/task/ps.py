@@ -154,7 +154,7 @@ class _Watch:
             try:
                 reading = _read_shared(self.sess, self.shared.state, self.shared.members,
                                        with_published=not self.checked)
-            except tf.errors.AbortedError as e:
+            except (tf.errors.AbortedError, tf.errors.CancelledError) as e:
                 self._renew_session(e)
                 reading = None
             self._check_the_chiefs_settings(reading)
@@ -166,9 +166,10 @@ class _Watch:
         if self.counters is None:  # every worker was lost
             self.counters = _final_counters(self.sess, self.shared.state, self.poll)
 
-    def _renew_session(self, error: tf.errors.AbortedError) -> None:
+    def _renew_session(self, error: tf.errors.OpError) -> None:
         """ps 0 was restarted (empty) since this session last read it: the session still names
-        the graph the old process held, and each read would fail so. A new session registers
+        the graph the old process held, and each read would fail so (AbortedError; or
+        CancelledError, the read cut off as the old process went). A new session registers
         its reads afresh; the restarted ps 0 waits for the chief to initialise it again, as the
         workers do. (Before: the ps ended 201, and with it the restarted ps 0, which lost it:
         `make chaos`, 2 ps, ps 0 killed near the end, the run failed on the second fault.)"""

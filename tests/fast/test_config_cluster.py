@@ -454,6 +454,15 @@ def test_first_line_of_a_graph_mode_error_is_its_own_message():
     assert first_line(tf.errors.InvalidArgumentError(None, None, message.replace(
         "bad value", f"{remote}bad value"))) == \
         "From /job:worker/replica:0/task:2: You must feed a value for placeholder x"
+    # A restarted ps, as another's session hears of it: its status first, under a rule.
+    restarted = ("Graph execution error:\n\n=====================\nABORTED: From "
+                 "/job:ps/replica:0/task:1:\nRecvTensor expects a different device "
+                 "incarnation: 20 vs. 19. Your worker job (\"/job:ps/replica:0/task:0\") was "
+                 "probably restarted.\n\t [[{{node v/Read/ReadVariableOp_S1}}]]\n=========")
+    assert first_line(tf.errors.AbortedError(None, None, restarted)) == (
+        "ABORTED: From /job:ps/replica:0/task:1: RecvTensor expects a different device "
+        "incarnation: 20 vs. 19. Your worker job (\"/job:ps/replica:0/task:0\") was probably "
+        "restarted.")
 
 
 def test_free_ports_are_drawn_below_the_kernels_ephemeral_range():

@@ -245,16 +245,18 @@ def test_a_ps_killed_as_training_ends_costs_one_restart(processes, tmp_path):
 
 def test_a_ps_of_two_killed_mid_run_is_the_one_task_restarted(processes, tmp_path):
     """Found by make chaos: 2 ps, ps 0 SIGKILLed and restarted, --max-restarts 1. ps 1's next
-    read of ps 0 failed with AbortedError ("Session handle is not found ... just restarted"),
-    ps 1 ended 201, and the restarted ps 0, which lost it, ended 201 too: a second fault, and
-    the run failed. ps 1 now re-creates its session and carries on."""
+    read of ps 0 failed with AbortedError ("Session handle is not found ... just restarted")
+    or CancelledError, and ps 1 ended 201; restarted at no charge, or, when the restarted ps 0
+    lost it first and ended 201 too, the run failed on a second fault. ps 1 now re-creates its
+    session and carries on."""
     steps = 200
     launcher = _signal_the_ps(processes, tmp_path, signal.SIGKILL, at_step=50, steps=steps,
                               timeout=30, save_steps=10, num_ps=2)
 
     assert launcher.wait(BOUND) == EXIT_OK, launcher.output
-    launcher.wait_for_line(r"\[ps 1\] warning: ps 0 was restarted \(.*Session handle is not "
-                           r"found.*\); re-creating the session", 1)
+    launcher.wait_for_line(r"\[ps 1\] warning: ps 0 was restarted \(.*(Session handle is not "
+                           r"found|was probably restarted|is cancelled).*\); re-creating the "
+                           r"session", 1)
     summary = read_json(tmp_path / "cluster.json")
     assert summary["synchronous"] is True and summary["contributions"] == [steps, steps]
     assert summary["restarts"] == {"ps 0": 1}, launcher.output
