@@ -7,7 +7,6 @@ import dataclasses
 import logging
 
 from sync_mnist.core import early_stop, checkpoints, sessions
-from sync_mnist.core.config import TaskTimeout
 from sync_mnist.core.sessions import SideSession
 from sync_mnist.core.verdict import Counters
 from sync_mnist.task import evaluation, export, inputs, preemption, progress_log, waits
@@ -76,12 +75,9 @@ class Chief:
         ps is silent, so that the launcher restarts that ps, not only this task (found by make
         chaos: ps 0 of 2 frozen as the chief saved; the workers named ps 0 and the chief did
         not, and the launcher had no restart left for the chief)."""
-        try:
+        with waits.naming_silent_ps(worker=0, side=self.side, graph=self.w.graph,
+                                    cluster=self.w.config.cluster):
             sessions.save_final(sess, status)
-        except TaskTimeout as e:
-            e.handled()  # raised again below, arming its own last resort
-            raise waits.timeout_naming_silent_ps(str(e), self.side, self.w.graph,
-                                                 self.w.config.cluster, 0) from None
 
     def at_the_start(self, step: int) -> None:
         """--eval-at-start: the model as the chief starts to train, at global step `step`,

@@ -13,7 +13,7 @@ import tensorflow as tf
 from sync_mnist.core import early_stop, stream, sync
 from sync_mnist.core.config import TaskTimeout, first_line
 from sync_mnist.core.shard import DataError, check_ids, check_pass
-from sync_mnist.task import preemption, progress_log, report
+from sync_mnist.task import preemption, progress_log, report, waits
 
 tf1 = tf.compat.v1
 log = logging.getLogger(__name__)
@@ -185,8 +185,12 @@ class _StepRunner:
             self.input_ended = True
         sessions = self.joined.status.sessions
         try:
-            token, loss, train_metrics, stop_step = self.sess.run(self.fetches,
-                                                                  options=w.bounded)
+            # The chief's periodic checkpoint save runs in this run (the saver hook's after_run),
+            # bounded by a bounded_call whose timeout names no ps.
+            with waits.naming_silent_ps(worker=w.config.index, side=side, graph=w.graph,
+                                        cluster=w.config.cluster):
+                token, loss, train_metrics, stop_step = self.sess.run(self.fetches,
+                                                                      options=w.bounded)
         except tf.errors.DeadlineExceededError:
             token, loss, train_metrics, stop_step = self._after_a_stall(step)
         except tf.errors.InvalidArgumentError as e:

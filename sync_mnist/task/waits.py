@@ -69,6 +69,22 @@ def timeout_naming_silent_ps(message: str, side, graph: tf.Graph,
 
 
 @contextlib.contextmanager
+def naming_silent_ps(*, worker: int, side, graph: tf.Graph, cluster: cluster_lib.ClusterLayout):
+    """A TaskTimeout that names no peer (a bounded_call's, as a checkpoint save's: no RunOptions
+    bound a save), raised again naming the ps that do not answer now
+    (timeout_naming_silent_ps), so that the launcher restarts that ps, not the task that
+    waited for it (found by make chaos: ps 0 cut off as the chief saved a checkpoint; the
+    chief's timeout named no ps, and the launcher spent its one restart on the chief)."""
+    try:
+        yield
+    except TaskTimeout as e:
+        if e.missing:
+            raise
+        e.handled()  # raised again below, arming its own last resort
+        raise timeout_naming_silent_ps(str(e), side, graph, cluster, worker) from None
+
+
+@contextlib.contextmanager
 def awaiting(what: str, *, worker: int, timeout: float, side, graph: tf.Graph,
              cluster: cluster_lib.ClusterLayout):
     """A bounded read of the ps that expired, as a timeout that says what it waited for,

@@ -99,6 +99,40 @@ def test_a_final_save_that_timed_out_names_the_silent_ps(monkeypatch):
     assert raised.value.missing == ("ps 0",)
 
 
+def test_a_checkpoint_save_that_timed_out_in_a_step_names_the_silent_ps(monkeypatch):
+    """The chief's periodic save runs inside its training step (the saver hook's after_run),
+    bounded by a bounded_call that names no ps (found by make chaos: ps 0 cut off as the chief
+    saved; the launcher spent the run's one restart on the chief)."""
+    from sync_mnist.core.config import TaskTimeout
+    from sync_mnist.task import lockstep
+
+    ports, layout, graph = _cluster(2)
+    saving = ("the chief: waited 20 s for the ps (...) to save the checkpoint of global_step 31 "
+              "in /tmp/logdir; it did not answer")
+
+    class Session:  # the training session, whose run's saver hook timed out
+        def run(self, fetches, options=None):
+            raise TaskTimeout(saving)
+
+    monkeypatch.setattr(lockstep.preemption, "arm", lambda: None)  # no handler in this process
+    w = SimpleNamespace(
+        graph=graph, aggregate=2, bounded=None,
+        config=TaskConfig(role="worker", index=0, cluster=layout,
+                          train=TrainConfig(train_steps=40)),
+        g=SimpleNamespace(training=SimpleNamespace(train_op=None),
+                          spec=SimpleNamespace(loss=None, train_metrics={}),
+                          stop=SimpleNamespace(read=None)),
+        shard=SimpleNamespace(position=lambda: None, ends_after=lambda step: False))
+    joined = SimpleNamespace(side=_Side(frozen={1}), status=SimpleNamespace(sessions=1),
+                             feed=SimpleNamespace(use=lambda step: None))
+    step = lockstep._StepRunner(w, joined, Session(), None, progress=None)
+    with _listening(ports), pytest.raises(TaskTimeout) as raised:
+        step(30)
+    assert str(raised.value) == (f"{saving}; missing: ps 1 (it accepts connections but did not "
+                                 "answer a read in 5 s)")
+    assert raised.value.missing == ("ps 1",)  # the launcher restarts ps 1, not the chief
+
+
 # 2 ps and 3 workers, as worker 1 sees them; a probe's answer per address is set by each test.
 PS = ("10.0.0.1:2222", "10.0.0.2:2222")
 WORKERS = ("10.0.0.3:2222", "10.0.0.4:2222", "10.0.0.5:2222")
