@@ -58,8 +58,12 @@ $(STAMP): pyproject.toml
 run-cluster: install
 	$(BIN)/sync-mnist-cluster $(ARGS)
 
+# Each tier's tests have a CPU budget (tests/budget.py): a tier over it fails the run, naming its
+# costliest tests.
+BUDGET := -p tests.budget --cpu-budget
+
 test: install
-	$(BIN)/python -m pytest -q $(XDIST) $(TIERS)
+	$(BIN)/python -m pytest -q $(XDIST) $(BUDGET) $(TIERS)
 
 test-fast: install
 	$(BIN)/python -m pytest -q tests/fast

@@ -24,6 +24,7 @@ The tiers are the directories below this one, chosen by what a test starts:
 The helpers shared across tiers stay here: procs.py (processes and what they leave behind),
 hand_cluster.py (a cluster started task by task) and fake_task.py (a stand-in task for the
 launcher's tests).
+budget.py is the plugin that holds `make test`'s tiers to their CPU budgets.
 """
 
 from __future__ import annotations
