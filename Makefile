@@ -125,12 +125,15 @@ chaos-short: install
 	$(BIN)/python -m lab.chaos --short $(ARGS)
 
 # About 12 minutes on a quiet 2-core machine; `make bench ARGS=--quick` about 2. Writes
-# bench-results/. The plot needs the optional `bench` extra (matplotlib); if it cannot be
-# installed, the bench says so and still writes the table and the JSON.
+# bench-results/. The plot needs the optional `bench` extra (matplotlib), the DDP row the `ddp`
+# extra (PyTorch); if one cannot be installed, the bench says so and runs without it.
 bench: install
 	test -f $(VENV)/.bench-extra || { $(BIN)/python -m pip install --quiet \
 	    --disable-pip-version-check -e '.[bench]' && touch $(VENV)/.bench-extra; } || \
 	    echo "matplotlib could not be installed: no plot"
+	test -f $(VENV)/.ddp-extra || { $(BIN)/python -m pip install --quiet \
+	    --disable-pip-version-check -e '.[ddp]' && touch $(VENV)/.ddp-extra; } || \
+	    echo "PyTorch could not be installed: no ddp row"
 	$(BIN)/sync-mnist-bench $(ARGS)
 
 clean:

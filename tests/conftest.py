@@ -169,6 +169,15 @@ def _shared_run_group(item) -> str | None:
 
 
 @pytest.fixture
+def without_pytorch(monkeypatch):
+    """The bench's plans as a fresh clone's `make install` leaves them: no PyTorch, so no ddp
+    row (tests/fast/test_bench_ddp.py has it)."""
+    from sync_mnist.bench import bench
+
+    monkeypatch.setattr(bench, "torch_installed", lambda: False)
+
+
+@pytest.fixture
 def processes():
     """Starts processes for a test; kills each one's process group when the test ends."""
     from procs import Processes

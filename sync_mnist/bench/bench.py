@@ -15,11 +15,15 @@ Adam and batch 100 per worker:
   sync-2ps      the same with 2 ps tasks, the model split evenly between them
   sync-noproof  the same without the counters (hidden --bench-no-proof): the price of the proof
   mwms          TF2 MultiWorkerMirroredStrategy, RING all-reduce on CPU (bench_tasks.py)
+  ddp           PyTorch DistributedDataParallel over gloo on the CPU (bench/ddp.py), the same
+                model, optimizer, batch and data; needs the `ddp` extra (PyTorch), and is
+                left out, saying so, where it is not installed
 
 `--model ctr` runs the sparse click-through-rate model (models/ctr.py: a 1,000,000 x 16 table
 on the ps, Adagrad, batch 100 per worker, its planted clicks) in the rows that can hold it:
-async, sync, sync-2ps and mwms (the same model, each worker holding the whole table; the
-table's gradient all-gathered, bench_tasks.run_mwms_ctr). Each row also gets the log-loss of
+async, sync, sync-2ps, mwms (the same model, each worker holding the whole table; the
+table's gradient all-gathered, bench_tasks.run_mwms_ctr) and ddp (`nn.Embedding(sparse=True)`,
+its sparse gradient all-reduced by DDP). Each row also gets the log-loss of
 the trained model on the same 50,000 evaluation clicks, worker 0's figure after the run,
 beside the planted model's; and the peak RSS of the largest ps and of the largest worker.
 `--model ctr --files` adds sync-files: the same sync cluster reading the same 600,000 clicks
@@ -59,10 +63,10 @@ from typing import Sequence
 log = logging.getLogger("sync_mnist.bench.bench")
 
 SETUPS = ("floor", "single", "async", "sync", "sync-files", "sync-count", "sync-bf16",
-          "sync-2ps", "sync-noproof", "mwms")
+          "sync-2ps", "sync-noproof", "mwms", "ddp")
 SETUP_PS = {"sync-2ps": 2}  # ps tasks of a setup, where not 1
 MODELS = ("mlp", "ctr")
-CTR_SETUPS = ("async", "sync", "sync-2ps", "mwms")  # the rows that run the sparse model
+CTR_SETUPS = ("async", "sync", "sync-2ps", "mwms", "ddp")  # the rows that run the sparse model
 FILE_SETUPS = ("sync-files",)  # the ctr model from files: with --files, or named in --setups
 COUNT_SETUPS = ("sync-count",)  # the ctr model with --count-examples: named in --setups
 # Compared with sync at each worker count, run back to back with it (in_round, plan)
@@ -157,6 +161,10 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     if other:
         p.error(f"--setups: {','.join(other)} cannot run --model {args.model} (choose from "
                 f"{','.join(valid)})")
+    if "ddp" in setups and not torch_installed():
+        if args.setups:
+            p.error(f"--setups ddp needs PyTorch, which is not installed: {DDP_EXTRA}")
+        setups = tuple(s for s in setups if s != "ddp")
     if any(w < 1 or w > 8 for w in workers):
         p.error(f"--workers {args.workers}: each count must be 1-8")
     repeats = args.repeats if args.repeats is not None else (1 if quick else 2)
@@ -170,18 +178,28 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
                        profile=args.profile, model=args.model, files=args.files)
 
 
+DDP_EXTRA = "pip install -e '.[ddp]' (make bench does)"
+
+
+def torch_installed() -> bool:
+    """Whether PyTorch can be imported, for the ddp row (not imported here)."""
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
 def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(","))
 
 
 # --quick: the runs issue 8's targets compare, once each.
 QUICK_PLAN = (("floor", 1), ("single", 1), ("sync", 1), ("async", 2), ("sync", 2),
-              ("sync-noproof", 2), ("mwms", 2))
+              ("sync-noproof", 2), ("mwms", 2), ("ddp", 2))
 # --model ctr --quick: the runs issue 36's target compares (sync against MWMS, 2 and 3 workers).
-CTR_QUICK_PLAN = (("sync", 2), ("mwms", 2), ("sync", 3), ("mwms", 3))
+CTR_QUICK_PLAN = (("sync", 2), ("mwms", 2), ("ddp", 2), ("sync", 3), ("mwms", 3), ("ddp", 3))
 # --model ctr --files --quick: the same, and the ctr model from files beside sync from memory.
-CTR_FILES_QUICK_PLAN = (("sync", 2), ("sync-files", 2), ("mwms", 2), ("sync", 3),
-                        ("sync-files", 3), ("mwms", 3))
+CTR_FILES_QUICK_PLAN = (("sync", 2), ("sync-files", 2), ("mwms", 2), ("ddp", 2), ("sync", 3),
+                        ("sync-files", 3), ("mwms", 3), ("ddp", 3))
 
 
 def plan(config: BenchConfig) -> list[tuple[str, int]]:
@@ -330,33 +348,49 @@ def targets(rows: Sequence[Row], baseline_sync2: float | None = None) -> list[st
         lines.append(f"1 ps + 1 worker step: {sync1.ms_per_update:.2f} ms = "
                      f"{sync1.ms_per_update / bound:.2f}x compute + floor ({single.ms_per_update:.2f}"
                      f" + {floor1.ms_per_update:.2f} ms; target <= 1.3x)")
-    mwms2 = eps("mwms", 2)
+    mwms2, ddp2 = eps("mwms", 2), eps("ddp", 2)
     if sync2 and mwms2:
         lines.append(f"sync / MultiWorkerMirroredStrategy, 2 workers: {sync2 / mwms2:.2f}")
+    if sync2 and ddp2:
+        lines.append(f"sync / PyTorch DDP, 2 workers: {sync2 / ddp2:.2f}x ({sync2:,.0f} vs "
+                     f"{ddp2:,.0f} examples/s; target >= 0.75x)")
     return lines
 
 
 def ctr_targets(rows: Sequence[Row], samples: Sequence[Sample] = ()) -> list[str]:
-    """Issue 36's target, as lines: sync against MultiWorkerMirroredStrategy on the ctr model
-    at each worker count from 2 that both ran, examples/s and log-loss side by side. (At 1
-    worker MWMS is one process with no all-reduce, a baseline and not the target.)"""
+    """Issue 36's and 58's targets, as lines: sync against MultiWorkerMirroredStrategy and
+    against PyTorch DDP on the ctr model at each worker count from 2 that both ran, examples/s
+    and log-loss side by side. (At 1 worker MWMS is one process with no all-reduce, a
+    baseline and not the target.)"""
     by = {(r.setup, r.workers): r for r in rows}
     lines = []
     for n in sorted({r.workers for r in rows if r.workers >= 2}):
-        sync, mwms = by.get(("sync", n)), by.get(("mwms", n))
-        if not (sync and mwms and sync.examples_per_s and mwms.examples_per_s):
+        sync, mwms, ddp = by.get(("sync", n)), by.get(("mwms", n)), by.get(("ddp", n))
+        if not (sync and sync.examples_per_s):
             continue
-        line = (f"sync / MultiWorkerMirroredStrategy, ctr, {n} workers: "
-                f"{sync.examples_per_s / mwms.examples_per_s:.2f}x ({sync.examples_per_s:,.0f} "
-                f"vs {mwms.examples_per_s:,.0f} examples/s; target >= 1.5x at equal or better "
-                "log-loss)")
-        if sync.log_loss is not None and mwms.log_loss is not None:
-            line += (f"; log-loss {sync.log_loss:.4f} vs {mwms.log_loss:.4f}"
-                     + (f", planted {sync.planted_log_loss:.4f}"
-                        if sync.planted_log_loss is not None else ""))
-        lines.append(line)
+        if mwms and mwms.examples_per_s:
+            line = (f"sync / MultiWorkerMirroredStrategy, ctr, {n} workers: "
+                    f"{sync.examples_per_s / mwms.examples_per_s:.2f}x "
+                    f"({sync.examples_per_s:,.0f} vs {mwms.examples_per_s:,.0f} examples/s; "
+                    "target >= 1.5x at equal or better log-loss)")
+            if sync.log_loss is not None and mwms.log_loss is not None:
+                line += (f"; log-loss {sync.log_loss:.4f} vs {mwms.log_loss:.4f}"
+                         + (f", planted {sync.planted_log_loss:.4f}"
+                            if sync.planted_log_loss is not None else ""))
+            lines.append(line)
+        if ddp and ddp.examples_per_s:
+            line = (f"sync / PyTorch DDP, ctr, {n} workers: "
+                    f"{sync.examples_per_s / ddp.examples_per_s:.2f}x "
+                    f"({sync.examples_per_s:,.0f} vs {ddp.examples_per_s:,.0f} examples/s; "
+                    f"target >= {DDP_CTR_TARGETS.get(n, 1.0):g}x)")
+            if sync.log_loss is not None and ddp.log_loss is not None:
+                line += f"; log-loss {sync.log_loss:.4f} vs {ddp.log_loss:.4f}"
+            lines.append(line)
     return lines + files_targets(rows, samples) + files_targets(rows, samples, "sync-count")
 
+
+# sync against DDP on the ctr model, by workers (issue 58)
+DDP_CTR_TARGETS = {2: 1.0, 3: 1.3}
 
 # The paired setups' target lines: what each is, against sync from memory
 _PAIR_NAMES = {"sync-files": ("files / memory", "files", "memory"),
@@ -597,6 +631,11 @@ def _task_argvs(setup: str, n: int, ps: list[str], workers: list[str],
                                        ",".join(workers), "--steps", steps,
                                        "--log-every", every, "--model", config.model])
                 for i in range(n)]
+    if setup == "ddp":
+        return [(f"worker {i}", [py, "-m", "sync_mnist.bench.ddp", "--rank", str(i),
+                                 "--worker-hosts", ",".join(workers), "--steps", steps,
+                                 "--log-every", every, "--model", config.model])
+                for i in range(n)]
     extra = {"async": ["--mode", "async"], "sync": [], "sync-2ps": [],
              "sync-files": ["--data-dir", str(config.out / FILES_DIR)],
              "sync-count": ["--model", "sync_mnist.bench.counted:CTR", "--count-examples",
@@ -807,6 +846,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("%s model, %d runs: %s x %d repeats, %d steps each; figures from a shared "
              "machine are indicative only", config.model, len(plan(config)) * config.repeats,
              ", ".join(f"{s} x{n}" for s, n in plan(config)), config.repeats, config.steps)
+    if not torch_installed():
+        log.info("ddp left out: PyTorch is not installed (%s)", DDP_EXTRA)
     started = time.monotonic()
     samples = run_all(config)
     rows = summarise(samples)

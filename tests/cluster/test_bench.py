@@ -13,11 +13,13 @@ import pytest
 from sync_mnist.bench import bench
 from sync_mnist.bench.bench import Sample
 
+pytestmark = pytest.mark.usefixtures("without_pytorch")
+
 
 def test_quick_runs_only_what_the_targets_compare():
     config = bench.parse_args(["--quick"])
     assert (config.repeats, config.steps, config.log_every) == (1, 200, 20)
-    assert bench.plan(config) == list(bench.QUICK_PLAN)
+    assert bench.plan(config) == [pair for pair in bench.QUICK_PLAN if pair[0] != "ddp"]
     assert len(bench.plan(config)) == 7
 
 
@@ -33,7 +35,7 @@ def test_default_plan_runs_single_once_and_the_rest_per_worker_count():
     pairs = bench.plan(config)
     assert pairs.count(("single", 1)) == 1
     # Every setup but single at each of 3 worker counts; the file setups only with --files.
-    assert len(pairs) == 1 + 3 * (len(bench.SETUPS) - 1 - len(bench.PAIRED))
+    assert len(pairs) == 1 + 3 * (len(bench.SETUPS) - 1 - len(bench.PAIRED) - 1)  # no ddp
     assert not any(setup in bench.FILE_SETUPS for setup, _ in pairs)
     assert config.repeats == 2
 
@@ -206,3 +208,15 @@ def test_a_reaped_process_keeps_its_cpu_time():
     assert proc.exit_code == 0
     assert proc.cpu_ticks() == proc.final_ticks > 0
     assert proc.maxrss_kb > 0
+
+
+@pytest.mark.skipif(not bench.torch_installed(),
+                    reason="PyTorch is not installed (the ddp extra: pip install -e '.[ddp]')")
+def test_the_ddp_row_trains_2_workers_in_a_real_window():
+    """bench/ddp.py's processes, as the bench starts them: a rendezvous, DDP's lines, a window."""
+    config = bench.parse_args(["--steps", "40"])
+    sample = bench.run_one("ddp", 2, config)
+    assert sample.error is None, sample.error
+    assert sample.updates == 36 - 4  # worker 0's lines at steps 4..40; the window ends at 36
+    assert sample.examples == sample.updates * 2 * bench.BATCH  # both workers' batches
+    assert sample.cpu_s > 0 and sample.startup_s > 0 and sample.worker_rss_mb > 50

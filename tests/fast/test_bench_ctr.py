@@ -9,6 +9,8 @@ import pytest
 from sync_mnist.bench import bench
 from sync_mnist.bench.bench import Sample
 
+pytestmark = pytest.mark.usefixtures("without_pytorch")
+
 
 def test_ctr_runs_the_four_setups_that_hold_a_table_at_each_worker_count():
     config = bench.parse_args(["--model", "ctr"])
@@ -27,7 +29,8 @@ def test_ctr_quick_runs_sync_and_mwms_at_2_and_3_workers_once():
 
 
 def test_the_mlp_plan_is_unchanged_by_the_model_option():
-    assert bench.plan(bench.parse_args(["--quick"])) == list(bench.QUICK_PLAN)
+    assert bench.plan(bench.parse_args(["--quick"])) == [
+        pair for pair in bench.QUICK_PLAN if pair[0] != "ddp"]
     assert bench.parse_args([]).model == "mlp"
 
 

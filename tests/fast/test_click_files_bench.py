@@ -12,6 +12,8 @@ import pytest
 from sync_mnist.bench import bench
 from sync_mnist.bench.bench import Sample
 
+pytestmark = pytest.mark.usefixtures("without_pytorch")
+
 
 def test_files_adds_sync_files_right_after_sync_at_each_worker_count():
     quick = bench.parse_args(["--model", "ctr", "--files", "--quick"])
