@@ -108,13 +108,17 @@ def _ps_lookup(flat, settings: Settings, full_name: str, rows, id_parts, seen_pa
     for k in range(k_count):
         with tf1.device(rows[k].device):
             # Sync: shared by node name with every task's graph (the workers', the chief's
-            # evaluation): the absolute name scope keeps the name the same in each.
+            # evaluation): the absolute name scope keeps the name the same in each. A
+            # checkpoint names a table by its node's last part alone, so that part names the
+            # table and the shard in full.
+            saved = f"{full_name.replace('/', '.')}.shard_{k}"
             with tf.name_scope(f"{full_name}/shard_{k}/"):
                 index = tf.lookup.experimental.MutableHashTable(
-                    tf.int64, tf.int64, default_value=FREE, name="index", checkpoint=True)
+                    tf.int64, tf.int64, default_value=FREE, name=f"{saved}.index",
+                    checkpoint=True)
                 pending = tf.lookup.experimental.MutableHashTable(
                     tf.int64, tf.int64, default_value=tf.constant([0, FREE], tf.int64),
-                    name="pending", checkpoint=True)
+                    name=f"{saved}.pending", checkpoint=True)
             local_rows = tf.reshape(index.lookup(parts[k]), [-1])
             values = _gathered(rows[k], local_rows, tf.size(parts[k], out_type=tf.int64),
                                settings.dim)
@@ -204,83 +208,99 @@ class GrowingTable:
 
     def _maintain_shard(self, shard: _Shard, accumulator, replicas: int, now: tf.Tensor,
                         slots: list) -> tf.Operation:
-        s = self.settings
         with tf1.device(shard.rows.device), tf.name_scope("growing_update"):
             taken = accumulator.take_indexed_slices_grad(replicas)
-            ids = tf.reshape(taken.indices, [-1])
-            counts = tf.cast(tf.round(tf.reshape(taken.values, [-1])), tf.int64)
-            rows_of = tf.reshape(shard.index.lookup(ids), [-1])
-            has_row = rows_of >= 0
-            touched = tf1.scatter_update(shard.seen, tf.boolean_mask(rows_of, has_row),
-                                         tf.fill(tf.shape(tf.boolean_mask(rows_of, has_row)),
-                                                 now))
-            # Sightings of the ids without a row: a count lapses when its id went unseen for
-            # ttl updates, as a row does.
-            waiting = tf.boolean_mask(ids, ~has_row)
-            before = tf.reshape(shard.pending.lookup(waiting), [-1, 2])
-            kept = before[:, 1] >= 0
-            if s.ttl is not None:
-                kept = tf.logical_and(kept, now - before[:, 1] <= s.ttl)
-            sightings = tf.where(kept, before[:, 0], 0) + tf.boolean_mask(counts, ~has_row)
-            ready = sightings >= s.min_count
-            with tf.control_dependencies([touched]):
-                seen = shard.seen.read_value()
-            held = seen >= 0
-            lapsed = tf.logical_and(held, now - seen >= s.ttl) if s.ttl is not None \
-                else tf.zeros_like(held)
-            free = tf.logical_or(~held, lapsed)
-            # Beyond the cap: rows not seen in this update, least recently seen first (then
-            # the lower row), make room for as many of the ready ids as they can.
-            can_go = tf.logical_and(tf.logical_and(held, ~lapsed), seen < now)
-            n_free = tf.reduce_sum(tf.cast(free, tf.int64))
-            candidates = tf.boolean_mask(waiting, ready)
-            candidate_counts = tf.boolean_mask(sightings, ready)
-            n_admit = tf.minimum(tf.size(candidates, out_type=tf.int64),
-                                 n_free + tf.reduce_sum(tf.cast(can_go, tf.int64)))
-            # The most seen first, then the lower id (the ids come sorted).
-            order = tf.argsort(-candidate_counts, stable=True)
-            admitted = tf.gather(candidates, order[:n_admit])
-            left = tf.gather(candidates, order[n_admit:])
-            left_counts = tf.gather(candidate_counts, order[n_admit:])
-            oldest = tf.argsort(tf.where(can_go, seen, np.iinfo(np.int64).max), stable=True)
-            pushed_out = oldest[:tf.maximum(n_admit - n_free, 0)]
-            cap_k = tf.size(seen)
-            evict = tf.logical_or(lapsed, tf.scatter_nd(
-                pushed_out[:, None], tf.ones_like(pushed_out), [cap_k]) > 0)
-            evicted = tf.cast(tf.where(evict)[:, 0], tf.int64)
-            new_rows = tf.cast(tf.where(tf.logical_or(free, evict))[:n_admit, 0], tf.int64)
-            evicted_ids = tf.gather(shard.ids.read_value(), evicted)
-            # Writes: the index and the bookkeeping, then the admitted.
-            removed = shard.index.remove(evicted_ids)
-            with tf.control_dependencies([removed]):
-                inserted = shard.index.insert(admitted, new_rows)
-            cleared = tf1.scatter_update(shard.seen, evicted, tf.fill(tf.shape(evicted),
-                                                                      tf.constant(FREE, tf.int64)))
-            with tf.control_dependencies([cleared]):
-                marked = tf1.scatter_update(shard.seen, new_rows,
-                                            tf.fill(tf.shape(new_rows), now))
-            with tf.control_dependencies([evicted_ids]):  # read before it is written
-                unnamed = tf1.scatter_update(shard.ids, evicted, tf.zeros_like(evicted))
-            with tf.control_dependencies([unnamed]):
-                named = tf1.scatter_update(shard.ids, new_rows, admitted)
-            # Sync: an evicted row starts again as it was made: its value and every slot.
-            reset = [tf1.scatter_update(v, evicted, _initial_rows(v, evicted))
-                     for v in [shard.rows, *slots]]
-            not_ready = tf.boolean_mask(waiting, ~ready)
-            stay = tf.concat([not_ready, left], axis=0)
-            stay_counts = tf.concat([tf.boolean_mask(sightings, ~ready), left_counts], axis=0)
-            counted = shard.pending.insert(stay, tf.stack(
-                [stay_counts, tf.fill(tf.shape(stay_counts), now)], axis=1))
-            with tf.control_dependencies([counted]):
-                forgotten = shard.pending.remove(admitted)
-            writes = [inserted, marked, named, *reset, forgotten]
-            if s.ttl is not None:
-                with tf.control_dependencies([forgotten]):
-                    keys, values = shard.pending.export()
-                    keys, values = tf.reshape(keys, [-1]), tf.reshape(values, [-1, 2])
-                    writes.append(shard.pending.remove(
-                        tf.boolean_mask(keys, now - values[:, 1] >= s.ttl)))
-            return tf.group(*writes)
+            decided = _decide(shard, self.settings, tf.reshape(taken.indices, [-1]),
+                              tf.cast(tf.round(tf.reshape(taken.values, [-1])), tf.int64), now)
+            return _write(shard, self.settings, decided, now, slots)
+
+
+class _Decision(NamedTuple):
+    """What one update does to one shard (all int64)."""
+
+    admitted: tf.Tensor  # ids that get a row
+    new_rows: tf.Tensor  # their rows, in order
+    evicted: tf.Tensor  # rows given up (lapsed, or pushed out beyond the cap)
+    waiting: tf.Tensor  # ids that go on waiting for a row
+    sightings: tf.Tensor  # their counts so far
+
+
+def _decide(shard: _Shard, s: Settings, ids: tf.Tensor, counts: tf.Tensor,
+            now: tf.Tensor) -> _Decision:
+    """The update's admissions and evictions, from the ids its batches held (sorted, unique)
+    and their counts; marks the rows of those ids seen now (the one write here)."""
+    rows_of = tf.reshape(shard.index.lookup(ids), [-1])
+    has_row = rows_of >= 0
+    found = tf.boolean_mask(rows_of, has_row)
+    touched = tf1.scatter_update(shard.seen, found, tf.fill(tf.shape(found), now))
+    # Sightings of the ids without a row: a count lapses when its id went unseen for ttl
+    # updates, as a row does.
+    waiting = tf.boolean_mask(ids, ~has_row)
+    before = tf.reshape(shard.pending.lookup(waiting), [-1, 2])
+    kept = before[:, 1] >= 0
+    if s.ttl is not None:
+        kept = tf.logical_and(kept, now - before[:, 1] <= s.ttl)
+    sightings = tf.where(kept, before[:, 0], 0) + tf.boolean_mask(counts, ~has_row)
+    ready = sightings >= s.min_count
+    with tf.control_dependencies([touched]):
+        seen = shard.seen.read_value()
+    held = seen >= 0
+    lapsed = tf.logical_and(held, now - seen >= s.ttl) if s.ttl is not None \
+        else tf.zeros_like(held)
+    free = tf.logical_or(~held, lapsed)
+    # Beyond the cap: rows not seen in this update, least recently seen first (then the lower
+    # row), make room for as many of the ready ids as they can.
+    can_go = tf.logical_and(tf.logical_and(held, ~lapsed), seen < now)
+    n_free = tf.reduce_sum(tf.cast(free, tf.int64))
+    candidates, candidate_counts = tf.boolean_mask(waiting, ready), tf.boolean_mask(
+        sightings, ready)
+    n_admit = tf.minimum(tf.size(candidates, out_type=tf.int64),
+                         n_free + tf.reduce_sum(tf.cast(can_go, tf.int64)))
+    order = tf.argsort(-candidate_counts, stable=True)  # the most seen, then the lower id
+    oldest = tf.argsort(tf.where(can_go, seen, np.iinfo(np.int64).max), stable=True)
+    pushed_out = oldest[:tf.maximum(n_admit - n_free, 0)]
+    evict = tf.logical_or(lapsed, tf.scatter_nd(pushed_out[:, None], tf.ones_like(pushed_out),
+                                                tf.shape(seen)) > 0)
+    return _Decision(
+        admitted=tf.gather(candidates, order[:n_admit]),
+        new_rows=tf.cast(tf.where(tf.logical_or(free, evict))[:n_admit, 0], tf.int64),
+        evicted=tf.cast(tf.where(evict)[:, 0], tf.int64),
+        waiting=tf.concat([tf.boolean_mask(waiting, ~ready),
+                           tf.gather(candidates, order[n_admit:])], axis=0),
+        sightings=tf.concat([tf.boolean_mask(sightings, ~ready),
+                             tf.gather(candidate_counts, order[n_admit:])], axis=0))
+
+
+def _write(shard: _Shard, s: Settings, d: _Decision, now: tf.Tensor,
+           slots: list) -> tf.Operation:
+    """Makes the decision so: the index, the bookkeeping, the evicted rows reset, the counts."""
+    evicted_ids = tf.gather(shard.ids.read_value(), d.evicted)
+    removed = shard.index.remove(evicted_ids)
+    with tf.control_dependencies([removed]):
+        inserted = shard.index.insert(d.admitted, d.new_rows)
+    cleared = tf1.scatter_update(shard.seen, d.evicted,
+                                 tf.fill(tf.shape(d.evicted), tf.constant(FREE, tf.int64)))
+    with tf.control_dependencies([cleared]):
+        marked = tf1.scatter_update(shard.seen, d.new_rows, tf.fill(tf.shape(d.new_rows), now))
+    with tf.control_dependencies([evicted_ids]):  # read before it is written
+        unnamed = tf1.scatter_update(shard.ids, d.evicted, tf.zeros_like(d.evicted))
+    with tf.control_dependencies([unnamed]):
+        named = tf1.scatter_update(shard.ids, d.new_rows, d.admitted)
+    # Sync: an evicted row starts again as it was made: its value and every slot.
+    reset = [tf1.scatter_update(v, d.evicted, _initial_rows(v, d.evicted))
+             for v in [shard.rows, *slots]]
+    counted = shard.pending.insert(d.waiting, tf.stack(
+        [d.sightings, tf.fill(tf.shape(d.sightings), now)], axis=1))
+    with tf.control_dependencies([counted]):
+        forgotten = shard.pending.remove(d.admitted)
+    writes = [inserted, marked, named, *reset, forgotten]
+    if s.ttl is not None:  # the counts of ids unseen for ttl updates go
+        with tf.control_dependencies([forgotten]):
+            keys, values = shard.pending.export()
+            keys, values = tf.reshape(keys, [-1]), tf.reshape(values, [-1, 2])
+            writes.append(shard.pending.remove(tf.boolean_mask(keys,
+                                                               now - values[:, 1] >= s.ttl)))
+    return tf.group(*writes)
 
 
 def _initial_rows(v: tf.Variable, rows: tf.Tensor) -> tf.Tensor:

@@ -151,17 +151,20 @@ def build_train_op(loss: tf.Tensor, state: SharedState,
     grads_and_vars = [(g, v) for g, v in grads_and_vars if g is not None] + list(state_deltas)
     optimizer = _WithState(optimizer, [s for _, s in state_deltas]) if state_deltas else optimizer
     if mode == "async":
-        if tables:
-            from sync_mnist.core.config import ConfigError
-            raise ConfigError(f"the growing table {tables[0].settings.name} needs --mode sync: "
-                              "its rows are admitted and evicted once per update, for all "
-                              "workers at once")
+        _refuse_tables_in_async_mode(tables)
         return _async_train_op(grads_and_vars, state, optimizer, worker_index, wire_dtype)
     return _sync_train_op(grads_and_vars, state, optimizer, worker_index=worker_index,
                           num_workers=num_workers, replicas_to_aggregate=replicas_to_aggregate,
                           is_chief=is_chief, num_tokens=num_tokens, last_push=last_push,
                           proof=proof, after_update=after_update, wire_dtype=wire_dtype,
                           tables=tables)
+
+
+def _refuse_tables_in_async_mode(tables: Sequence) -> None:
+    if tables:
+        from sync_mnist.core.config import ConfigError
+        raise ConfigError(f"the growing table {tables[0].settings.name} needs --mode sync: its "
+                          "rows are admitted and evicted once per update, for all workers")
 
 
 def _sync_train_op(grads_and_vars, state: SharedState, optimizer: tf1.train.Optimizer, *,

@@ -75,8 +75,8 @@ def _model():
                     lambda params: (EVAL_IDS, np.zeros(len(EVAL_IDS), np.float32)))
 
 
-def _replay():
-    """The run in numpy: per ps k, rows [cap_k, dim], their Momentum slot, the id each row
+def _replay(steps: int = STEPS):
+    """The run of `steps` updates in numpy: per ps k, rows [cap_k, dim], their Momentum slot, the id each row
     holds and the update that last saw it (-1: free); and what happened, update by update."""
     cap_k = CAP // PS
     rows = np.full([PS, cap_k, DIM], INITIAL)
@@ -90,7 +90,7 @@ def _replay():
                            num_workers=WORKERS, batch_size=BATCH, seed=0).epoch_order(0)[
                      t * BATCH:(t + 1) * BATCH], 0] for w in range(WORKERS)]
                for t in range(STEPS)]
-    for t in range(1, STEPS + 1):
+    for t in range(1, steps + 1):
         sighted = np.concatenate(batches[t - 1])
         for k in range(PS):
             mine = sighted[sighted % PS == k]
@@ -178,6 +178,30 @@ def test_a_growing_table_trains_verified_and_exactly_on_2_ps_and_3_workers(tmp_p
         value = sess.run(signature.outputs["value"].name,
                          {signature.inputs["features"].name: EVAL_IDS})
     np.testing.assert_array_equal(value, [0, rows[0, 0].sum(), 0, 0, 0, 0])
+
+
+def test_a_run_resumed_from_its_checkpoint_mid_run_goes_on_as_the_one_that_never_stopped(
+        tmp_path):
+    """Stopped after update 4 (20 just pushed out, 30 admitted, 21 and the noise waiting with
+    their counts) and resumed from the checkpoint for 2 more: the index (id -> row) and the
+    counts are saved with the rows, so 30's row is found and trained in update 5 as in the
+    replay, and 41 is admitted in the row 21 held."""
+    logdir = tmp_path / "logdir"
+    first = run_cluster(WORKERS, _model(), num_ps=PS, train_steps=4, batch_size=BATCH,
+                        logdir=logdir)
+    assert first.chief.synchronous, first.chief.verdict
+    resumed = run_cluster(WORKERS, _model(), num_ps=PS, train_steps=6, batch_size=BATCH,
+                          logdir=logdir)
+    assert resumed.chief.synchronous, resumed.chief.verdict
+    assert resumed.chief.global_step == 6
+    rows, slot, ids, seen, _ = _replay(6)
+    assert ids.reshape(CAP).tolist() == [20, 30, 41, 0] and seen[0, 1] == 5
+    reader = tf.train.load_checkpoint(str(logdir))
+    np.testing.assert_array_equal(reader.get_tensor("grow/rows"), rows.reshape(CAP, DIM))
+    np.testing.assert_array_equal(reader.get_tensor("grow/rows/Momentum"),
+                                  slot.reshape(CAP, DIM))
+    np.testing.assert_array_equal(reader.get_tensor("grow/ids"), ids.reshape(CAP))
+    np.testing.assert_array_equal(reader.get_tensor("grow/seen"), seen.reshape(CAP))
 
 
 @pytest.mark.parametrize("bad, named", [
