@@ -257,8 +257,10 @@ def _decide(shard: _Shard, s: Settings, ids: tf.Tensor, counts: tf.Tensor,
     n_admit = tf.minimum(tf.size(candidates, out_type=tf.int64),
                          n_free + tf.reduce_sum(tf.cast(can_go, tf.int64)))
     order = tf.argsort(-candidate_counts, stable=True)  # the most seen, then the lower id
-    oldest = tf.argsort(tf.where(can_go, seen, np.iinfo(np.int64).max), stable=True)
-    pushed_out = oldest[:tf.maximum(n_admit - n_free, 0)]
+    n_out = tf.maximum(n_admit - n_free, 0)
+    pushed_out = tf.cond(n_out > 0, lambda: tf.argsort(  # a sort of every row, only if needed
+        tf.where(can_go, seen, np.iinfo(np.int64).max), stable=True)[:n_out],
+        lambda: tf.zeros([0], tf.int32))
     evict = tf.logical_or(lapsed, tf.scatter_nd(pushed_out[:, None], tf.ones_like(pushed_out),
                                                 tf.shape(seen)) > 0)
     return _Decision(
