@@ -296,12 +296,18 @@ def _write(shard: _Shard, s: Settings, d: _Decision, now: tf.Tensor,
     with tf.control_dependencies([counted]):
         forgotten = shard.pending.remove(d.admitted)
     writes = [inserted, marked, named, *reset, forgotten]
-    if s.ttl is not None:  # the counts of ids unseen for ttl updates go
-        with tf.control_dependencies([forgotten]):
+    if s.ttl is not None:
+        # The counts of ids unseen for ttl updates go, every ttl updates: a pass over all the
+        # waiting ids (one id of an endless log is seen once, so they are many). A count
+        # that waits longer is never read (_decide keeps one only while it is fresh).
+        def sweep():
             keys, values = shard.pending.export()
             keys, values = tf.reshape(keys, [-1]), tf.reshape(values, [-1, 2])
-            writes.append(shard.pending.remove(tf.boolean_mask(keys,
-                                                               now - values[:, 1] >= s.ttl)))
+            return shard.pending.remove(tf.boolean_mask(keys, now - values[:, 1] >= s.ttl))
+
+        with tf.control_dependencies([forgotten]):
+            writes.append(tf.cond(tf.equal(now % s.ttl, 0), lambda: tf.group(sweep()),
+                                  tf.no_op))
     return tf.group(*writes)
 
 
