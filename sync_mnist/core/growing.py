@@ -24,7 +24,6 @@ when the model is loaded, so it answers as the trained model does.
 
 from __future__ import annotations
 
-import weakref
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -129,7 +128,8 @@ def _ps_lookup(flat, settings: Settings, full_name: str, rows, id_parts, seen_pa
                              tf.cast(tf.gather(counts, order), tf.float32)[:, None]))
         pieces.append(tf.scatter_nd(positions[k][:, None], values,
                                     tf.stack([n, tf.constant(settings.dim, tf.int64)])))
-    _MADE.setdefault(tf1.get_default_graph(), []).append(GrowingTable(settings, shards))
+    graph = tf1.get_default_graph()
+    setattr(graph, _MADE, [*getattr(graph, _MADE, []), GrowingTable(settings, shards)])
     return tf.add_n(pieces)
 
 
@@ -330,11 +330,13 @@ def _initial_rows(v: tf.Variable, rows: tf.Tensor) -> tf.Tensor:
                    lambda: tf.zeros(shape, v.dtype.base_dtype))
 
 
-# The GrowingTable of each lookup on the ps, by graph. Not a graph collection: a Saver would
-# try to write the Python objects into its meta graph.
-_MADE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# The graph's attribute that lists the GrowingTable of each lookup on the ps. Not a graph
+# collection: a Saver would try to write the Python objects into its meta graph. Not a
+# dictionary by graph here either: a table's tensors hold their graph, which would then live
+# as long as the process.
+_MADE = "_sync_mnist_growing_tables"
 
 
 def tables(graph: tf.Graph | None = None) -> list[GrowingTable]:
     """The growing tables made in `graph` (the default graph), in the order made."""
-    return list(_MADE.get(graph or tf1.get_default_graph(), []))
+    return list(getattr(graph or tf1.get_default_graph(), _MADE, []))
