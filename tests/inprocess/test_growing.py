@@ -24,6 +24,7 @@ tf1 = tf.compat.v1
 WORKERS, PS, BATCH = 3, 2, 4
 CAP, DIM, MIN_COUNT, TTL = 4, 2, 2, 2  # 2 rows a ps; even ids on ps 0, odd ids on ps 1
 INITIAL, LR, MOMENTUM = 0.5, 0.5, 0.5
+ADAGRAD_START = 0.25  # Adagrad's initial accumulator, what an evicted row's goes back to
 
 # SCHEDULE[t - 1][w]: the ids worker w's batch holds for update t (the rest of its 4 ids are
 # noise: ids seen once, which never reach min_count). What each update does, by the rules:
@@ -65,22 +66,34 @@ def _model_fn(features, labels, mode, params):
         return sm.ModelSpec(mode, predictions={"value": value})
     # d loss / d row = 3 * count / 4 per worker; their mean over 3 workers: count / 4, exact.
     loss = 3.0 * tf.reduce_mean(value) + 0 * tf.reduce_sum(labels)
-    return sm.ModelSpec(mode, loss=loss,
-                        optimizer=tf1.train.MomentumOptimizer(LR, MOMENTUM))
+    optimizer = tf1.train.AdagradOptimizer(LR, ADAGRAD_START) if params["adagrad"] else \
+        tf1.train.MomentumOptimizer(LR, MOMENTUM)
+    return sm.ModelSpec(mode, loss=loss, optimizer=optimizer)
 
 
-def _model():
+def _model(adagrad: bool = False):
     train = _laid_out()
     return sm.Model(_model_fn, lambda params: (train, np.zeros(len(train), np.float32)),
-                    lambda params: (EVAL_IDS, np.zeros(len(EVAL_IDS), np.float32)))
+                    lambda params: (EVAL_IDS, np.zeros(len(EVAL_IDS), np.float32)),
+                    params={"adagrad": adagrad})
 
 
-def _replay(steps: int = STEPS):
-    """The run of `steps` updates in numpy: per ps k, rows [cap_k, dim], their Momentum slot, the id each row
+def _momentum(row, slot, g):
+    slot = slot * MOMENTUM + g
+    return row - LR * slot, slot
+
+
+def _adagrad(row, slot, g):
+    slot = slot + np.float32(g) * np.float32(g)
+    return row - np.float32(LR) * np.float32(g) / np.sqrt(slot), slot
+
+
+def _replay(steps: int = STEPS, apply=_momentum, slot_start=0.0):
+    """The run of `steps` updates in numpy: per ps k, rows [cap_k, dim], their optimizer slot, the id each row
     holds and the update that last saw it (-1: free); and what happened, update by update."""
     cap_k = CAP // PS
     rows = np.full([PS, cap_k, DIM], INITIAL)
-    slot = np.zeros([PS, cap_k, DIM])
+    slot = np.full([PS, cap_k, DIM], slot_start, np.float32 if apply is _adagrad else float)
     ids = np.zeros([PS, cap_k], np.int64)
     seen = np.full([PS, cap_k], -1, np.int64)
     pending: list[dict] = [{} for _ in range(PS)]  # id -> (sightings, last update seen)
@@ -100,8 +113,7 @@ def _replay(steps: int = STEPS):
             for i, c in zip(distinct, counts):
                 if int(i) in index:
                     r = index[int(i)]
-                    slot[k, r] = slot[k, r] * MOMENTUM + c / BATCH
-                    rows[k, r] -= LR * slot[k, r]
+                    rows[k, r], slot[k, r] = apply(rows[k, r], slot[k, r], c / BATCH)
                     seen[k, r] = t
             # Then admission and eviction.
             ready = []
@@ -128,7 +140,7 @@ def _replay(steps: int = STEPS):
             for r in np.flatnonzero(evict):
                 events.append((t, "lapsed" if lapsed[r] else "pushed out", int(ids[k, r]), k,
                                int(r)))
-                rows[k, r], slot[k, r], seen[k, r], ids[k, r] = INITIAL, 0, -1, 0
+                rows[k, r], slot[k, r], seen[k, r], ids[k, r] = INITIAL, slot_start, -1, 0
             for (total, i), r in zip(ready[:n], np.flatnonzero(free | evict)):
                 events.append((t, "admitted", i, k, int(r)))
                 ids[k, r], seen[k, r] = i, t
@@ -178,6 +190,26 @@ def test_a_growing_table_trains_verified_and_exactly_on_2_ps_and_3_workers(tmp_p
         value = sess.run(signature.outputs["value"].name,
                          {signature.inputs["features"].name: EVAL_IDS})
     np.testing.assert_array_equal(value, [0, rows[0, 0].sum(), 0, 0, 0, 0])
+
+
+def test_adagrad_accumulators_are_per_row_and_reset_with_their_row(tmp_path):
+    """The same run with Adagrad: each row's accumulator is its own squared gradients from
+    its admission (the replay's, to float32 rounding: a square root), and an evicted row's is
+    back at the initial accumulator exactly."""
+    logdir = tmp_path / "logdir"
+    result = run_cluster(WORKERS, _model(adagrad=True), num_ps=PS, train_steps=STEPS,
+                         batch_size=BATCH, logdir=logdir)
+    assert result.chief.synchronous, result.chief.verdict
+    rows, slot, ids, seen, _ = _replay(apply=_adagrad, slot_start=ADAGRAD_START)
+    reader = tf.train.load_checkpoint(str(logdir))
+    np.testing.assert_allclose(reader.get_tensor("grow/rows"), rows.reshape(CAP, DIM),
+                               rtol=1e-6)
+    np.testing.assert_allclose(reader.get_tensor("grow/rows/Adagrad"), slot.reshape(CAP, DIM),
+                               rtol=1e-6)
+    free = seen.reshape(CAP) < 0
+    assert (reader.get_tensor("grow/rows/Adagrad")[free] == np.float32(ADAGRAD_START)).all()
+    assert (reader.get_tensor("grow/rows")[free] == np.float32(INITIAL)).all()
+    np.testing.assert_array_equal(reader.get_tensor("grow/ids"), ids.reshape(CAP))
 
 
 def test_a_run_resumed_from_its_checkpoint_mid_run_goes_on_as_the_one_that_never_stopped(
