@@ -286,21 +286,47 @@ def growing_embedding(ids: tf.Tensor, *, name: str, dim: int, cap: int, min_coun
     Returns:
       float32 of shape ids.shape + [dim].
     """
-    for what, value, least in (("dim", dim, 1), ("cap", cap, 1), ("min_count", min_count, 1),
-                               ("ttl", ttl, 1)):
-        if what == "ttl" and value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ContractError(f"growing_embedding {name!r}: {what} must be an integer of at "
-                                f"least {least}, got {value!r}")
-    if not isinstance(name, str) or not name:
-        raise ContractError(f"growing_embedding: name must be a non-empty string, got {name!r}")
+    settings = _growing_settings("growing_embedding", name, dim, cap, min_count, ttl)
     if not isinstance(ids, tf.Tensor) or not ids.dtype.is_integer:
         got = ids.dtype.name if isinstance(ids, tf.Tensor) else type(ids).__name__
         raise ContractError(f"growing_embedding {name!r}: ids must be an integer tensor, got "
                             f"{got}")
-    return growing.lookup(ids, growing.Settings(name, dim, cap, min_count, ttl),
-                          initializer or tf1.zeros_initializer())
+    return growing.lookup(ids, settings, initializer or tf1.zeros_initializer())
+
+
+def growing_embedding_column(key: str, *, dimension: int, cap: int, min_count: int = 1,
+                             ttl: int | None = None, combiner: str = "mean",
+                             initializer=None):
+    """growing_embedding as a feature column, for tf.compat.v1.feature_column.input_layer (and
+    so the canned DNN models): the rows of feature `key`'s int64 ids, combined over each
+    example's ids ("mean", "sum" or "sqrtn", as embedding_column's combiner). The feature is a
+    SparseTensor (tf.io.VarLenFeature: an example may have no id, and reads zeros) or a dense
+    tensor [batch] or [batch, n], every value of it an id. The table's name is `key`; its
+    variables are made under input_layer's scope for the column. No linear_model form.
+    """
+    if not isinstance(key, str) or not key:
+        raise ContractError(f"growing_embedding_column: key must be a feature's name, got "
+                            f"{key!r}")
+    if combiner not in growing.COMBINERS:
+        raise ContractError(f"growing_embedding_column {key!r}: combiner must be one of "
+                            f"{', '.join(growing.COMBINERS)}, got {combiner!r}")
+    settings = _growing_settings("growing_embedding_column", key, dimension, cap, min_count,
+                                 ttl)
+    return growing.Column(key, settings, combiner, initializer or tf1.zeros_initializer())
+
+
+def _growing_settings(what: str, name, dim, cap, min_count, ttl) -> growing.Settings:
+    """The table's settings, each checked: ContractError naming the bad one."""
+    if not isinstance(name, str) or not name:
+        raise ContractError(f"{what}: name must be a non-empty string, got {name!r}")
+    for field, value in (("dim", dim), ("cap", cap), ("min_count", min_count), ("ttl", ttl)):
+        if field == "ttl" and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            shown = "dimension" if field == "dim" and what.endswith("column") else field
+            raise ContractError(f"{what} {name!r}: {shown} must be an integer of at least 1, "
+                                f"got {value!r}")
+    return growing.Settings(name, dim, cap, min_count, ttl)
 
 
 # ------------------------------------------------------ serving: what the SavedModel answers

@@ -340,3 +340,58 @@ _MADE = "_sync_mnist_growing_tables"
 def tables(graph: tf.Graph | None = None) -> list[GrowingTable]:
     """The growing tables made in `graph` (the default graph), in the order made."""
     return list(getattr(graph or tf1.get_default_graph(), _MADE, []))
+
+
+COMBINERS = ("mean", "sum", "sqrtn")
+
+
+def _dense_column_base():
+    # TensorFlow's v1 feature columns have no public base class to write a column on:
+    # input_layer takes instances of this one (as the v2 columns it accepts are).
+    from tensorflow.python.feature_column import feature_column as fc_v1
+
+    return fc_v1._DenseColumn  # pylint: disable=protected-access
+
+
+class Column(_dense_column_base()):
+    """A growing table as a feature column, for input_layer (api.growing_embedding_column): the
+    rows of a feature's ids, combined over each example's ids."""
+
+    def __init__(self, key: str, settings: Settings, combiner: str, initializer):
+        self.key, self.settings, self.combiner = key, settings, combiner
+        self.initializer = initializer
+
+    @property
+    def name(self) -> str:
+        return f"{self.key}_growing_embedding"
+
+    @property
+    def _parse_example_spec(self) -> dict:
+        return {self.key: tf.io.VarLenFeature(tf.int64)}
+
+    def _transform_feature(self, inputs):
+        return inputs.get(self.key)
+
+    @property
+    def _variable_shape(self) -> tf.TensorShape:
+        return tf.TensorShape([self.settings.dim])
+
+    def _get_dense_tensor(self, inputs, weight_collections=None, trainable=None):
+        """[batch, dim]: each example's rows combined; an example of no ids (a SparseTensor's
+        empty row) reads zeros. A dense feature's values are all ids, [batch] or [batch, n]."""
+        ids = inputs.get(self)
+        if isinstance(ids, tf.SparseTensor):
+            rows = lookup(ids.values, self.settings, self.initializer)
+            example = ids.indices[:, 0]
+            batch = ids.dense_shape[0]
+        else:
+            flat = tf.reshape(ids, [tf.shape(ids)[0], -1])
+            rows = lookup(tf.reshape(flat, [-1]), self.settings, self.initializer)
+            batch = tf.shape(flat, out_type=tf.int64)[0]
+            example = tf.repeat(tf.range(batch), tf.shape(flat, out_type=tf.int64)[1])
+        summed = tf.math.unsorted_segment_sum(rows, example, batch)
+        if self.combiner == "sum":
+            return summed
+        counts = tf.math.unsorted_segment_sum(tf.ones_like(example, tf.float32), example, batch)
+        scale = counts if self.combiner == "mean" else tf.sqrt(counts)
+        return tf.math.divide_no_nan(summed, scale[:, None])

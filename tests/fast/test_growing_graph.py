@@ -1,6 +1,7 @@
 """A growing table's worker graph on 2 ps, built without a cluster: where its parts live, that a
 worker's step only reads them and the chief's update writes them; what the audit takes for a
-write; an evicted row's initial values. The run itself is tests/inprocess/test_growing.py."""
+write; an evicted row's initial values; the feature column's combiners, and a canned DNN over
+it. The run itself is tests/inprocess/test_growing.py."""
 
 from __future__ import annotations
 
@@ -131,3 +132,61 @@ def test_bad_settings_name_the_value_in_a_model_function():
         with pytest.raises(sm.ContractError, match="ttl must be an integer of at least 1, "
                                                    "got -1"):
             placement.call(model_fn, tf1.placeholder(tf.int64, [None]), None, "train", {})
+
+
+@pytest.mark.parametrize("combiner, expected", [
+    ("mean", [[2.0, 2.0], [0.0, 0.0], [0.5, 0.5]]),
+    ("sum", [[4.0, 4.0], [0.0, 0.0], [1.0, 1.0]]),
+    ("sqrtn", [[4 / np.sqrt(2)] * 2, [0.0, 0.0], [1 / np.sqrt(2)] * 2]),
+])
+def test_the_column_combines_an_examples_rows_and_an_id_without_one_reads_zeros(combiner,
+                                                                                expected):
+    """In a graph of no ps (the SavedModel's): ids 5 and -7 hold rows 1 and 3 (values 1 and 3);
+    example 0 has both, example 1 none, example 2 has 5 and 99, which has no row."""
+    column = sm.growing_embedding_column("ids", dimension=2, cap=4, combiner=combiner)
+    with tf.Graph().as_default():
+        ids = tf.SparseTensor([[0, 0], [0, 1], [2, 0], [2, 1]],
+                              tf.constant([5, -7, 5, 99], tf.int64), [3, 2])
+        out = tf1.feature_column.input_layer({"ids": ids}, [column])
+        scope = "input_layer/ids_growing_embedding/ids/"
+        found = {v.op.name: v for v in tf1.global_variables()}
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            sess.run([found[scope + "rows"].assign(np.repeat([[0.], [1.], [2.], [3.]], 2, 1)),
+                      found[scope + "ids"].assign([0, 5, 0, -7]),
+                      found[scope + "seen"].assign([-1, 4, -1, 2])])
+            sess.run(tf1.tables_initializer())
+            np.testing.assert_allclose(sess.run(out), expected, rtol=1e-6)
+
+
+def test_a_canned_dnn_takes_the_column():
+    """DNNClassifier over a growing column: its table is a growing table of the worker graph,
+    on the ps, and its parse spec reads the ids as a VarLenFeature."""
+    from sync_mnist import canned
+
+    column = sm.growing_embedding_column("user", dimension=4, cap=8, min_count=2, ttl=5)
+    users = np.array([[1], [2], [3], [4]], np.int64)
+    model = canned.DNNClassifier(
+        [4], [column], train_input_fn=lambda params: ({"user": users}, np.zeros(4, np.int64)),
+        eval_input_fn=lambda params: ({"user": users}, np.zeros(4, np.int64)))
+    layout = ClusterLayout(("localhost:2000", "localhost:2001"),
+                           ("localhost:3000", "localhost:3001"))
+    config = TaskConfig(role="worker", index=1, cluster=layout,
+                        train=TrainConfig(train_steps=10, batch_size=4))
+    graph = tf.Graph()
+    with graph.as_default():
+        build_graph(config, model, ({"user": users}, np.zeros(4, np.int64)), target=10)
+    table, = growing.tables(graph)
+    assert table.settings.name == "user" and len(table.shards) == 2
+    assert tf1.feature_column.make_parse_example_spec([column]) == {
+        "user": tf.io.VarLenFeature(tf.int64)}
+
+
+@pytest.mark.parametrize("bad, named", [
+    ({"combiner": "max"}, "combiner must be one of mean, sum, sqrtn, got 'max'"),
+    ({"dimension": 0}, "dimension must be an integer of at least 1, got 0"),
+    ({"min_count": 0}, "min_count must be an integer of at least 1, got 0"),
+])
+def test_bad_column_settings_name_the_value(bad, named):
+    with pytest.raises(sm.ContractError, match=named):
+        sm.growing_embedding_column("user", **{"dimension": 2, "cap": 4, **bad})

@@ -58,10 +58,20 @@ def _laid_out() -> np.ndarray:
 EVAL_IDS = np.array([[10], [20], [21], [30], [41], [999]], np.int64)
 
 
+COLUMN = "input_layer/grow_growing_embedding/"  # where input_layer makes the column's table
+
+
 def _model_fn(features, labels, mode, params):
-    rows = sm.growing_embedding(features, name="grow", dim=DIM, cap=CAP, min_count=MIN_COUNT,
-                                ttl=TTL, initializer=tf1.constant_initializer(INITIAL))
-    value = tf.reduce_sum(rows, axis=[1, 2])
+    if params["column"]:  # the feature column form: one id an example, its row
+        column = sm.growing_embedding_column(
+            "grow", dimension=DIM, cap=CAP, min_count=MIN_COUNT, ttl=TTL,
+            initializer=tf1.constant_initializer(INITIAL))
+        value = tf.reduce_sum(tf1.feature_column.input_layer({"grow": features}, [column]), 1)
+    else:
+        rows = sm.growing_embedding(features, name="grow", dim=DIM, cap=CAP,
+                                    min_count=MIN_COUNT, ttl=TTL,
+                                    initializer=tf1.constant_initializer(INITIAL))
+        value = tf.reduce_sum(rows, axis=[1, 2])
     if mode == sm.ModeKeys.PREDICT:
         return sm.ModelSpec(mode, predictions={"value": value})
     # d loss / d row = 3 * count / 4 per worker; their mean over 3 workers: count / 4, exact.
@@ -71,11 +81,11 @@ def _model_fn(features, labels, mode, params):
     return sm.ModelSpec(mode, loss=loss, optimizer=optimizer)
 
 
-def _model(adagrad: bool = False):
+def _model(adagrad: bool = False, column: bool = False):
     train = _laid_out()
     return sm.Model(_model_fn, lambda params: (train, np.zeros(len(train), np.float32)),
                     lambda params: (EVAL_IDS, np.zeros(len(EVAL_IDS), np.float32)),
-                    params={"adagrad": adagrad})
+                    params={"adagrad": adagrad, "column": column})
 
 
 def _momentum(row, slot, g):
@@ -161,24 +171,28 @@ def test_the_replay_admits_pushes_out_lapses_and_admits_again():
         (7, "lapsed", 30, 0, 1), (8, "lapsed", 41, 1, 0)]
 
 
-def test_a_growing_table_trains_verified_and_exactly_on_2_ps_and_3_workers(tmp_path):
+@pytest.mark.parametrize("form", ["function", "column"])
+def test_a_growing_table_trains_verified_and_exactly_on_2_ps_and_3_workers(tmp_path, form):
     """Every variable of the table after 8 updates equals the replay's, bit for bit: the rows
     (an evicted row back at its initial value, a re-admitted one trained afresh), their
     Momentum slots (reset with them), the ids the rows hold and their last sightings; the
     SavedModel answers an id with a row as the trained table does, and any other with zeros;
-    and the run is verified synchronous."""
+    and the run is verified synchronous. The same as a feature column in input_layer."""
     logdir, export_dir = tmp_path / "logdir", tmp_path / "export"
-    result = run_cluster(WORKERS, _model(), num_ps=PS, train_steps=STEPS, batch_size=BATCH,
-                         logdir=logdir, export_dir=export_dir)
+    result = run_cluster(WORKERS, _model(column=form == "column"), num_ps=PS,
+                         train_steps=STEPS, batch_size=BATCH, logdir=logdir,
+                         export_dir=export_dir)
+    scope = COLUMN if form == "column" else ""
     assert result.chief.synchronous, result.chief.verdict
     assert result.chief.global_step == STEPS
     rows, slot, ids, seen, _ = _replay()
     reader = tf.train.load_checkpoint(str(logdir))
-    np.testing.assert_array_equal(reader.get_tensor("grow/rows"), rows.reshape(CAP, DIM))
-    np.testing.assert_array_equal(reader.get_tensor("grow/rows/Momentum"),
+    np.testing.assert_array_equal(reader.get_tensor(f"{scope}grow/rows"),
+                                  rows.reshape(CAP, DIM))
+    np.testing.assert_array_equal(reader.get_tensor(f"{scope}grow/rows/Momentum"),
                                   slot.reshape(CAP, DIM))
-    np.testing.assert_array_equal(reader.get_tensor("grow/ids"), ids.reshape(CAP))
-    np.testing.assert_array_equal(reader.get_tensor("grow/seen"), seen.reshape(CAP))
+    np.testing.assert_array_equal(reader.get_tensor(f"{scope}grow/ids"), ids.reshape(CAP))
+    np.testing.assert_array_equal(reader.get_tensor(f"{scope}grow/seen"), seen.reshape(CAP))
     # At the end only 20 holds a row (ps 0, row 0); 30's row (ps 0, row 1) was reset.
     assert ids.reshape(CAP)[0] == 20 and seen.reshape(CAP).tolist() == [7, -1, -1, -1]
     assert rows[0, 1].tolist() == [INITIAL, INITIAL] and slot[0, 1].tolist() == [0, 0]
