@@ -157,6 +157,7 @@ class GrowingTable:
     def __init__(self, settings: Settings, shards: list[_Shard]):
         self.settings, self.shards = settings, shards
         self._accumulators: list | None = None
+        self._arrived: list | None = None
 
     @property
     def accumulators(self) -> list:
@@ -179,14 +180,28 @@ class GrowingTable:
         return {t.op.name if hasattr(t, "op") else t.resource_handle.op.name
                 for s in self.shards for t in (s.rows, s.ids, s.seen, s.index, s.pending)}
 
+    def to_ps(self) -> list[tf.Tensor]:
+        """Sync: this worker's batch ids and counts, copied to each shard's ps: what the step's
+        counts wait for beside the gradients, so that with one ps a worker killed mid-step has
+        pushed and counted all of it or none."""
+        if self._arrived is None:
+            self._arrived = []
+            for shard in self.shards:
+                with tf1.device(shard.rows.device):
+                    self._arrived.append((tf.identity(shard.batch_ids),
+                                          tf.identity(shard.batch_counts)))
+        return [t for pair in self._arrived for t in pair]
+
     def push(self, local_step: tf.Tensor) -> list[tf.Operation]:
-        """Sync: this worker's batch ids and counts, pushed as its gradients are (same local
-        step: accepted or dropped with them)."""
+        """Sync: the ids and counts (to_ps), pushed as the gradients are (the same local step:
+        accepted or dropped with them)."""
+        self.to_ps()
         pushes = []
-        for shard, accumulator in zip(self.shards, self.accumulators):
+        for (ids, counts), shard, accumulator in zip(self._arrived, self.shards,
+                                                      self.accumulators):
             with tf1.device(shard.rows.device):
                 pushes.append(accumulator.apply_indexed_slices_grad(
-                    tf.IndexedSlices(shard.batch_counts, shard.batch_ids), local_step=local_step))
+                    tf.IndexedSlices(counts, ids), local_step=local_step))
         return pushes
 
     def chief_init(self, global_step: tf.Variable) -> list[tf.Operation]:

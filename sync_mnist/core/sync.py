@@ -250,6 +250,7 @@ def _copy_count_push(grads_and_vars, state: SharedState, who, local_step: tf.Var
     # a worker killed mid-step has (with one ps) pushed and counted all of it or none of it,
     # which is what lets a restarted worker trust pushed and last_push.
     arrived = to_ps(grads_and_vars, wire_dtype)
+    ids_arrived = [t for table in tables for t in table.to_ps()]  # a growing table's batch ids
     # Read now, beside the gradients, not under the gate below: a read made there would wait
     # for the gradients to reach the ps and then cost one more ps -> worker -> ps round trip
     # on every step. Nothing else writes local_step during a step (only its last op does,
@@ -258,7 +259,7 @@ def _copy_count_push(grads_and_vars, state: SharedState, who, local_step: tf.Var
     # Everything the counts need is made on the ps too, so that nothing waits for this worker
     # once the gradient has arrived.
     with tf1.device(state.global_step.device), \
-            tf.control_dependencies([t for a in arrived for t in a.tensors]):
+            tf.control_dependencies([t for a in arrived for t in a.tensors] + ids_arrived):
         counted = [] if who is None else [
             tf1.scatter_add(state.pushed, [worker_index], tf.ones([1], tf.int64)),
             who.apply_grad(tf.one_hot(worker_index, num_workers), local_step=pushed_step)]
@@ -267,7 +268,7 @@ def _copy_count_push(grads_and_vars, state: SharedState, who, local_step: tf.Var
                                               tf.reshape(pushed_step, [1])))
     # Sync: a growing table's batch ids, each shard's on its ps, with the same local step as
     # the gradients: the update takes exactly the ids of the batches it averaged.
-    with tf.control_dependencies([t for a in arrived for t in a.tensors]):
+    with tf.control_dependencies([t for a in arrived for t in a.tensors] + ids_arrived):
         counted += [push for table in tables for push in table.push(pushed_step)]
     with tf.control_dependencies(counted):  # Sync: count first, then push the gradients
         return restored(arrived, grads_and_vars)

@@ -73,6 +73,20 @@ def test_a_step_reads_the_table_and_only_the_update_writes_it():
             "grow/rows/part_1/Adagrad"} <= written
 
 
+def test_the_step_counts_its_push_once_its_ids_are_on_their_ps():
+    """Sync: as for the gradients, the counts wait for the batch's ids to be on each ps, so a
+    worker killed mid-step (one ps) has pushed and counted all of it or none."""
+    graph, built = _worker_graph()
+    table, = growing.tables(graph)
+    step = audit.closure([built.training.train_op])
+    count, = [op for op in step if audit.is_write(op)
+              and audit.written(op) == "sync_counters/pushed"]
+    waited = {op.name for op in audit.closure([count])}
+    copies = table.to_ps()
+    assert {t.op.name for t in copies} <= waited
+    assert [_ps_of(t.op) for t in copies] == [0, 0, 1, 1]
+
+
 def test_a_step_that_wrote_the_table_would_be_refused():
     graph, built = _worker_graph()
     table, = growing.tables(graph)
