@@ -39,6 +39,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import tensorflow as tf
 
+from sync_mnist.core import growing
 from sync_mnist.core.config import ConfigError  # noqa: F401 (the model's to raise)
 from sync_mnist.core.shard import DataError  # noqa: F401 (the model's to raise)
 
@@ -253,6 +254,79 @@ class Model:
     serving_input_fn: ServingInputFn | None = None
     params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     check: Callable[[Mapping[str, Any]], None] | None = None
+
+
+# ------------------------------------------------------ a table that grows with its ids
+
+def growing_embedding(ids: tf.Tensor, *, name: str, dim: int, cap: int, min_count: int = 1,
+                      ttl: int | None = None, initializer=None) -> tf.Tensor:
+    """The rows of `ids` in a table where each id (int64, any value) gets a row of its own.
+
+    An id gets its row once it was seen `min_count` times in the batches of applied updates;
+    until then it reads zeros and gets no gradient. A row goes back to free when its id went
+    unseen for `ttl` updates, or, when more ids are ready than rows are free, least recently
+    seen first (an id ready but without room waits, the most seen first). An evicted row's
+    value and optimizer slots start again from their initial values. All of it happens in
+    the update, once for all workers, so every worker's next step sees the same table. The
+    table is cut over the ps as any table, each id on ps id mod K (docs/sparse.md).
+
+    Call it in a model function, with the optimizer of your ModelSpec (the package's sync
+    mode only); in the SavedModel an id without a row reads zeros too.
+
+    Args:
+      ids: integer ids, any shape.
+      name: the table's variable scope (its variables: NAME/rows, NAME/ids, NAME/seen).
+      dim: floats a row.
+      cap: rows in all, over every ps.
+      min_count: sightings before an id gets a row; 1: at its first update.
+      ttl: updates an id may go unseen before its row (or its count of sightings) is
+        dropped; None: never for that reason.
+      initializer: the rows' initializer (a tf.compat.v1 initializer); None: zeros.
+
+    Returns:
+      float32 of shape ids.shape + [dim].
+    """
+    settings = _growing_settings("growing_embedding", name, dim, cap, min_count, ttl)
+    if not isinstance(ids, tf.Tensor) or not ids.dtype.is_integer:
+        got = ids.dtype.name if isinstance(ids, tf.Tensor) else type(ids).__name__
+        raise ContractError(f"growing_embedding {name!r}: ids must be an integer tensor, got "
+                            f"{got}")
+    return growing.lookup(ids, settings, initializer or tf1.zeros_initializer())
+
+
+def growing_embedding_column(key: str, *, dimension: int, cap: int, min_count: int = 1,
+                             ttl: int | None = None, combiner: str = "mean",
+                             initializer=None):
+    """growing_embedding as a feature column, for tf.compat.v1.feature_column.input_layer (and
+    so the canned DNN models): the rows of feature `key`'s int64 ids, combined over each
+    example's ids ("mean", "sum" or "sqrtn", as embedding_column's combiner). The feature is a
+    SparseTensor (tf.io.VarLenFeature: an example may have no id, and reads zeros) or a dense
+    tensor [batch] or [batch, n], every value of it an id. The table's name is `key`; its
+    variables are made under input_layer's scope for the column. No linear_model form.
+    """
+    if not isinstance(key, str) or not key:
+        raise ContractError(f"growing_embedding_column: key must be a feature's name, got "
+                            f"{key!r}")
+    if combiner not in growing.COMBINERS:
+        raise ContractError(f"growing_embedding_column {key!r}: combiner must be one of "
+                            f"{', '.join(growing.COMBINERS)}, got {combiner!r}")
+    settings = _growing_settings("growing_embedding_column", key, dimension, cap, min_count,
+                                 ttl)
+    return growing.Column(key, settings, combiner, initializer or tf1.zeros_initializer())
+
+
+def _growing_settings(what: str, name, dim, cap, min_count, ttl) -> growing.Settings:
+    """The table's settings, each checked: ContractError naming the bad one."""
+    if not isinstance(name, str) or not name:
+        raise ContractError(f"{what}: name must be a non-empty string, got {name!r}")
+    for field, value in (("dim", dim), ("cap", cap), ("min_count", min_count), ("ttl", ttl)):
+        if field == "ttl" and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            shown = "dimension" if field == "dim" and what.endswith("column") else field
+            raise ContractError(f"{what} {name!r}: {shown} must be an integer of at least 1, "
+                                f"got {value!r}")
+    return growing.Settings(name, dim, cap, min_count, ttl)
 
 
 # ------------------------------------------------------ serving: what the SavedModel answers

@@ -37,15 +37,23 @@ _SUBTRACT = ("AssignSubVariableOp", "AssignSub")
 _ADD = ("AssignAddVariableOp", "AssignAdd")
 _SET = ("AssignVariableOp", "Assign")
 _WRITE_PREFIXES = ("ResourceScatter", "Scatter", "ResourceApply", "Apply", "ResourceSparseApply",
-                   "SparseApply")
+                   "SparseApply",
+                   # A hash table's rows change as a variable's do (growing.py's index).
+                   "LookupTableInsert", "LookupTableRemove", "LookupTableImport")
 
 
 def is_write(op: tf.Operation) -> bool:
-    return op.type in _SUBTRACT + _ADD + _SET or op.type.startswith(_WRITE_PREFIXES)
+    """Whether `op` writes a variable or a hash table: its first input is one (a reference or a
+    resource handle). tf.scatter_nd (ScatterNd) makes a new tensor and writes nothing."""
+    if not (op.type in _SUBTRACT + _ADD + _SET or op.type.startswith(_WRITE_PREFIXES)):
+        return False
+    first = op.inputs[0].dtype if op.inputs else None
+    return first is not None and (first == tf.resource or first._is_ref_dtype)
 
 
 def written(op: tf.Operation) -> str:
-    """The name of the variable a write op writes (its first input's source)."""
+    """The name of the variable (or hash table) a write op writes (its first input's
+    source)."""
     source = op.inputs[0].op
     while source.type == "Identity" and source.inputs:
         source = source.inputs[0].op
@@ -157,3 +165,13 @@ def check_step(fetches: Iterable, model_ops: set[str]) -> None:
                 f"the training step writes {written(op)} outside the aggregated update (op "
                 f"{op.name}, {op.type}): leave UPDATE_OPS out of the loss's dependencies; "
                 "sync_mnist averages them over the workers, once per update")
+
+
+def check_update_only(fetches: Iterable, names: set[str], what: str) -> None:
+    """Raises RuntimeError if running `fetches` (a worker's step) writes one of `names`: state
+    that only the chief's update may write, once for all workers (a growing table's rows, ids
+    and index: growing.py). A package defect, not the model's."""
+    for op in closure(fetches):
+        if is_write(op) and written(op) in names:
+            raise RuntimeError(f"a worker's step writes {written(op)} ({op.name}, {op.type}), "
+                               f"which only the update may write: {what}")

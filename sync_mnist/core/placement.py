@@ -34,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from sync_mnist import api
+from sync_mnist.core import growing
 
 tf1 = tf.compat.v1
 
@@ -336,11 +337,16 @@ class _Getter:
         trainable = kwargs.get("trainable", True)
         if trainable is None:
             trainable = True
+        # Sync: a growing table's bookkeeping (which id each row holds) is cut as its rows are.
+        bookkeeping = growing.STATE in (kwargs.get("collections") or ())
         shape = kwargs.get("shape")
-        partitioner = None if shape is None else self.partitioner(shape, trainable)
+        partitioner = None if shape is None else self.partitioner(shape,
+                                                                  trainable or bookkeeping)
         kwargs["partitioner"] = partitioner
         with tf1.device(self.device):
             v = getter(name, *args, **kwargs)
+        if bookkeeping:  # written by the update alone (growing.py), not model state
+            return v
         if not trainable:
             self.state[v.op.name] = v
             return v

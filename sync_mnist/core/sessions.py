@@ -257,6 +257,15 @@ def _init_if_uninitialized(v: tf.Variable) -> tf.Operation:
                     lambda: tf.group(tf1.assign(v, v.initial_value)))
 
 
+def _saver(kept: list | None) -> tf1.train.Saver:
+    """The chief's Saver, of `kept` (None: every variable) and the graph's hash tables that ask
+    to be saved (a growing table's index, whose rows `kept` holds): a Saver given a list saves
+    only it, where its default would save them too."""
+    saved = None if kept is None else kept + tf1.get_collection(
+        tf1.GraphKeys.SAVEABLE_OBJECTS)
+    return tf1.train.Saver(saved, sharded=True, allow_empty=True, max_to_keep=KEEP_CHECKPOINTS)
+
+
 def monitored_session(master: str, *, is_chief: bool, hooks: list, config: tf1.ConfigProto,
                       timeout: float, checkpoint_dir: str | None = None,
                       save_steps: int | None = None, save_secs: float | None = None,
@@ -293,8 +302,7 @@ def monitored_session(master: str, *, is_chief: bool, hooks: list, config: tf1.C
         everything = tf1.global_variables()
         kept = [v for v in everything if all(v is not t for t in transient)]
         scaffold = tf1.train.Scaffold(
-            saver=tf1.train.Saver(kept if transient else None, sharded=True, allow_empty=True,
-                                  max_to_keep=KEEP_CHECKPOINTS),
+            saver=_saver(kept if transient else None),
             ready_for_local_init_op=tf1.report_uninitialized_variables(kept),
             local_init_op=tf.group(tf1.train.Scaffold.default_local_init_op(),
                                    *[_init_if_uninitialized(v) for v in transient]))

@@ -108,7 +108,8 @@ def build_train_op(loss: tf.Tensor, state: SharedState,
                    last_push: tf.Variable | None = None, proof: bool = True,
                    after_update: Callable[[tf.Tensor], tf.Operation] | None = None,
                    wire_dtype: str = "float32",
-                   state_deltas: Sequence[tuple[tf.Tensor, tf.Variable]] = ()) -> SyncTraining:
+                   state_deltas: Sequence[tuple[tf.Tensor, tf.Variable]] = (),
+                   tables: Sequence = ()) -> SyncTraining:
     """Builds one worker's training step.
 
     Args:
@@ -132,6 +133,9 @@ def build_train_op(loss: tf.Tensor, state: SharedState,
         and is float32 again there (to_ps).
       state_deltas: (d, s) for each write of the model's UPDATE_OPS (audit.state_deltas):
         pushed and averaged like a gradient, applied as s -= mean(d), not by the optimizer.
+      tables: the model's growing tables (growing.GrowingTable, sync mode only): each push
+        carries the batch's ids beside the gradients, and each update admits and evicts
+        after its apply, before it hands out the tokens.
 
     Returns:
       SyncTraining with the op to run each step and the hooks the session needs.
@@ -147,29 +151,39 @@ def build_train_op(loss: tf.Tensor, state: SharedState,
     grads_and_vars = [(g, v) for g, v in grads_and_vars if g is not None] + list(state_deltas)
     optimizer = _WithState(optimizer, [s for _, s in state_deltas]) if state_deltas else optimizer
     if mode == "async":
+        _refuse_tables_in_async_mode(tables)
         return _async_train_op(grads_and_vars, state, optimizer, worker_index, wire_dtype)
     return _sync_train_op(grads_and_vars, state, optimizer, worker_index=worker_index,
                           num_workers=num_workers, replicas_to_aggregate=replicas_to_aggregate,
                           is_chief=is_chief, num_tokens=num_tokens, last_push=last_push,
-                          proof=proof, after_update=after_update, wire_dtype=wire_dtype)
+                          proof=proof, after_update=after_update, wire_dtype=wire_dtype,
+                          tables=tables)
+
+
+def _refuse_tables_in_async_mode(tables: Sequence) -> None:
+    if tables:
+        from sync_mnist.core.config import ConfigError
+        raise ConfigError(f"the growing table {tables[0].settings.name} needs --mode sync: its "
+                          "rows are admitted and evicted once per update, for all workers")
 
 
 def _sync_train_op(grads_and_vars, state: SharedState, optimizer: tf1.train.Optimizer, *,
                    worker_index: int, num_workers: int, replicas_to_aggregate: int,
                    is_chief: bool, num_tokens: int, last_push: tf.Variable | None, proof: bool,
                    after_update: Callable[[tf.Tensor], tf.Operation] | None,
-                   wire_dtype: str) -> SyncTraining:
+                   wire_dtype: str, tables: Sequence = ()) -> SyncTraining:
     """--mode sync: SyncReplicasOptimizer around `optimizer`, with owned tokens when R = N and
     none preloaded, the counters (unless not `proof`) and the rejoin ops."""
     who, local_step = _who_and_local_step(state, num_workers, proof)
     grads_and_vars = _copy_count_push(grads_and_vars, state, who, local_step,
                                       worker_index=worker_index, num_workers=num_workers,
-                                      last_push=last_push, wire_dtype=wire_dtype)
+                                      last_push=last_push, wire_dtype=wire_dtype, tables=tables)
     # Sync: with R = N and no preloaded tokens, every worker has a token queue of its own,
     # filled by each update, so a worker can only ever take its own token (owned_tokens).
     owned = replicas_to_aggregate == num_workers and num_tokens == 0
     own_queues = _own_token_queues(state, num_workers) if owned else None
-    update = _Update(optimizer, state, who, replicas_to_aggregate, after_update, own_queues)
+    update = _Update(optimizer, state, who, replicas_to_aggregate, after_update, own_queues,
+                     tables)
     sync_optimizer = tf1.train.SyncReplicasOptimizer(
         update, replicas_to_aggregate=replicas_to_aggregate, total_num_replicas=num_workers)
     with tf1.variable_creator_scope(_local_step_by_reference):
@@ -179,7 +193,7 @@ def _sync_train_op(grads_and_vars, state: SharedState, optimizer: tf1.train.Opti
     # Only a session manager runs it; a task that stops before its session (bad input) would
     # end with TensorFlow's "Object was never used" warning as its last line.
     sync_optimizer.ready_for_local_init_op.mark_used()
-    _copy_the_local_step_at_init(sync_optimizer, local_step, who, state)
+    _copy_the_local_step_at_init(sync_optimizer, local_step, who, state, tables)
     token, queue, taken = _token(sync_optimizer, stock_train_op, state,
                                  own_queues[worker_index] if owned else None)
     train_op = tf1.assign(local_step, tf.cast(token, tf.int64))  # a global_step of any int
@@ -229,13 +243,14 @@ def _who_and_local_step(state: SharedState, num_workers: int, proof: bool):
 
 def _copy_count_push(grads_and_vars, state: SharedState, who, local_step: tf.Variable, *,
                      worker_index: int, num_workers: int, last_push: tf.Variable | None,
-                     wire_dtype: str) -> list:
+                     wire_dtype: str, tables: Sequence = ()) -> list:
     """The gradients to push, each on its variable's ps, after this push is counted there."""
     # Sync: copy each gradient to its variable's ps before anything is counted or pushed. The
     # counts and pushes then wait for the whole gradient to be there, and run on the ps alone:
     # a worker killed mid-step has (with one ps) pushed and counted all of it or none of it,
     # which is what lets a restarted worker trust pushed and last_push.
     arrived = to_ps(grads_and_vars, wire_dtype)
+    ids_arrived = [t for table in tables for t in table.to_ps()]  # a growing table's batch ids
     # Read now, beside the gradients, not under the gate below: a read made there would wait
     # for the gradients to reach the ps and then cost one more ps -> worker -> ps round trip
     # on every step. Nothing else writes local_step during a step (only its last op does,
@@ -244,13 +259,17 @@ def _copy_count_push(grads_and_vars, state: SharedState, who, local_step: tf.Var
     # Everything the counts need is made on the ps too, so that nothing waits for this worker
     # once the gradient has arrived.
     with tf1.device(state.global_step.device), \
-            tf.control_dependencies([t for a in arrived for t in a.tensors]):
+            tf.control_dependencies([t for a in arrived for t in a.tensors] + ids_arrived):
         counted = [] if who is None else [
             tf1.scatter_add(state.pushed, [worker_index], tf.ones([1], tf.int64)),
             who.apply_grad(tf.one_hot(worker_index, num_workers), local_step=pushed_step)]
         if last_push is not None:
             counted.append(tf1.scatter_update(last_push, [worker_index],
                                               tf.reshape(pushed_step, [1])))
+    # Sync: a growing table's batch ids, each shard's on its ps, with the same local step as
+    # the gradients: the update takes exactly the ids of the batches it averaged.
+    with tf.control_dependencies([t for a in arrived for t in a.tensors] + ids_arrived):
+        counted += [push for table in tables for push in table.push(pushed_step)]
     with tf.control_dependencies(counted):  # Sync: count first, then push the gradients
         return restored(arrived, grads_and_vars)
 
@@ -363,7 +382,7 @@ def _own_token_queues(state: SharedState, num_workers: int) -> list:
 
 
 def _copy_the_local_step_at_init(sync_optimizer, local_step: tf.Variable, who,
-                                 state: SharedState) -> None:
+                                 state: SharedState, tables: Sequence = ()) -> None:
     """Patches the optimizer's init ops to set our local step (and the who-accumulator's)."""
     # Sync: keep our copy of the local step equal to the optimizer's: set from the value its
     # init op assigns, and from every token. (Both init ops are public attributes the session
@@ -372,7 +391,8 @@ def _copy_the_local_step_at_init(sync_optimizer, local_step: tf.Variable, who,
     sync_optimizer.local_step_init_op = copy_init
     sync_optimizer.chief_init_op = tf.group(
         sync_optimizer.chief_init_op, copy_init,
-        *([] if who is None else [who.set_global_step(state.global_step)]))
+        *([] if who is None else [who.set_global_step(state.global_step)]),
+        *[op for table in tables for op in table.chief_init(state.global_step)])
 
 
 def _sparse_accumulators_sum(sync_optimizer) -> None:
@@ -509,9 +529,10 @@ class _Update(_Wrapper):
 
     def __init__(self, optimizer: tf1.train.Optimizer, state: SharedState, who, replicas: int,
                  after_update: Callable[[tf.Tensor], tf.Operation] | None = None,
-                 own_queues: list | None = None):
+                 own_queues: list | None = None, tables: Sequence = ()):
         super().__init__(optimizer)
         self._state, self._who, self._replicas = state, who, replicas
+        self._tables = tables
         self._after_update, self._own_queues = after_update, own_queues
         self.update_op: tf.Operation | None = None
 
@@ -524,6 +545,13 @@ class _Update(_Wrapper):
         # nothing of one ps waits for another until the new step is handed out.
         applied = self._optimizer.apply_gradients(grads_and_vars, name=name)
         handed_out = [applied]
+        if self._tables:
+            # Sync: admission and eviction after the apply (which used the rows the workers
+            # looked up) and before the tokens: every worker's next step sees the new table.
+            with tf.control_dependencies([applied]):
+                number = global_step.read_value() + 1  # only this op writes it
+                handed_out += [table.maintain(self._replicas, number, self._slots_of)
+                               for table in self._tables]
         per_worker = None
         if self._who is not None:
             # Gradients of each worker in this update. take_grad(R) waits for R but sums all
@@ -561,6 +589,10 @@ class _Update(_Wrapper):
                       count_if(state.over_aggregated, total > r)]
         self.update_op = tf.group(step, *counts, *_witnesses(new_step, grads_and_vars))
         return self.update_op
+
+    def _slots_of(self, variable: tf.Variable) -> list[tf.Variable]:
+        slots = (self._optimizer.get_slot(variable, n) for n in self._optimizer.get_slot_names())
+        return [s for s in slots if s is not None]
 
     def _mean(self, summed: tf.IndexedSlices) -> tf.IndexedSlices:
         with tf1.colocate_with(summed.values):  # on the table's ps, not global_step's

@@ -12,8 +12,8 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from sync_mnist import api
-from sync_mnist.core import (audit, early_stop, membership, optimizers, placement, protocol,
-                             stream, sync)
+from sync_mnist.core import (audit, early_stop, growing, membership, optimizers, placement,
+                             protocol, stream, sync)
 from sync_mnist.core.config import ConfigError, TaskConfig
 from sync_mnist.task import inputs
 
@@ -104,13 +104,28 @@ def build_graph(config: TaskConfig, model: api.Model, example: tuple, num_tokens
             worker_index=i, num_workers=n, replicas_to_aggregate=config.train.aggregate(n),
             is_chief=config.is_chief, mode=config.train.mode, num_tokens=num_tokens,
             last_push=shared.members.last_push, proof=config.train.proof, after_update=latch,
-            wire_dtype=train.wire_dtype, state_deltas=state_deltas)
+            wire_dtype=train.wire_dtype, state_deltas=state_deltas,
+            tables=growing.tables())
+        _check_growing_tables(train, training)
         stop = early_stop.build_stop_ops(shared.stop, training.token_on_ps,
                                          shared.state.global_step, train.mode)
     report_done = tf.group(*[q.enqueue(i) for q in shared.done_queues])
     return WorkerGraph(features, labels, spec, model_settings, shared.state, training,
                        shared.members, report_done, shared.stop, stop,
                        tuple(r.name for r in recorded), uses, passed, stream.build_position_vars(n))
+
+
+def _check_growing_tables(train, training: sync.SyncTraining) -> None:
+    """Refuses a warm start of a growing table; checks that a step writes none of its state."""
+    for table in growing.tables():
+        if train.warm_start is not None:
+            # Its index (id -> row) is a hash table, which warm_start.py does not read: the
+            # rows would come without the ids that find them.
+            raise ConfigError(f"--warm-start-from: the growing table {table.settings.name} "
+                              "cannot be warm-started yet")
+        # Sync: a growing table changes in the update alone, the same for every worker.
+        audit.check_update_only([training.train_op], table.state_names,
+                                f"the growing table {table.settings.name}")
 
 
 def _state_deltas(built: placement.Built, is_chief: bool) -> list:
