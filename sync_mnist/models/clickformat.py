@@ -81,7 +81,7 @@ def empty_ids(fields: int, vocabulary: int) -> list[int]:
     return [min(f, vocabulary - 1) for f in range(fields)]
 
 
-# planted_model's keys that reading needs (_planted_probability and the empty ids).
+# planted_model's keys that reading needs (clicklog._planted_probability and the empty ids).
 PLANTED_KEYS = ("fields", "vocabulary", "weight_scale", "bias", "seed", "empty_ids")
 
 
