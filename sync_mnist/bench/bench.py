@@ -787,20 +787,21 @@ def click_files(config: BenchConfig) -> Path:
     """The click log sync-files reads: the ctr model's 600,000 + 50,000 clicks of seed 0 (what
     the other rows draw in memory), as TFRecords in 12 files under --out, written once, and
     again where an earlier run wrote them in an earlier format."""
-    from sync_mnist.models import clicklog, ctr
+    from sync_mnist.models import clickformat, clickwriter, ctr
 
     directory = config.out / FILES_DIR
-    manifest = directory / clicklog.MANIFEST
+    manifest = directory / clickformat.MANIFEST
     if manifest.exists() and json.loads(manifest.read_text()).get("features") != list(
-            clicklog.RECORD_KEYS):
+            clickformat.RECORD_KEYS):
         log.info("%s holds clicks of an earlier format: writing them again", directory)
         shutil.rmtree(directory)
     if not manifest.exists():
         log.info("writing the ctr model's clicks as TFRecords into %s, once (about a minute)",
                  directory)
-        clicklog.write(directory, {**ctr.PARAMS, "seed": 0}, model="ctr", kind="tfrecord",
-                       compress=False, train_examples=ctr.PARAMS["train_examples"],
-                       eval_examples=ctr.PARAMS["eval_examples"], train_files=12, eval_files=1)
+        clickwriter.write(directory, {**ctr.PARAMS, "seed": 0}, model="ctr", kind="tfrecord",
+                          compress=False, train_examples=ctr.PARAMS["train_examples"],
+                          eval_examples=ctr.PARAMS["eval_examples"], train_files=12,
+                          eval_files=1)
     return directory
 
 

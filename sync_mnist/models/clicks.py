@@ -1,6 +1,6 @@
 """The click model's generated clicks: the planted model and the clicks it draws, in memory
-(models/ctr.py's input functions) or a chunk at a time (models/clicklog.py writes them as a
-click log). ctr.py's docstring tells the law they follow.
+(models/ctr.py's input functions) or a chunk at a time (models/clickwriter.py writes them as
+a click log). ctr.py's docstring tells the law they follow.
 
 This module imports only numpy and the standard library.
 """
@@ -50,7 +50,7 @@ def generate(params, examples: int, part: int) -> Clicks:
 def generate_chunks(params, examples: int, part: int, chunk: int):
     """The clicks of generate(params, examples, part), in that order, `chunk` at a time (the
     last may be shorter): the same numbers whatever the chunk, so that files larger than memory
-    hold exactly the clicks a run draws in memory (clicklog.py writes them)."""
+    hold exactly the clicks a run draws in memory (clickwriter.py writes them)."""
     fields, vocabulary = params["fields"], params["vocabulary"]
     weights = planted_weights(fields, vocabulary, params["weight_scale"], params["seed"])
     # Two generators on one stream: the ids take its first examples * fields draws and the

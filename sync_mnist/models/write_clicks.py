@@ -1,5 +1,6 @@
 """`sync-mnist-clicks`: the click model's generated clicks written as a click log
-(models/clicklog.py writes and reads the files; its docstring tells their formats).
+(models/clickwriter.py writes the files, models/clicklog.py reads them;
+models/clickformat.py's docstring tells their formats).
 
     sync-mnist-clicks DIR                          # 600,000 + 50,000 clicks of --model ctr, TSV
     sync-mnist-clicks DIR --format tfrecord --gzip
@@ -15,7 +16,8 @@ import os
 import sys
 from pathlib import Path
 
-from sync_mnist.models import clicklog
+from sync_mnist.core.shard import DataError
+from sync_mnist.models import clickformat, clickwriter
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -26,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
                     "`sync-mnist-cluster --model ctr --data-dir DIR` trains on them.")
     p.add_argument("out", type=Path, metavar="DIR",
                    help="directory to write train-*, eval-* and clicks.json into (new or empty)")
-    p.add_argument("--model", default="ctr", choices=tuple(clicklog.MODELS),
+    p.add_argument("--model", default="ctr", choices=tuple(clickformat.MODELS),
                    help="whose clicks: ctr (26 fields) or its SMALL variant (8 fields); train "
                         "it with the same --model (default: ctr)")
     p.add_argument("--format", default="tsv", choices=("tsv", "tfrecord"),
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     from sync_mnist.models import ctr  # TensorFlow, once its log level is set
 
-    model = getattr(ctr, clicklog.MODELS[args.model].rpartition(":")[2])
+    model = getattr(ctr, clickformat.MODELS[args.model].rpartition(":")[2])
     params = {**model.params, "seed": args.seed}
     train = params["train_examples"] if args.train_examples is None else args.train_examples
     evaluation = params["eval_examples"] if args.eval_examples is None else args.eval_examples
@@ -67,18 +69,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {name} must be at least 1, got {value}", file=sys.stderr)
             return 2
     try:
-        manifest = clicklog.write(args.out, params, model=args.model, kind=args.format,
-                         compress=args.gzip, train_examples=train, eval_examples=evaluation,
-                         train_files=args.train_files, eval_files=args.eval_files)
-    except (clicklog.DataError, OSError) as e:
+        manifest = clickwriter.write(args.out, params, model=args.model, kind=args.format,
+                                     compress=args.gzip, train_examples=train,
+                                     eval_examples=evaluation, train_files=args.train_files,
+                                     eval_files=args.eval_files)
+    except (DataError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     size = sum((args.out / n).stat().st_size for n in
-               manifest[clicklog.TRAIN]["files"] + manifest[clicklog.EVAL]["files"])
+               manifest[clickformat.TRAIN]["files"] + manifest[clickformat.EVAL]["files"])
     print(f"wrote {train:,} training and {evaluation:,} evaluation clicks into "
           f"{args.train_files} + {args.eval_files} files in {args.out} ({size / 1e6:,.1f} MB); "
           "the evaluation's planted log-loss is "
-          f"{manifest[clicklog.EVAL]['planted_log_loss']:.4f}")
+          f"{manifest[clickformat.EVAL]['planted_log_loss']:.4f}")
     print(f"train on them: sync-mnist-cluster --model {args.model} --data-dir {args.out}")
     return 0
 

@@ -4,7 +4,7 @@ sync_mnist.models.ctr:SMALL --data-dir DIR` trains 3 workers on them, cut by fil
 synchronous, its log-loss near the planted model's, which clicks.json lets the evaluation
 report.
 
-The files hold the 40,000 clicks SMALL draws in memory (clicklog.py). One epoch, 133 updates:
+The files hold the 40,000 clicks SMALL draws in memory (clickwriter.py). One epoch, 133 updates:
 in memory the same run ended 7.8% above the planted log-loss, from these clicks 8.9% (0.5887
 against 0.5407, from TSV and from TFRecords alike; 5 December 2026); within 2% needs the full
 ctr model and its 600,000 clicks, a run too long for a test: docs/sparse.md has it, from files
@@ -19,7 +19,7 @@ import pytest
 
 from procs import processes_mentioning, read_json
 from sync_mnist.core.config import EXIT_OK
-from sync_mnist.models import clicklog, ctr, write_clicks
+from sync_mnist.models import ctr, write_clicks
 
 BOUND = 240  # seconds a small cluster run may take on a loaded 2-core machine
 SMALL = "sync_mnist.models.ctr:SMALL"

@@ -1,8 +1,8 @@
-"""models/clicklog.py, without a session: the click log written as Criteo's TSV and as
-TFRecord files of tf.train.Example (gzipped too), beside clicks.json; a pattern that matches
-nothing, a file that cannot be read, files of two formats, or clicks written for another model,
-refused with one line before training (the click model's check); the click model's data
-params.
+"""models/clickwriter.py and models/clicklog.py, without a session: the click log written as
+Criteo's TSV and as TFRecord files of tf.train.Example (gzipped too), beside clicks.json; a
+pattern that matches nothing, a file that cannot be read, files of two formats, or clicks
+written for another model, refused with one line before training (the click model's check); the
+click model's data params.
 tests/inprocess/test_click_files_reading.py reads the files back."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from sync_mnist.core.config import ConfigError, TrainConfig
 from sync_mnist.core.shard import DataError
-from sync_mnist.models import clicklog, ctr, mlp, write_clicks
+from sync_mnist.models import clickformat, clicklog, clickwriter, ctr, mlp, write_clicks
 from sync_mnist.models import params as model_params
 from sync_mnist.task import inputs
 
@@ -38,17 +38,17 @@ def test_a_tfrecord_is_a_block_of_clicks_their_ids_in_one_list_minus_one_where_e
         tmp_path, monkeypatch):
     # 300 clicks in 2 files: 150 each, a block of 128 and one of 22 (records never span files),
     # generated and written 100 at a time (a block spans chunks)
-    monkeypatch.setattr(clicklog, "CHUNK", 100)
+    monkeypatch.setattr(clickwriter, "CHUNK", 100)
     _write(tmp_path, "tfrecord", train=300, files=2)
     truth = ctr.generate(PARAMS, 300, part=0)
-    empty = np.array(clicklog.empty_ids(PARAMS["fields"], PARAMS["vocabulary"]))
+    empty = np.array(clickformat.empty_ids(PARAMS["fields"], PARAMS["vocabulary"]))
     ids = np.where(truth.ids == empty, -1, truth.ids)  # the number the hex spells, or -1
     clicks = 0
     for k in range(2):
         path = tmp_path / f"train-0000{k}-of-00002.tfrecord"
         records = list(tf.compat.v1.io.tf_record_iterator(str(path)))
         assert [len(tf.train.Example.FromString(r).features.feature["label"].int64_list.value)
-                for r in records] == [clicklog.BLOCK, 150 - clicklog.BLOCK]
+                for r in records] == [clickformat.BLOCK, 150 - clickformat.BLOCK]
         for record in records:
             feature = tf.train.Example.FromString(record).features.feature
             assert sorted(feature) == ["ids", "label"]  # no I1-I13
@@ -63,7 +63,7 @@ def test_a_tfrecord_is_a_block_of_clicks_their_ids_in_one_list_minus_one_where_e
 
 def test_varints_are_protobuf_s():
     values = np.array([0, 1, 127, 128, 300, 2 ** 32 - 1, 2 ** 63 - 1, -1, -2 ** 63])
-    data, ends = clicklog._varints(values)
+    data, ends = clickwriter._varints(values)
     assert data.tobytes() == tf.train.Int64List(value=values.tolist()).SerializeToString()[2:]
     assert ends.tolist() == [1, 2, 3, 5, 7, 12, 21, 31, 41]
 
@@ -99,7 +99,7 @@ def test_clicks_written_for_another_model_are_refused_before_training(tmp_path):
 def test_a_planted_model_without_what_the_evaluation_needs_is_refused_before_training(
         tmp_path):
     _write(tmp_path, "tsv", train=30, files=1)
-    manifest = tmp_path / clicklog.MANIFEST
+    manifest = tmp_path / clickformat.MANIFEST
     written = json.loads(manifest.read_text())
     del written["planted"]["vocabulary"]
     manifest.write_text(json.dumps(written))

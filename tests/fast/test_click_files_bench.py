@@ -114,20 +114,20 @@ def test_with_the_ps_s_cpu_the_target_gives_the_workers_cpu_over_the_ps_s():
 
 
 def test_click_files_of_an_earlier_format_are_written_again(tmp_path, monkeypatch):
-    from sync_mnist.models import clicklog
+    from sync_mnist.models import clickformat, clickwriter
 
     written = []
 
     def write(directory, *args, **kwargs):
         written.append(directory)
         directory.mkdir(parents=True)
-        (directory / clicklog.MANIFEST).write_text('{"features": ["label", "ids"]}')
+        (directory / clickformat.MANIFEST).write_text('{"features": ["label", "ids"]}')
 
-    monkeypatch.setattr(clicklog, "write", write)
+    monkeypatch.setattr(clickwriter, "write", write)
     config = bench.parse_args(["--model", "ctr", "--files", "--out", str(tmp_path)])
     directory = tmp_path / bench.FILES_DIR
     directory.mkdir()
-    (directory / clicklog.MANIFEST).write_text('{"format": "tfrecord"}')  # a list a column
+    (directory / clickformat.MANIFEST).write_text('{"format": "tfrecord"}')  # a list a column
     (directory / "train-00000-of-00012.tfrecord").write_bytes(b"old")
     assert bench.click_files(config) == directory and written == [directory]
     assert not (directory / "train-00000-of-00012.tfrecord").exists()

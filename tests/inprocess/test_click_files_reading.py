@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from sync_mnist.core.shard import DataError
 from sync_mnist.core.stream import Stream
-from sync_mnist.models import clicklog, ctr
+from sync_mnist.models import clickformat, clicklog, ctr
 
 tf1 = tf.compat.v1
 from click_files import PARAMS
@@ -51,7 +51,7 @@ def test_the_files_hold_the_clicks_a_run_draws_in_memory(tmp_path, kind, compres
     assert manifest["train"]["examples"] == [100, 100, 100]
     features, labels = _read(_params(tmp_path))
     truth = ctr.generate(PARAMS, 300, part=0)
-    empty = np.array(clicklog.empty_ids(PARAMS["fields"], PARAMS["vocabulary"]))
+    empty = np.array(clickformat.empty_ids(PARAMS["fields"], PARAMS["vocabulary"]))
     ids = features[ctr.IDS]
     assert ids.dtype == np.int64 and ids.shape == (300, PARAMS["fields"])
     assert (ids == np.where(truth.ids == empty, -1, truth.ids)).all()  # written empty: -1
@@ -119,7 +119,7 @@ def _stream_error(params: dict) -> tuple[str, str]:
 # Line LINE of a file of TRAIN_LINES is in the second batch of lines the reader parses; so is
 # record BAD of a file of TFRecords, the second of its batch (TensorFlow's "Index: 1").
 LINE, TRAIN_LINES = clicklog.PARSE_BATCH + 11, clicklog.PARSE_BATCH + 44
-BAD = clicklog.PARSE_BATCH // clicklog.BLOCK + 2
+BAD = clicklog.PARSE_BATCH // clickformat.BLOCK + 2
 
 
 def _break_line(directory: Path, edit) -> Path:
