@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from pathlib import Path
 
+from sync_mnist.core import tfcompat
 from sync_mnist.core.shard import DataError
 from sync_mnist.models import clickformat, clickwriter
 
@@ -56,8 +56,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    from sync_mnist.models import ctr  # TensorFlow, once its log level is set
+    tfcompat.eager_mode(verbose=False)  # TensorFlow as it comes, without its start-up notes
+    from sync_mnist.models import ctr
 
     model = getattr(ctr, clickformat.MODELS[args.model].rpartition(":")[2])
     params = {**model.params, "seed": args.seed}

@@ -15,3 +15,20 @@ def test_a_pattern_that_matches_nothing_exits_2_before_any_task(processes, tmp_p
     assert launcher.wait(60) == EXIT_USAGE
     lines = [line for line in launcher.output.splitlines() if line.strip()]
     assert lines == [f"error: no training clicks: no file matches {tmp_path}/day_*.gz"], lines
+
+
+def test_the_clicks_command_prints_its_own_lines_and_none_of_tensorflows(processes, tmp_path):
+    import sys
+
+    out = tmp_path / "clicks"
+    run = processes.start([sys.executable, "-m", "sync_mnist.models.write_clicks", str(out),
+                           "--model", "sync_mnist.models.ctr:SMALL", "--train-examples", "100",
+                           "--eval-examples", "50", "--train-files", "1", "--format",
+                           "tfrecord"], "sync-mnist-clicks")
+    assert run.wait(120) == 0, run.output
+    assert run.output.splitlines() == [  # no absl, oneDNN or CUDA start-up notes
+        f"writing {out}/train-00000-of-00001.tfrecord",
+        f"writing {out}/eval-00000-of-00001.tfrecord",
+        f"wrote 100 training and 50 evaluation clicks into 1 + 1 files in {out} (0.0 MB); the "
+        "evaluation's planted log-loss is 0.5691",
+        f"train on them: sync-mnist-cluster --model sync_mnist.models.ctr:SMALL --data-dir {out}"]
