@@ -11,6 +11,8 @@ of 2, so no float rounds.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -172,7 +174,8 @@ def test_the_replay_admits_pushes_out_lapses_and_admits_again():
 
 
 @pytest.mark.parametrize("form", ["function", "column"])
-def test_a_growing_table_trains_verified_and_exactly_on_2_ps_and_3_workers(tmp_path, form):
+def test_a_growing_table_trains_verified_and_exactly_on_2_ps_and_3_workers(tmp_path, form,
+                                                                          capsys):
     """Every variable of the table after 8 updates equals the replay's, bit for bit: the rows
     (an evicted row back at its initial value, a re-admitted one trained afresh), their
     Momentum slots (reset with them), the ids the rows hold and their last sightings; the
@@ -204,6 +207,24 @@ def test_a_growing_table_trains_verified_and_exactly_on_2_ps_and_3_workers(tmp_p
         value = sess.run(signature.outputs["value"].name,
                          {signature.inputs["features"].name: EVAL_IDS})
     np.testing.assert_array_equal(value, [0, rows[0, 0].sum(), 0, 0, 0, 0])
+    # `sync-mnist predict` takes it: a seen id as trained, one it never saw (999) as zeros.
+    assert _predicted(export_dir, tmp_path, EVAL_IDS, capsys) == value.tolist()
+
+
+def _predicted(export_dir, tmp_path, ids, capsys) -> list:
+    """The "value" `sync-mnist predict` answers for each row of `ids`, given as JSON lines."""
+    from tensorflow.python.eager import context
+
+    from sync_mnist.tools import inference_cli
+
+    lines = tmp_path / "ids.jsonl"
+    lines.write_text("".join(json.dumps({"features": row.tolist()}) + "\n" for row in ids))
+    capsys.readouterr()
+    with context.eager_mode():
+        code = inference_cli.main(["predict", "--saved-model", str(export_dir), str(lines)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return [json.loads(line)["value"] for line in out.splitlines()]
 
 
 def test_adagrad_accumulators_are_per_row_and_reset_with_their_row(tmp_path):
