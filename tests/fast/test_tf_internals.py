@@ -3,7 +3,8 @@
 TensorFlow has no public handle on some of what the fix needs: SyncReplicasOptimizer's token
 queue, local step and chief queue runner (sync.py), the session creators' hook for their
 SessionManager and the attributes it reads (sessions.py), what a slice of a partitioned
-variable says of the whole (model.py), and the switch for deprecation warnings (tfcompat.py). A TensorFlow that renamed one would fail a cluster run much later, or
+variable says of the whole (model.py), the switch for deprecation warnings (tfcompat.py), and
+the v1 feature columns' base class a growing table's column extends (growing.py). A TensorFlow that renamed one would fail a cluster run much later, or
 worse, quietly bring back the 30 s readiness poll or a traceback at every close. Each check
 here names the attribute, and checks that TensorFlow itself still uses it.
 """
@@ -205,3 +206,36 @@ def test_linear_model_lists_its_bias_through_the_function_placement_replaces():
     with tf.Graph().as_default():
         value = tf.zeros([1])
         assert fc_v1._get_expanded_variable_list(value) == [value]
+
+
+def test_the_v1_dense_column_base_a_growing_column_extends():
+    """growing.Column subclasses feature_column._DenseColumn (no public base for a v1 column):
+    its abstract methods are the ones Column writes, and input_layer still takes such a
+    column and asks it for its dense tensor."""
+    from tensorflow.python.feature_column import feature_column as fc_v1
+
+    from sync_mnist.core import growing
+
+    assert issubclass(growing.Column, fc_v1._DenseColumn)
+    assert set(fc_v1._DenseColumn.__abstractmethods__) == {
+        "name", "_parse_example_spec", "_transform_feature", "_variable_shape",
+        "_get_dense_tensor"}
+    assert set(fc_v1._DenseColumn.__abstractmethods__) <= set(vars(growing.Column))
+    asked = []
+
+    class Probe(fc_v1._DenseColumn):
+        name = "probe"
+        _parse_example_spec = {"x": tf.io.FixedLenFeature([2], tf.float32)}
+
+        def _transform_feature(self, inputs):
+            return inputs.get("x")
+
+        _variable_shape = tf.TensorShape([2])
+
+        def _get_dense_tensor(self, inputs, weight_collections=None, trainable=None):
+            asked.append(self)
+            return inputs.get(self)
+
+    with tf.Graph().as_default():
+        out = tf1.feature_column.input_layer({"x": tf.zeros([3, 2])}, [Probe()])
+    assert len(asked) == 1 and out.shape.as_list() == [3, 2]
