@@ -38,6 +38,9 @@ def _cpu() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+_started = pytest.StashKey[float]()  # a test's CPU at its setup
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     if call.when == "setup":
@@ -45,9 +48,6 @@ def pytest_runtest_makereport(item, call):
     elif call.when == "teardown" and _started in item.stash:
         item.user_properties.append((_KEY, _cpu() - item.stash[_started]))
     yield
-
-
-_started = pytest.StashKey[float]()
 
 
 class _Tally:
