@@ -3,7 +3,9 @@ costliest tests; within it, the run passes and says where it stands."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -37,10 +39,17 @@ def _run(tmp_path: Path, budget: float) -> subprocess.CompletedProcess:
     (tmp_path / "tests" / "conftest.py").write_text(
         f"from tests import budget\n\nbudget.BUDGETS['fast'] = {budget}\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
+    child = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.budget",
-         "--cpu-budget", "tests/fast"], cwd=tmp_path, env=env, capture_output=True, text=True,
-        timeout=120)
+         "--cpu-budget", "tests/fast"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = child.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    return subprocess.CompletedProcess(child.args, child.returncode, out, err)
 
 
 def test_a_tier_over_its_budget_fails_the_run_naming_its_costliest_tests(tmp_path):
